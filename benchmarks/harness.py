@@ -1,0 +1,257 @@
+"""Measurement primitives shared by the studies.
+
+* TVM modules are timed with the VM's ``time_evaluator`` (median of repeats, run in C++), built
+  with ``relax.backend.use_cuda_graph`` on CUDA so that launch overhead from the VM does not hide
+  kernel time.
+* PyTorch functions are captured in a CUDA graph and timed by replaying it between CUDA events
+  (median of repeats); on the CPU they are timed with ``perf_counter``.
+* Every compiled module's output is compared with the float32 CPU reference before it is timed; a
+  wrong result is recorded (``correct: false``) and its time is not reported as a win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import statistics
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import tvm_stitch
+from tvm_stitch.pipeline import as_target
+
+logger = logging.getLogger("tvm_stitch.bench")
+
+
+@dataclasses.dataclass
+class Record:
+    """One implementation of one workload, measured.  Serialised as one JSON line."""
+
+    study: str
+    workload: str
+    impl: str
+    target: str
+    device: str
+    dtype: str
+    time_us: float | None = None
+    gbps: float | None = None
+    pct_copy: float | None = None
+    tflops: float | None = None
+    pct_peak: float | None = None
+    kernels: int | None = None
+    est_bytes: int | None = None
+    compile_s: float | None = None
+    max_err: float | None = None
+    correct: bool | None = None
+    note: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+
+
+@dataclasses.dataclass
+class DeviceLimits:
+    """Limits measured in the same run: copy bandwidth (bytes read + written) and fp16 GEMM peak."""
+
+    copy_gbps: float | None = None
+    peak_tflops: float | None = None
+    name: str = "cpu"
+
+
+# -- TVM -------------------------------------------------------------------------------------------
+def tvm_device(target: tvm.target.Target):
+    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True):
+    """Compile ``inst.mod`` with the stitch or the default pipeline.
+
+    Returns
+    -------
+    (relax.VirtualMachine, float, str)
+        The VM, compile seconds, and a note (e.g. why CUDA graphs were turned off).
+    """
+    target = as_target(target)
+    pipe = (
+        tvm_stitch.pipeline(target)
+        if pipeline_kind == "stitch"
+        else (tvm_stitch.default_pipeline(target))
+    )
+    graphs = use_cuda_graph and target.kind.name == "cuda"
+    note = ""
+    start = time.perf_counter()
+    try:
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
+            ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
+    except Exception as err:
+        if not graphs:
+            raise
+        note = f"no CUDA graph ({type(err).__name__})"
+        logger.warning("%s: CUDA graph build failed (%s); building without", inst.name, err)
+        ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
+    seconds = time.perf_counter() - start
+    return relax.VirtualMachine(ex, tvm_device(target)), seconds, note
+
+
+def run_tvm(vm, inst, dev) -> tuple[list, list[np.ndarray]]:
+    """Run once; return the device arguments (reused for timing) and the outputs as numpy."""
+    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    out = vm[inst.func](*args)
+    outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
+    return args, [o.numpy() for o in outs]
+
+
+def time_tvm(vm, func: str, args, dev, budget_ms: float = 200.0) -> float:
+    """Median microseconds per call of ``vm[func](*args)``."""
+    probe = vm.time_evaluator(func, dev, number=1, repeat=1)(*args).mean
+    number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
+    result = vm.time_evaluator(func, dev, number=number, repeat=10)(*args)
+    return float(np.median(result.results)) * 1e6
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+def time_torch(fn, args, device: str, budget_ms: float = 200.0) -> float:
+    """Median microseconds per call; CUDA-graph replays on the GPU, wall time on the CPU."""
+    import torch
+
+    with torch.no_grad():
+        if device == "cpu":
+            fn(*args)
+            start = time.perf_counter()
+            fn(*args)
+            probe = time.perf_counter() - start
+            number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
+            samples = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(number):
+                    fn(*args)
+                samples.append((time.perf_counter() - start) / number)
+            return statistics.median(samples) * 1e6
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(*args)
+        return _time_replay(graph.replay, budget_ms)
+
+
+def _time_replay(replay, budget_ms: float) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replay()
+    torch.cuda.synchronize()
+    start.record()
+    replay()
+    end.record()
+    end.synchronize()
+    probe_ms = max(start.elapsed_time(end), 1e-4)
+    number = max(1, int(budget_ms / 10 / probe_ms))
+    samples = []
+    for _ in range(10):
+        start.record()
+        for _ in range(number):
+            replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / number)
+    return statistics.median(samples) * 1e3
+
+
+def torch_outputs(fn, args) -> list[np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        out = fn(*args)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return [o.float().cpu().numpy() for o in outs]
+
+
+def measure_limits(device: str) -> DeviceLimits:
+    """Copy bandwidth and fp16 GEMM peak of the GPU, measured now (nothing on the CPU)."""
+    if device == "cpu":
+        return DeviceLimits()
+    import torch
+
+    n = 256 * 1024 * 1024  # 512 MiB of fp16 each way
+    src = torch.empty(n, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = time_torch(lambda: dst.copy_(src), [], "cuda")
+    a = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.float16, device="cuda")
+    mm_us = time_torch(lambda: a @ b, [], "cuda", budget_ms=300)
+    return DeviceLimits(
+        copy_gbps=2 * n * 2 / copy_us / 1e3,
+        peak_tflops=2 * 8192**3 / mm_us / 1e6,
+        name=torch.cuda.get_device_name(),
+    )
+
+
+# -- comparison ------------------------------------------------------------------------------------
+def compare(outs: list[np.ndarray], refs: list[np.ndarray], tol) -> tuple[float, bool]:
+    """Max absolute error and whether every output is within ``(rtol, atol)``."""
+    rtol, atol = tol
+    if len(outs) != len(refs):
+        return float("inf"), False
+    err, ok = 0.0, True
+    for out, ref in zip(outs, refs):
+        got = np.asarray(out, dtype="float32")
+        if got.shape != ref.shape:
+            return float("inf"), False
+        err = max(err, float(np.max(np.abs(got - ref))) if got.size else 0.0)
+        ok = ok and bool(np.allclose(got, ref, rtol=rtol, atol=atol))
+    return err, ok
+
+
+def fill_rates(rec: Record, inst, limits: DeviceLimits) -> Record:
+    """GB/s (memory-bound workloads) or TFLOP/s (GEMM workloads) from ``rec.time_us``."""
+    if rec.time_us is None:
+        return rec
+    if inst.ideal_bytes and not inst.flops:
+        rec.gbps = inst.ideal_bytes / rec.time_us / 1e3
+        if limits.copy_gbps:
+            rec.pct_copy = 100 * rec.gbps / limits.copy_gbps
+    if inst.flops:
+        rec.tflops = inst.flops / rec.time_us / 1e6
+        if limits.peak_tflops:
+            rec.pct_peak = 100 * rec.tflops / limits.peak_tflops
+    return rec
+
+
+def format_table(records: list[Record]) -> str:
+    """Records as an aligned text table, grouped by workload."""
+    cols = [
+        ("workload", lambda r: r.workload, "<"),
+        ("impl", lambda r: r.impl, "<"),
+        ("time us", lambda r: _num(r.time_us, ".1f"), ">"),
+        ("GB/s", lambda r: _num(r.gbps, ".0f"), ">"),
+        ("%copy", lambda r: _num(r.pct_copy, ".0f"), ">"),
+        ("TFLOP/s", lambda r: _num(r.tflops, ".1f"), ">"),
+        ("%peak", lambda r: _num(r.pct_peak, ".0f"), ">"),
+        ("kernels", lambda r: _num(r.kernels, "d"), ">"),
+        ("max err", lambda r: _num(r.max_err, ".1e"), ">"),
+        ("ok", lambda r: "" if r.correct is None else ("yes" if r.correct else "NO"), "<"),
+        ("note", lambda r: r.note, "<"),
+    ]
+    rows = [[f(r) for _, f, _ in cols] for r in records]
+    widths = [
+        max(len(c[0]), *(len(row[i]) for row in rows)) if rows else len(c[0])
+        for i, c in enumerate(cols)
+    ]
+    lines = ["  ".join(f"{c[0]:{a}{w}}" for c, w, (_, _, a) in zip(cols, widths, cols))]
+    for row in rows:
+        lines.append("  ".join(f"{v:{a}{w}}" for v, w, (_, _, a) in zip(row, widths, cols)))
+    return "\n".join(lines)
+
+
+def _num(v, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)

@@ -1,0 +1,208 @@
+"""The four benchmark studies: which workloads at which shapes, against which baselines.
+
+On ``cuda`` the shapes are those of ``../shared/ANCHORS.md`` and the baselines are TVM's default
+pipeline, PyTorch eager (the fused op where PyTorch has one), PyTorch with SDPA where attention
+is involved, and ``torch.compile``.  On ``llvm`` the shapes are small and irregular (the CPU
+machine and CI have two cores) and the baselines are TVM's default pipeline and PyTorch eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from tvm_stitch.pipeline import as_target
+from tvm_stitch.report import fusion_report
+from tvm_stitch.workloads import GEMM_CHAINS, get_workload
+
+from .harness import (
+    DeviceLimits,
+    Record,
+    compare,
+    compile_tvm,
+    fill_rates,
+    format_table,
+    measure_limits,
+    run_tvm,
+    time_torch,
+    time_tvm,
+    torch_outputs,
+    tvm_device,
+)
+
+logger = logging.getLogger("tvm_stitch.bench")
+
+_MEM_GPU = [
+    ("layernorm", {"rows": 4096, "cols": 768}),
+    ("layernorm", {"rows": 4096, "cols": 1024}),
+    ("layernorm-ops", {"rows": 4096, "cols": 768}),
+    ("layernorm-ops", {"rows": 4096, "cols": 1024}),
+    ("softmax", {"rows": 49152, "cols": 128}),
+    ("softmax", {"rows": 65536, "cols": 512}),
+    ("add-layernorm", {"rows": 4096, "cols": 768}),
+    ("bias-gelu", {"rows": 4096, "cols": 3072}),
+    ("rmsnorm", {"rows": 4096, "cols": 768}),
+]
+_MEM_CPU = [
+    (name, {"rows": 1823, "cols": 781})
+    for name in ("layernorm", "layernorm-ops", "add-layernorm", "softmax", "bias-gelu", "rmsnorm")
+]
+
+#: study -> target kind -> [(workload, shape parameters)]
+CASES: dict[str, dict[str, list[tuple[str, dict]]]] = {
+    "bert": {
+        "cuda": [
+            ("bert-base", {"batch": 1, "seq": 128}),
+            ("bert-base", {"batch": 32, "seq": 128}),
+            ("bert-base", {"batch": 8, "seq": 512}),
+        ],
+        "llvm": [("bert-tiny", {"batch": 1, "seq": 128})],
+    },
+    "memory": {"cuda": _MEM_GPU, "llvm": _MEM_CPU},
+    "gemm-chains": {
+        "cuda": [(name, {}) for name in GEMM_CHAINS],
+        "llvm": [("G1", {}), ("G7", {"m": 129, "n": 97})],
+    },
+    "attention": {
+        "cuda": [(f"S{i}", {}) for i in range(1, 10)],
+        "llvm": [("S7", {}), ("S6", {"heads": 2, "m": 77, "n": 131})],
+    },
+}
+STUDIES = tuple(CASES)
+
+#: study -> label of PyTorch's eager implementation in the tables
+_EAGER_LABEL = {
+    "memory": "torch-op",
+    "gemm-chains": "torch-bmm-bmm",
+    "attention": "torch-naive",
+    "bert": "torch-eager",
+}
+
+
+def run_study(
+    study: str,
+    target="llvm",
+    *,
+    workloads: list[str] | None = None,
+    params: dict | None = None,
+    dtype: str | None = None,
+    torch_baselines: bool = True,
+    json_out: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[Record]:
+    """Run one study and print its table.
+
+    Parameters
+    ----------
+    study : str
+        One of :data:`STUDIES`.
+    target : str or tvm.target.Target
+        ``llvm`` or ``cuda``.
+    workloads : list of str, optional
+        Only these workloads of the study.
+    params : dict, optional
+        Shape parameters overriding every case (e.g. ``{"batch": 8, "seq": 512}``).
+    dtype : str, optional
+        ``float16`` or ``float32``; default float16 on CUDA, float32 on the CPU.
+    torch_baselines : bool
+        Measure the PyTorch baselines (needs ``torch``).
+    json_out : str, optional
+        Append one JSON line per record to this file.
+    echo : callable
+        Where progress and the table go.
+
+    Returns
+    -------
+    list of Record
+    """
+    if study not in CASES:
+        raise KeyError(f"unknown study {study!r}; known: {', '.join(STUDIES)}")
+    target = as_target(target)
+    kind = target.kind.name
+    dtype = dtype or ("float16" if kind == "cuda" else "float32")
+    cases = [c for c in CASES[study][kind] if not workloads or c[0] in workloads]
+    if workloads and not cases:
+        cases = [(w, {}) for w in workloads]  # any workload may be benchmarked in any study
+    device = "cuda" if kind == "cuda" else "cpu"
+    limits = measure_limits(device) if kind == "cuda" else DeviceLimits()
+    if limits.copy_gbps:
+        echo(
+            f"device {limits.name}: copy {limits.copy_gbps:.0f} GB/s (read+write), "
+            f"fp16 GEMM {limits.peak_tflops:.0f} TFLOP/s, measured now"
+        )
+    records: list[Record] = []
+    for name, case_params in cases:
+        inst = get_workload(name).instance(dtype, **{**case_params, **(params or {})})
+        echo(f"[{study}] {inst.name}")
+        new = bench_instance(study, inst, target, limits, torch_baselines=torch_baselines)
+        records.extend(new)
+        if json_out:
+            with open(json_out, "a", encoding="utf-8") as f:
+                for rec in new:
+                    f.write(rec.to_json() + "\n")
+    echo(format_table(records))
+    return records
+
+
+def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: bool = True):
+    """Measure every implementation of one workload instance; see :func:`run_study`."""
+    kind = target.kind.name
+    device = "cuda" if kind == "cuda" else "cpu"
+    refs = inst.reference()
+    base = {
+        "study": study,
+        "workload": inst.name,
+        "target": kind,
+        "device": limits.name,
+        "dtype": inst.dtype,
+    }
+    records = []
+    for pipeline in ("default", "stitch"):
+        rec = Record(impl=f"tvm-{pipeline}", **base)
+        try:
+            report = fusion_report(inst.mod, target, pipeline)
+            rec.kernels, rec.est_bytes = report.kernels, report.bytes
+            vm, rec.compile_s, rec.note = compile_tvm(inst, target, pipeline)
+            dev = tvm_device(target)
+            args, outs = run_tvm(vm, inst, dev)
+            rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
+            rec.time_us = time_tvm(vm, inst.func, args, dev)
+        except Exception as err:
+            logger.exception("%s %s failed", inst.name, rec.impl)
+            rec.note = f"failed: {type(err).__name__}: {err}"[:200]
+        records.append(fill_rates(rec, inst, limits))
+    if torch_baselines:
+        records.extend(_torch_records(study, inst, device, limits, refs, base))
+    return records
+
+
+def _torch_records(study, inst, device, limits, refs, base):
+    try:
+        import torch
+    except ImportError:
+        return [Record(impl="torch", note="torch not installed", **base)]
+    tdtype = getattr(torch, inst.dtype)
+    impls = [(_EAGER_LABEL.get(study, "torch-eager"), inst.torch_fns["eager"], False)]
+    if "sdpa" in inst.torch_fns:
+        impls.append(("torch-sdpa", inst.torch_fns["sdpa"], False))
+    if device == "cuda":
+        impls.append(("torch-compile", inst.torch_fns.get("sdpa", inst.torch_fns["eager"]), True))
+    records = []
+    for label, make, compiled in impls:
+        rec = Record(impl=label, **base)
+        try:
+            fn = make(device, tdtype)
+            if compiled:
+                start = time.perf_counter()
+                fn = torch.compile(fn)
+                torch_outputs(fn, inst.torch_args(device, tdtype))
+                rec.compile_s = time.perf_counter() - start
+            args = inst.torch_args(device, tdtype)
+            rec.max_err, rec.correct = compare(torch_outputs(fn, args), refs, inst.tolerance)
+            rec.time_us = time_torch(fn, args, device)
+        except Exception as err:
+            logger.exception("%s %s failed", inst.name, label)
+            rec.note = f"failed: {type(err).__name__}: {err}"[:200]
+        records.append(fill_rates(rec, inst, limits))
+    return records

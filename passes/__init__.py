@@ -1,0 +1,9 @@
+"""tvm-stitch's Relax passes (installed as ``tvm_stitch.passes``).
+
+Each pass is thin: it asks the engine (``tvm_stitch``) for an analysis or a plan and rewrites the
+module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
+"""
+
+from .analyze import AnalyzeTensorGraph, ReportFusion
+
+__all__ = ["AnalyzeTensorGraph", "ReportFusion"]

@@ -1,0 +1,53 @@
+"""Benchmark harness on the CPU: records, numerics gate, JSON lines, table."""
+
+from __future__ import annotations
+
+import json
+
+from tvm_stitch.benchmarks import run_study
+from tvm_stitch.benchmarks.harness import Record, compare, format_table
+
+from tvm_stitch.cli import main
+
+
+def test_memory_study_small(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    lines = []
+    records = run_study(
+        "memory",
+        "llvm",
+        workloads=["softmax"],
+        params={"rows": 64, "cols": 33},
+        json_out=str(out),
+        echo=lines.append,
+    )
+    impls = [r.impl for r in records]
+    assert impls == ["tvm-default", "tvm-stitch", "torch-op"]
+    for rec in records:
+        assert rec.correct, rec
+        assert rec.time_us > 0
+        assert rec.gbps == (2 * 64 * 33 * 4) / rec.time_us / 1e3
+    assert records[0].kernels == records[1].kernels == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["impl"] for r in rows] == impls and rows[0]["study"] == "memory"
+    assert "tvm-stitch" in lines[-1] and "GB/s" in lines[-1]
+
+
+def test_compare_flags_wrong_results():
+    import numpy as np
+
+    ref = [np.ones((3, 3), "float32")]
+    assert compare([np.ones((3, 3))], ref, (1e-4, 1e-4)) == (0.0, True)
+    err, ok = compare([np.full((3, 3), 1.1)], ref, (1e-4, 1e-4))
+    assert not ok and abs(err - 0.1) < 1e-6
+    assert compare([np.ones((3, 4))], ref, (1e-4, 1e-4))[1] is False
+    table = format_table(
+        [Record("s", "w", "tvm", "llvm", "cpu", "float32", time_us=1.5, correct=False)]
+    )
+    assert "NO" in table
+
+
+def test_cli_bench_gemm_chain(capsys):
+    assert main(["bench", "gemm-chains", "-w", "G1", "-p", "m=32", "-p", "n=48", "--no-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "G1 1x32x48x64x64 float32" in out and "TFLOP/s" in out

@@ -1,0 +1,83 @@
+"""Fusion report: kernel counts and bytes moved by TVM's default fusion, per pattern."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tvm_stitch import compare_pipelines, fusion_report
+from tvm_stitch.cli import main
+from tvm_stitch.workloads import get_workload
+
+
+@pytest.mark.parametrize(
+    "name, kernels, kinds",
+    [
+        ("layernorm", 1, ["row-reduce", "expensive-elementwise"]),
+        ("softmax", 1, ["row-reduce", "expensive-elementwise"]),
+        ("rmsnorm", 1, ["row-reduce", "expensive-elementwise", "light-elementwise"]),
+        ("bias-gelu", 1, ["light-elementwise", "expensive-elementwise"]),
+        # FuseOps: mean+subtract | square | mean+rsqrt+scale+shift
+        ("layernorm-ops", 3, ["row-reduce", "light-elementwise", "expensive-elementwise"]),
+        ("add-layernorm", 2, ["light-elementwise", "row-reduce", "expensive-elementwise"]),
+    ],
+)
+def test_default_fusion_of_memory_patterns(name, kernels, kinds):
+    rows, cols = 1823, 781
+    inst = get_workload(name).instance("float32", rows=rows, cols=cols)
+    report = fusion_report(inst.mod, "llvm", "default")
+    assert report.kernels == kernels
+    assert sorted({k for g in report.groups for k in g.kinds}) == sorted(kinds)
+    assert report.bytes >= inst.ideal_bytes  # never less than reading inputs and writing outputs
+    if kernels == 1:
+        assert report.bytes == inst.ideal_bytes
+
+
+def test_bytes_of_unfused_layernorm_count_every_round_trip():
+    rows, cols = 64, 100
+    inst = get_workload("layernorm-ops").instance("float32", rows=rows, cols=cols)
+    report = fusion_report(inst.mod, "llvm", "default")
+    x, vec = rows * cols * 4, cols * 4
+    assert [g.func for g in report.groups] == [
+        "fused_mean_subtract",  # reads x, writes d = x - mean
+        "multiply",  # reads d, writes d*d
+        "fused_mean_add_tir_rsqrt_multiply1_multiply2_add1",  # reads d*d, d, w, b; writes y
+    ]
+    assert report.bytes == (x + x) + (x + x) + (x + x + 2 * vec + x)
+    assert report.groups[2].bytes_read == 2 * x + 2 * vec
+
+
+def test_gemm_chain_and_attention_kernels():
+    chain = fusion_report(get_workload("G1").instance("float32").mod, "llvm", "default")
+    assert chain.kernels == 2 and all(g.kinds == ["compute-intensive"] for g in chain.groups)
+    attention = fusion_report(get_workload("S7").instance("float32").mod, "cuda", "default")
+    # transpose | Q·K^T + scale | softmax | P·V
+    assert attention.kernels == 4
+
+
+def test_compare_pipelines_reports_both():
+    inst = get_workload("bert-tiny").instance("float32", batch=1, seq=16)
+    reports = compare_pipelines(inst.mod, "llvm")
+    assert set(reports) == {"default", "stitch"}
+    assert reports["stitch"].kernels == reports["default"].kernels > 40
+    text = reports["stitch"].format()
+    assert "kernels" in text and "compute-intensive" in text
+
+
+def test_cli_report_json(capsys):
+    assert main(["report", "softmax", "--json", "-p", "rows=100", "-p", "cols=37"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for pipeline in ("default", "stitch"):
+        assert data[pipeline]["kernels"] == 1
+        assert data[pipeline]["bytes"] == 2 * 100 * 37 * 4
+    assert data["workload"] == "softmax 100x37 float32"
+
+
+def test_cli_rejects_bad_input(capsys):
+    with pytest.raises(SystemExit, match="no parameter"):
+        main(["report", "softmax", "-p", "batch=3"])
+    with pytest.raises(SystemExit, match="unknown workload"):
+        main(["report", "resnet"])
+    with pytest.raises(SystemExit, match="KEY=INTEGER"):
+        main(["report", "softmax", "-p", "rows"])

@@ -1,0 +1,159 @@
+"""Command line: ``tvm-stitch run | report | bench | list`` (also ``python -m tvm_stitch``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _params(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise SystemExit(f"error: -p expects KEY=INTEGER, got {item!r}")
+        out[key] = int(value)
+    return out
+
+
+def _instance(args):
+    from tvm_stitch.workloads import get_workload
+
+    dtype = args.dtype or ("float16" if args.target == "cuda" else "float32")
+    try:
+        return get_workload(args.workload).instance(dtype, **_params(args.param))
+    except (KeyError, TypeError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def cmd_report(args) -> int:
+    from tvm_stitch.report import compare_pipelines
+
+    inst = _instance(args)
+    reports = compare_pipelines(inst.mod, args.target)
+    if getattr(args, "json", False):
+        print(
+            json.dumps(
+                {
+                    "workload": inst.name,
+                    "target": args.target,
+                    **{k: r.to_dict() for k, r in reports.items()},
+                },
+                indent=1,
+            )
+        )
+        return 0
+    print(f"fusion report: {inst.name}")
+    for report in reports.values():
+        print(report.format())
+    return 0
+
+
+def cmd_run(args) -> int:
+    """The main job: one workload through both pipelines, report, numerics and timing."""
+    from tvm_stitch.benchmarks import bench_instance
+    from tvm_stitch.benchmarks.harness import format_table, measure_limits
+    from tvm_stitch.pipeline import as_target
+
+    cmd_report(args)
+    inst = _instance(args)
+    target = as_target(args.target)
+    limits = measure_limits("cuda" if target.kind.name == "cuda" else "cpu")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("torch is not installed: comparing the two TVM pipelines with each other only")
+        inst.torch_fns.clear()
+    records = bench_instance("run", inst, target, limits, torch_baselines=bool(inst.torch_fns))
+    print(format_table(records))
+    bad = [r.impl for r in records if r.impl.startswith("tvm") and r.correct is False]
+    if bad:
+        print(f"error: wrong results from {bad}")
+        return 1
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from tvm_stitch.benchmarks import run_study
+
+    records = run_study(
+        args.study,
+        args.target,
+        workloads=args.workload,
+        params=_params(args.param),
+        dtype=args.dtype,
+        torch_baselines=not args.no_torch,
+        json_out=args.json_out,
+    )
+    return 1 if any(r.correct is False for r in records if r.impl.startswith("tvm")) else 0
+
+
+def cmd_list(_args) -> int:
+    from tvm_stitch.benchmarks import STUDIES
+    from tvm_stitch.workloads import WORKLOADS
+
+    for w in WORKLOADS.values():
+        shape = " ".join(f"{k}={v}" for k, v in w.defaults.items())
+        print(f"{w.name:15s} {w.family:11s} {shape:40s} {w.description}")
+    print(f"studies: {', '.join(STUDIES)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the passes' analyses")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p, workload_required=True):
+        if workload_required:
+            p.add_argument("workload", help="workload name (see `tvm-stitch list`)")
+        p.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
+        p.add_argument(
+            "--dtype",
+            choices=["float32", "float16"],
+            help="default: float16 on cuda, float32 on llvm",
+        )
+        p.add_argument(
+            "-p",
+            "--param",
+            action="append",
+            metavar="KEY=VALUE",
+            help="shape parameter, e.g. -p batch=8 -p seq=512",
+        )
+
+    p = sub.add_parser(
+        "run",
+        help="compile a workload (default bert-tiny) through the stitch and "
+        "default pipelines: fusion report, numerics, timing",
+    )
+    p.add_argument("workload", nargs="?", default="bert-tiny")
+    common(p, workload_required=False)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="fusion report of the default and stitch pipelines")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("bench", help="run a benchmark study")
+    p.add_argument("study", help="bert, memory, gemm-chains or attention")
+    common(p, workload_required=False)
+    p.add_argument("-w", "--workload", action="append", help="only this workload (repeatable)")
+    p.add_argument("--json-out", metavar="FILE", help="append JSON lines to FILE")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("list", help="list workloads and studies")
+    p.set_defaults(func=cmd_list)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The stitch pipeline: TVM's default Relax pipeline for the target with tvm-stitch's passes in it.
+
+Phases (each a list of passes, so reports can stop after fusion):
+
+``dispatch``   TVM's library dispatch (sampling, sort/scan)
+``fusion``     LegalizeOps, [tensor-graph analysis], AnnotateTIROpPattern, FoldConstant, FuseOps,
+               FuseTIR, [fusion report]
+``schedule``   dlight's default GPU schedules (none on CPU)
+``lower``      dataflow lowering
+``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
+
+At this stage the stitch passes analyse and report; fusion passes of later issues slot into
+``fusion``.  The ``default`` phases are exactly TVM's ``relax.get_default_pipeline(target)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import tvm
+
+from .config import PipelineOptions
+
+SUPPORTED_KINDS = ("llvm", "cuda")
+
+#: Names the command line and the workloads accept for targets: ``cuda`` is the H100 (sm_90a).
+SHORT_TARGETS = {"cuda": {"kind": "cuda", "arch": "sm_90a"}, "llvm": "llvm"}
+
+
+def _backend(target: tvm.target.Target):
+    kind = target.kind.name
+    if kind not in SUPPORTED_KINDS:
+        raise ValueError(
+            f"tvm-stitch pipelines support targets {SUPPORTED_KINDS}, got {kind!r}; "
+            "use relax.get_default_pipeline for other targets"
+        )
+    name = "cuda" if kind == "cuda" else "cpu_generic"
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def as_target(target) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from a target, a string, a dict, or the current target scope."""
+    if target is None:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None:
+            raise ValueError(
+                "no target: pass one to tvm_stitch.pipeline(target) or build inside `with target:`"
+            )
+        return target
+    if isinstance(target, tvm.target.Target):
+        return target
+    if target in SHORT_TARGETS:
+        target = SHORT_TARGETS[target]
+    return tvm.target.Target(target)
+
+
+def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
+    """The passes of a pipeline, grouped in named phases.
+
+    Parameters
+    ----------
+    target : tvm.target.Target or str or dict
+        ``llvm`` or a CUDA target (the short name ``"cuda"`` means ``sm_90a``).
+    kind : {"stitch", "default"}
+        tvm-stitch's pipeline or TVM's default one for the target.
+    **options
+        :class:`~tvm_stitch.config.PipelineOptions` fields (stitch only).
+    """
+    from tvm_stitch import passes
+
+    target = as_target(target)
+    opts = PipelineOptions.from_kwargs(**options)
+    backend = _backend(target)
+    legalize = list(backend.legalize_passes(target))
+    schedule = [p for p in legalize if p.info.name == "ApplyDefaultSchedule"]
+    fusion = [p for p in legalize if p.info.name != "ApplyDefaultSchedule"]
+    if kind == "stitch":
+        at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps") + 1
+        if opts.analyze:
+            fusion.insert(at, passes.AnalyzeTensorGraph())
+        if opts.report:
+            fusion.append(passes.ReportFusion())
+    elif kind != "default":
+        raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
+    elif options:
+        raise TypeError("the default pipeline takes no options")
+    return [
+        ("dispatch", list(backend.library_dispatch_passes(target))),
+        ("fusion", fusion),
+        ("schedule", schedule),
+        ("lower", list(backend.dataflow_lower_passes(target))),
+        ("finalize", list(backend.finalize_passes(target))),
+    ]
+
+
+def pipeline(target=None, **options) -> tvm.transform.Pass:
+    """The stitch Relax pipeline, for ``tvm.compile(mod, target, relax_pipeline=...)``.
+
+    Parameters
+    ----------
+    target : tvm.target.Target or str or dict, optional
+        ``llvm`` or a CUDA target.  When omitted, the target in scope when the pipeline runs is
+        used (``tvm.compile`` enters its target), which is how ``relax_pipeline="stitch"`` works.
+    **options
+        See :class:`tvm_stitch.config.PipelineOptions`.
+
+    Returns
+    -------
+    tvm.transform.Pass
+
+    Examples
+    --------
+    >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    >>> ex = tvm.compile(mod, "llvm", relax_pipeline="stitch")
+    """
+    PipelineOptions.from_kwargs(**options)  # fail at construction, not at build time
+    fixed = None if target is None else as_target(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="StitchPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        tgt = as_target(fixed)
+        seq = [p for _, group in phases(tgt, "stitch", **options) for p in group]
+        with tgt:
+            return tvm.transform.Sequential(seq)(mod)
+
+    return _pipeline
+
+
+def default_pipeline(target=None) -> tvm.transform.Pass:
+    """TVM's default Relax pipeline for ``target`` (the baseline every benchmark reports)."""
+    fixed = None if target is None else as_target(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMDefaultPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        tgt = as_target(fixed)
+        seq = [p for _, group in phases(tgt, "default") for p in group]
+        with tgt:
+            return tvm.transform.Sequential(seq)(mod)
+
+    return _pipeline
+
+
+def register() -> None:
+    """Register ``"stitch"`` with ``tvm.relax.pipeline`` (idempotent)."""
+    from tvm.relax import pipeline as relax_pipeline
+
+    if "stitch" not in relax_pipeline.PIPELINE_MAP:
+        relax_pipeline.register_pipeline("stitch")(lambda **options: pipeline(None, **options))

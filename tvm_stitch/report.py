@@ -1,0 +1,184 @@
+"""Fusion report: kernels, estimated global-memory bytes and fused groups of a pipeline.
+
+The report runs a pipeline's passes up to and including fusion (and the reshape-to-view rewrite
+of dataflow lowering, which removes copy kernels), then reads the entry function: every remaining
+``call_tir`` is one kernel (dlight schedules each PrimFunc as one launch), its bytes are the global
+tensors it reads (footprint) plus those it writes, and its group lists the op kinds of its blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import tvm
+from tvm import relax
+
+from .graph import TensorDependencyGraph, build_graph
+from .graph.tdg import dtype_bytes
+from .pipeline import as_target, phases
+
+
+@dataclasses.dataclass
+class KernelGroup:
+    """One kernel: the blocks a PrimFunc call computes.
+
+    Attributes
+    ----------
+    name : str
+        The Relax binding of the call.
+    func : str
+        The PrimFunc.
+    kinds : list of str
+        Op kinds of its blocks, in program order (``row-reduce``, ``light-elementwise``, ...).
+    bytes_read, bytes_written : int
+        Global-memory footprints.
+    """
+
+    name: str
+    func: str
+    kinds: list[str]
+    bytes_read: int
+    bytes_written: int
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclasses.dataclass
+class FusionReport:
+    """What a pipeline makes of a module.
+
+    Attributes
+    ----------
+    pipeline : str
+    target : str
+    groups : list of KernelGroup
+    """
+
+    pipeline: str
+    target: str
+    groups: list[KernelGroup]
+
+    @property
+    def kernels(self) -> int:
+        """Kernel launches per call of the entry function."""
+        return len(self.groups)
+
+    @property
+    def bytes(self) -> int:
+        """Estimated global-memory traffic: bytes read plus written by every kernel."""
+        return sum(g.bytes for g in self.groups)
+
+    def kind_histogram(self) -> dict[str, int]:
+        """How many kernels have each signature (the op kinds they fuse)."""
+        hist: dict[str, int] = OrderedDict()
+        for g in self.groups:
+            key = "+".join(dict.fromkeys(g.kinds)) or "empty"
+            hist[key] = hist.get(key, 0) + 1
+        return hist
+
+    def to_dict(self) -> dict:
+        return {
+            "pipeline": self.pipeline,
+            "target": self.target,
+            "kernels": self.kernels,
+            "bytes": self.bytes,
+            "groups": [{**dataclasses.asdict(g), "bytes": g.bytes} for g in self.groups],
+        }
+
+    def format(self, max_groups: int = 12) -> str:
+        """A short readable summary."""
+        lines = [
+            f"{self.pipeline} pipeline on {self.target}: {self.kernels} kernels, "
+            f"{self.bytes / 1e6:.3f} MB global memory traffic (estimated)"
+        ]
+        for sig, n in list(self.kind_histogram().items())[:max_groups]:
+            lines.append(f"  {n:4d} x {sig}")
+        return "\n".join(lines)
+
+
+def groups_of(graph: TensorDependencyGraph) -> list[KernelGroup]:
+    """Kernel groups of a graph whose ``call`` attribute names one kernel per call."""
+    by_call: dict[str, list] = OrderedDict()
+    for node in graph.nodes.values():
+        by_call.setdefault(node.call, []).append(node)
+    groups = []
+    for call, nodes in by_call.items():
+        read: dict[str, int] = {}
+        written: set[str] = set()
+        for node in nodes:
+            for m in node.inputs:
+                info = graph.tensors[m.tensor]
+                if info.scope != "local":
+                    read[m.tensor] = max(read.get(m.tensor, 0), m.footprint)
+            if graph.tensors[node.output].scope != "local":
+                written.add(node.output)
+        groups.append(
+            KernelGroup(
+                name=call,
+                func=nodes[0].func,
+                kinds=[n.kind.value for n in nodes],
+                bytes_read=sum(n * dtype_bytes(graph.tensors[t].dtype) for t, n in read.items()),
+                bytes_written=sum(graph.tensors[t].nbytes for t in written),
+            )
+        )
+    return groups
+
+
+def fused_module(mod: tvm.IRModule, target, pipeline: str = "stitch", **options) -> tvm.IRModule:
+    """``mod`` after a pipeline's dispatch and fusion phases and the reshape-to-view rewrite."""
+    target = as_target(target)
+    seq = []
+    for name, passes in phases(target, pipeline, **options):
+        if name in ("dispatch", "fusion"):
+            seq.extend(passes)
+    seq.append(relax.transform.RewriteDataflowReshape())
+    with target:
+        return tvm.transform.Sequential(seq)(mod)
+
+
+def fusion_report(
+    mod: tvm.IRModule, target="llvm", pipeline: str = "stitch", **options
+) -> FusionReport:
+    """The fusion report of one pipeline on a module.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module (not yet legalized).
+    target : tvm.target.Target or str or dict
+        ``llvm`` or a CUDA target.
+    pipeline : {"stitch", "default"}
+        tvm-stitch's pipeline or TVM's default for the target.
+    **options
+        Pipeline options (stitch only).
+
+    Returns
+    -------
+    FusionReport
+    """
+    target = as_target(target)
+    if pipeline == "stitch":
+        options.setdefault("report", False)  # the report itself need not log
+        options.setdefault("analyze", False)
+    fused = fused_module(mod, target, pipeline, **options)
+    graph = build_graph(fused, legalize=False)
+    return FusionReport(pipeline, str(target.kind.name), groups_of(graph))
+
+
+def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionReport]:
+    """Fusion reports of TVM's default pipeline and of the stitch pipeline, for the same module."""
+    return {name: fusion_report(mod, target, name) for name in ("default", "stitch")}
+
+
+def cuda_source(executable) -> str:
+    """The generated CUDA C source of a compiled executable (empty when it has no CUDA module)."""
+    stack, sources = [executable.mod], []
+    while stack:
+        module = stack.pop()
+        if module.kind == "cuda":
+            sources.append(module.inspect_source())
+        stack.extend(module.imports)
+    return "\n".join(sources)

@@ -1,0 +1,351 @@
+"""Subgraph workloads: memory-intensive patterns of a transformer layer, MCFuser's GEMM chains
+(Table II) and self-attention modules (Table III).
+
+Each builder returns an :class:`~tvm_stitch.workloads.base.Instance` whose Relax module is written
+with ``relax.op`` exactly as a framework importer would emit it, and whose PyTorch functions have
+the same meaning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import relax
+from tvm.script import relax as R
+
+from .base import Instance, Workload
+
+LN_EPS = 1e-5
+
+
+def _function(params, body, name="main"):
+    """A one-function Relax module: ``params`` = [(name, shape, dtype)], ``body(*vars) -> [exprs]``.
+
+    Every expression ``body`` returns is emitted in order; the last one is the output.
+    """
+    bb = relax.BlockBuilder()
+    rvars = [relax.Var(n, R.Tensor(tuple(shape), dtype)) for n, shape, dtype in params]
+    with bb.function(name, rvars):
+        with bb.dataflow():
+            exprs = body(*rvars)
+            for e in exprs[:-1]:
+                bb.emit(e)
+            out = bb.emit_output(exprs[-1])
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _nbytes(*arrays_or_specs) -> int:
+    total = 0
+    for shape, dtype in arrays_or_specs:
+        total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return total
+
+
+def _rand(rng, shape, dtype, scale=1.0, offset=0.0):
+    return (rng.standard_normal(shape) * scale + offset).astype(dtype)
+
+
+# -- memory-intensive patterns ---------------------------------------------------------------------
+def _layernorm(dtype, rng, rows, cols):
+    x = _rand(rng, (rows, cols), dtype)
+    w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
+    mod = _function(
+        [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)],
+        lambda x_, w_, b_: [relax.op.nn.layer_norm(x_, w_, b_, axes=[-1], epsilon=LN_EPS)],
+    )
+
+    def eager(device, tdtype):
+        import torch.nn.functional as F
+
+        return lambda x_, w_, b_: F.layer_norm(x_, (cols,), w_, b_, LN_EPS)
+
+    io = _nbytes((x.shape, dtype), (x.shape, dtype), (w.shape, dtype), (b.shape, dtype))
+    return Instance(
+        f"layernorm {rows}x{cols} {dtype}", mod, "main", [x, w, b], {"eager": eager}, 0, io, dtype
+    )
+
+
+def _layernorm_ops(dtype, rng, rows, cols):
+    """LayerNorm written as separate ops: mean, subtract, square, mean, rsqrt, scale, shift."""
+    x = _rand(rng, (rows, cols), dtype)
+    w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
+    eps = relax.const(LN_EPS, dtype)
+
+    def body(x_, w_, b_):
+        mean = relax.op.mean(x_, axis=[-1], keepdims=True)
+        d = relax.op.subtract(x_, mean)
+        var = relax.op.mean(relax.op.multiply(d, d), axis=[-1], keepdims=True)
+        inv = relax.op.rsqrt(relax.op.add(var, eps))
+        return [relax.op.add(relax.op.multiply(relax.op.multiply(d, inv), w_), b_)]
+
+    mod = _function([("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)], body)
+
+    def eager(device, tdtype):
+        import torch
+
+        def fn(x_, w_, b_):
+            d = x_ - x_.mean(-1, keepdim=True)
+            return d * torch.rsqrt((d * d).mean(-1, keepdim=True) + LN_EPS) * w_ + b_
+
+        return fn
+
+    io = _nbytes((x.shape, dtype), (x.shape, dtype), (w.shape, dtype), (b.shape, dtype))
+    return Instance(
+        f"layernorm-ops {rows}x{cols} {dtype}",
+        mod,
+        "main",
+        [x, w, b],
+        {"eager": eager},
+        0,
+        io,
+        dtype,
+    )
+
+
+def _add_layernorm(dtype, rng, rows, cols):
+    """Bias + residual add + LayerNorm (the end of BERT's attention and FFN blocks)."""
+    x, r = _rand(rng, (rows, cols), dtype), _rand(rng, (rows, cols), dtype)
+    bias = _rand(rng, (cols,), dtype, 0.1)
+    w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
+    params = [
+        ("x", x.shape, dtype),
+        ("bias", (cols,), dtype),
+        ("residual", r.shape, dtype),
+        ("w", (cols,), dtype),
+        ("b", (cols,), dtype),
+    ]
+
+    def body(x_, bias_, r_, w_, b_):
+        h = relax.op.add(relax.op.add(x_, bias_), r_)
+        return [relax.op.nn.layer_norm(h, w_, b_, axes=[-1], epsilon=LN_EPS)]
+
+    def eager(device, tdtype):
+        import torch.nn.functional as F
+
+        return lambda x_, bias_, r_, w_, b_: F.layer_norm(x_ + bias_ + r_, (cols,), w_, b_, LN_EPS)
+
+    io = _nbytes(*((s, dtype) for _, s, _ in params), (x.shape, dtype))
+    return Instance(
+        f"add-layernorm {rows}x{cols} {dtype}",
+        _function(params, body),
+        "main",
+        [x, bias, r, w, b],
+        {"eager": eager},
+        0,
+        io,
+        dtype,
+    )
+
+
+def _softmax(dtype, rng, rows, cols):
+    x = _rand(rng, (rows, cols), dtype, 2.0)
+    mod = _function([("x", x.shape, dtype)], lambda x_: [relax.op.nn.softmax(x_, axis=-1)])
+
+    def eager(device, tdtype):
+        import torch
+
+        return lambda x_: torch.softmax(x_, dim=-1)
+
+    io = _nbytes((x.shape, dtype), (x.shape, dtype))
+    return Instance(
+        f"softmax {rows}x{cols} {dtype}", mod, "main", [x], {"eager": eager}, 0, io, dtype
+    )
+
+
+def _bias_gelu(dtype, rng, rows, cols, tanh=0):
+    x, b = _rand(rng, (rows, cols), dtype), _rand(rng, (cols,), dtype, 0.1)
+    gelu = relax.op.nn.gelu_tanh if tanh else relax.op.nn.gelu
+    mod = _function(
+        [("x", x.shape, dtype), ("b", b.shape, dtype)], lambda x_, b_: [gelu(relax.op.add(x_, b_))]
+    )
+
+    def eager(device, tdtype):
+        import torch.nn.functional as F
+
+        approximate = "tanh" if tanh else "none"
+        return lambda x_, b_: F.gelu(x_ + b_, approximate=approximate)
+
+    io = _nbytes((x.shape, dtype), (b.shape, dtype), (x.shape, dtype))
+    form = "tanh" if tanh else "erf"
+    return Instance(
+        f"bias-gelu-{form} {rows}x{cols} {dtype}",
+        mod,
+        "main",
+        [x, b],
+        {"eager": eager},
+        0,
+        io,
+        dtype,
+    )
+
+
+def _rmsnorm(dtype, rng, rows, cols):
+    x, w = _rand(rng, (rows, cols), dtype), _rand(rng, (cols,), dtype, 0.1, 1.0)
+    mod = _function(
+        [("x", x.shape, dtype), ("w", w.shape, dtype)],
+        lambda x_, w_: [relax.op.nn.rms_norm(x_, w_, axes=[-1], epsilon=LN_EPS)],
+    )
+
+    def eager(device, tdtype):
+        import torch
+
+        return lambda x_, w_: x_ * torch.rsqrt((x_ * x_).mean(-1, keepdim=True) + LN_EPS) * w_
+
+    io = _nbytes((x.shape, dtype), (w.shape, dtype), (x.shape, dtype))
+    return Instance(
+        f"rmsnorm {rows}x{cols} {dtype}", mod, "main", [x, w], {"eager": eager}, 0, io, dtype
+    )
+
+
+# -- MCFuser Table II: batched GEMM chains E = (A·B)·D ---------------------------------------------
+#: name -> (batch, M, N, K, H): A is (batch, M, K), B (batch, K, N), D (batch, N, H).
+GEMM_CHAINS = {
+    "G1": (1, 512, 256, 64, 64),
+    "G2": (1, 512, 256, 64, 128),
+    "G3": (1, 512, 256, 64, 256),
+    "G4": (1, 512, 512, 256, 256),
+    "G5": (1, 512, 512, 512, 256),
+    "G6": (1, 512, 512, 1024, 256),
+    "G7": (1, 512, 512, 128, 128),
+    "G8": (1, 1024, 512, 128, 128),
+    "G9": (1, 2048, 512, 128, 128),
+    "G10": (1, 1024, 1024, 128, 128),
+    "G11": (4, 1024, 1024, 128, 128),
+    "G12": (8, 1024, 1024, 128, 128),
+}
+
+#: name -> (heads, M, N, K, H): Q is (heads, M, K), K (heads, N, K), V (heads, N, H).
+ATTENTION = {
+    "S1": (8, 512, 512, 64, 64),
+    "S2": (12, 512, 512, 64, 64),
+    "S3": (16, 512, 512, 64, 64),
+    "S4": (12, 256, 256, 64, 64),
+    "S5": (16, 256, 256, 64, 64),
+    "S6": (16, 256, 256, 80, 80),
+    "S7": (1, 512, 256, 64, 64),
+    "S8": (1, 768, 384, 64, 64),
+    "S9": (1, 1024, 512, 64, 64),
+}
+
+
+def _gemm_chain(name):
+    def build(dtype, rng, batch, m, n, k, h):
+        a = _rand(rng, (batch, m, k), dtype, 1 / math.sqrt(k))
+        b = _rand(rng, (batch, k, n), dtype, 1.0)
+        d = _rand(rng, (batch, n, h), dtype, 1 / math.sqrt(n))
+        params = [("a", a.shape, dtype), ("b", b.shape, dtype), ("d", d.shape, dtype)]
+        mod = _function(
+            params,
+            lambda a_, b_, d_: [relax.op.matmul(relax.op.matmul(a_, b_), d_)],
+        )
+
+        def eager(device, tdtype):
+            import torch
+
+            return lambda a_, b_, d_: torch.bmm(torch.bmm(a_, b_), d_)
+
+        flops = 2 * batch * m * n * (k + h)
+        io = _nbytes(*((s, dtype) for _, s, _ in params), ((batch, m, h), dtype))
+        return Instance(
+            f"{name} {batch}x{m}x{n}x{k}x{h} {dtype}",
+            mod,
+            "main",
+            [a, b, d],
+            {"eager": eager},
+            flops,
+            io,
+            dtype,
+        )
+
+    batch, m, n, k, h = GEMM_CHAINS[name]
+    return Workload(
+        name,
+        "gemm-chain",
+        f"MCFuser {name}: (A·B)·D, batch={batch} M={m} N={n} K={k} H={h}",
+        {"batch": batch, "m": m, "n": n, "k": k, "h": h},
+        build,
+    )
+
+
+def _attention(name):
+    def build(dtype, rng, heads, m, n, k, h):
+        q = _rand(rng, (heads, m, k), dtype)
+        kk = _rand(rng, (heads, n, k), dtype)
+        v = _rand(rng, (heads, n, h), dtype)
+        scale = 1.0 / math.sqrt(k)
+        params = [("q", q.shape, dtype), ("k", kk.shape, dtype), ("v", v.shape, dtype)]
+
+        def body(q_, k_, v_):
+            s = relax.op.matmul(q_, relax.op.permute_dims(k_, [0, 2, 1]))
+            s = relax.op.multiply(s, relax.const(scale, dtype))
+            return [relax.op.matmul(relax.op.nn.softmax(s, axis=-1), v_)]
+
+        def eager(device, tdtype):
+            import torch
+
+            return lambda q_, k_, v_: torch.softmax(q_ @ k_.transpose(1, 2) * scale, -1) @ v_
+
+        def sdpa(device, tdtype):
+            import torch.nn.functional as F
+
+            return lambda q_, k_, v_: F.scaled_dot_product_attention(q_[None], k_[None], v_[None])[
+                0
+            ]
+
+        flops = 2 * heads * m * n * (k + h)
+        io = _nbytes(*((s, dtype) for _, s, _ in params), ((heads, m, h), dtype))
+        return Instance(
+            f"{name} {heads}x{m}x{n}x{k}x{h} {dtype}",
+            _function(params, body),
+            "main",
+            [q, kk, v],
+            {"eager": eager, "sdpa": sdpa},
+            flops,
+            io,
+            dtype,
+        )
+
+    heads, m, n, k, h = ATTENTION[name]
+    return Workload(
+        name,
+        "attention",
+        f"MCFuser {name}: softmax(Q·K^T/sqrt(K))·V, heads={heads} M={m} N={n} K={k} H={h}",
+        {"heads": heads, "m": m, "n": n, "k": k, "h": h},
+        build,
+    )
+
+
+def subgraph_workloads() -> list[Workload]:
+    """All subgraph workloads with their default (benchmark) shapes."""
+    bert = {"rows": 4096, "cols": 768}
+    memory = [
+        Workload("layernorm", "memory", "relax.nn.layer_norm over the last axis", bert, _layernorm),
+        Workload(
+            "layernorm-ops",
+            "memory",
+            "LayerNorm as separate ops (mean, sub, square, mean, rsqrt, scale, shift)",
+            bert,
+            _layernorm_ops,
+        ),
+        Workload(
+            "add-layernorm", "memory", "bias + residual add + LayerNorm", bert, _add_layernorm
+        ),
+        Workload(
+            "softmax",
+            "memory",
+            "softmax over the last axis",
+            {"rows": 49152, "cols": 128},
+            _softmax,
+        ),
+        Workload(
+            "bias-gelu",
+            "memory",
+            "bias add + GELU (erf form; tanh=1 for the tanh form)",
+            {"rows": 4096, "cols": 3072, "tanh": 0},
+            _bias_gelu,
+        ),
+        Workload("rmsnorm", "memory", "RMSNorm over the last axis", bert, _rmsnorm),
+    ]
+    return memory + [_gemm_chain(n) for n in GEMM_CHAINS] + [_attention(n) for n in ATTENTION]
