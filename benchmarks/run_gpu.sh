@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run GPU work on the lent GPU host, step by step, logging everything under OUTDIR.
+#
+#   bash benchmarks/run_gpu.sh OUTDIR STEP...
+#
+# STEP: env | tests | bert:BATCHxSEQ | memory | gemm-chains | attention | run
+# Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
+set -uo pipefail
+out=${1:?usage: run_gpu.sh OUTDIR STEP...}
+shift
+mkdir -p "$out"
+source .gpu/setup.sh
+export PYTHONUNBUFFERED=1
+status=0
+for step in "$@"; do
+    echo "=== $step ($(date +%T))"
+    case "$step" in
+        env)
+            nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv
+            python3 -c "import tvm, torch, triton, transformers; print('tvm', tvm.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+            ;;
+        tests)
+            python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/pytest-gpu.log" || status=1
+            ;;
+        bert:*)
+            shape=${step#bert:}
+            python3 -m tvm_stitch bench bert --target cuda -p "batch=${shape%x*}" -p "seq=${shape#*x}" \
+                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/bert-$shape.log" || status=1
+            ;;
+        memory|gemm-chains|attention)
+            python3 -m tvm_stitch bench "$step" --target cuda --json-out "$out/bench.jsonl" 2>&1 \
+                | tee "$out/$step.log" || status=1
+            ;;
+        run)
+            python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1
+            ;;
+        *)
+            echo "unknown step $step" >&2
+            status=2
+            ;;
+    esac
+done
+exit $status
