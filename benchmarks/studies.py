@@ -124,6 +124,9 @@ def run_study(
     cases = [c for c in CASES[study][kind] if not workloads or c[0] in workloads]
     if workloads and not cases:
         cases = [(w, {}) for w in workloads]  # any workload may be benchmarked in any study
+    if params:  # overriding the shape may make cases identical: keep one of each
+        merged = [(name, {**case, **params}) for name, case in cases]
+        cases = [c for i, c in enumerate(merged) if c not in merged[:i]]
     device = "cuda" if kind == "cuda" else "cpu"
     limits = measure_limits(device) if kind == "cuda" else DeviceLimits()
     if limits.copy_gbps:
@@ -133,7 +136,7 @@ def run_study(
         )
     records: list[Record] = []
     for name, case_params in cases:
-        inst = get_workload(name).instance(dtype, **{**case_params, **(params or {})})
+        inst = get_workload(name).instance(dtype, **case_params)
         echo(f"[{study}] {inst.name}")
         new = bench_instance(study, inst, target, limits, torch_baselines=torch_baselines)
         records.extend(new)

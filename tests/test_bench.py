@@ -51,3 +51,10 @@ def test_cli_bench_gemm_chain(capsys):
     assert main(["bench", "gemm-chains", "-w", "G1", "-p", "m=32", "-p", "n=48", "--no-torch"]) == 0
     out = capsys.readouterr().out
     assert "G1 1x32x48x64x64 float32" in out and "TFLOP/s" in out
+
+
+def test_params_override_dedupes_cases():
+    records = run_study("bert", "llvm", params={"batch": 1, "seq": 8}, echo=lambda _: None)
+    assert {r.workload for r in records} == {"bert-tiny 1x8 float32"}
+    assert [r.impl for r in records] == ["tvm-default", "tvm-stitch", "torch-eager", "torch-sdpa"]
+    assert all(r.correct for r in records)

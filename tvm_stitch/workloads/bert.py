@@ -46,6 +46,29 @@ BERT_CONFIGS = {
 MASK_VALUE = -10000.0
 
 
+def _accumulator(dtype: str) -> str | None:
+    """Matrix products of float16 models accumulate in float32, as cuBLAS does for PyTorch."""
+    return "float32" if dtype == "float16" else None
+
+
+def _matmul(a: nn.Tensor, b: nn.Tensor, dtype: str) -> nn.Tensor:
+    acc = _accumulator(dtype)
+    out = op.matmul(a, b, out_dtype=acc)
+    return op.astype(out, dtype) if acc else out
+
+
+class _Linear(nn.Module):
+    """``y = x·Wᵀ + b`` with float32 accumulation for float16 (weights and bias stay ``dtype``)."""
+
+    def __init__(self, n_in: int, n_out: int, dtype: str):
+        self.dtype = dtype
+        self.weight = nn.Parameter((n_out, n_in), dtype)
+        self.bias = nn.Parameter((n_out,), dtype)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return _matmul(x, op.permute_dims(self.weight), self.dtype) + self.bias
+
+
 class _Embeddings(nn.Module):
     def __init__(self, cfg: BertConfig, dtype: str):
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
@@ -67,9 +90,10 @@ class _Embeddings(nn.Module):
 class _SelfAttention(nn.Module):
     def __init__(self, cfg: BertConfig, dtype: str):
         self.cfg = cfg
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size, dtype=dtype)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size, dtype=dtype)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size, dtype=dtype)
+        self.dtype = dtype
+        self.query = _Linear(cfg.hidden_size, cfg.hidden_size, dtype)
+        self.key = _Linear(cfg.hidden_size, cfg.hidden_size, dtype)
+        self.value = _Linear(cfg.hidden_size, cfg.hidden_size, dtype)
 
     def forward(self, x: nn.Tensor, mask: nn.Tensor) -> nn.Tensor:
         cfg = self.cfg
@@ -80,10 +104,10 @@ class _SelfAttention(nn.Module):
             return op.permute_dims(op.reshape(t, (batch, seq, heads, dim)), [0, 2, 1, 3])
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
-        scores = op.matmul(q, op.permute_dims(k, [0, 1, 3, 2]))
+        scores = _matmul(q, op.permute_dims(k, [0, 1, 3, 2]), self.dtype)
         scores = scores * (1.0 / math.sqrt(dim)) + mask
         probs = op.softmax(scores, axis=-1)
-        ctx = op.permute_dims(op.matmul(probs, v), [0, 2, 1, 3])
+        ctx = op.permute_dims(_matmul(probs, v, self.dtype), [0, 2, 1, 3])
         return op.reshape(ctx, (batch, seq, cfg.hidden_size))
 
 
@@ -91,7 +115,7 @@ class _Dense(nn.Module):
     """Linear, then residual add and LayerNorm (HF's ``BertSelfOutput`` / ``BertOutput``)."""
 
     def __init__(self, n_in: int, n_out: int, eps: float, dtype: str):
-        self.dense = nn.Linear(n_in, n_out, dtype=dtype)
+        self.dense = _Linear(n_in, n_out, dtype)
         self.LayerNorm = nn.LayerNorm(n_out, eps=eps, dtype=dtype)
 
     def forward(self, x: nn.Tensor, residual: nn.Tensor) -> nn.Tensor:
@@ -109,7 +133,7 @@ class _Attention(nn.Module):
 
 class _Intermediate(nn.Module):
     def __init__(self, cfg: BertConfig, dtype: str):
-        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
+        self.dense = _Linear(cfg.hidden_size, cfg.intermediate_size, dtype)
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         return op.gelu(self.dense(x))
@@ -141,7 +165,9 @@ class BertModel(nn.Module):
 
     ``attention_mask`` is HF's 0/1 mask of shape ``(batch, seq)`` (int32); it becomes the additive
     mask ``(1 - m) * -10000`` broadcast over heads and query positions.  The pooler is left out:
-    the benchmarks and HF comparisons use ``last_hidden_state``.
+    the benchmarks and HF comparisons use ``last_hidden_state``.  In float16, matrix products
+    accumulate in float32 and are cast back (LayerNorm's statistics are float32 in TVM's
+    legalization already), which is what PyTorch computes too.
     """
 
     def __init__(self, cfg: BertConfig, dtype: str = "float32"):
@@ -220,7 +246,9 @@ def hf_model_factory(cfg: BertConfig, state: dict, attn_implementation: str):
         model = model.to(device=device, dtype=dtype)
 
         def fn(ids, mask, *_weights):
-            return model(input_ids=ids.long(), attention_mask=mask.long()).last_hidden_state
+            # the additive mask of BertModel.forward above; HF uses a 4-D mask as given
+            additive = (1.0 - mask[:, None, None, :].to(dtype)) * MASK_VALUE
+            return model(input_ids=ids.long(), attention_mask=additive).last_hidden_state
 
         return fn
 
