@@ -58,3 +58,18 @@ def test_params_override_dedupes_cases():
     assert {r.workload for r in records} == {"bert-tiny 1x8 float32"}
     assert [r.impl for r in records] == ["tvm-default", "tvm-stitch", "torch-eager", "torch-sdpa"]
     assert all(r.correct for r in records)
+
+
+def test_rates_flag_l2_resident_working_sets():
+    from tvm_stitch.benchmarks.harness import DeviceLimits, fill_rates
+
+    from tvm_stitch.workloads import get_workload
+
+    inst = get_workload("softmax").instance("float32", rows=100, cols=10)
+    limits = DeviceLimits(copy_gbps=2000.0, peak_tflops=700.0, l2_bytes=50 << 20, name="gpu")
+    rec = fill_rates(Record("s", "w", "tvm", "cuda", "gpu", "float32", time_us=2.0), inst, limits)
+    assert rec.gbps == 8000 / 2.0 / 1e3 and rec.pct_copy == 100 * rec.gbps / 2000.0
+    assert rec.note == "fits in L2"
+    chain = get_workload("G1").instance("float16")
+    rec = fill_rates(Record("s", "w", "tvm", "cuda", "gpu", "f", time_us=10.0), chain, limits)
+    assert rec.tflops == chain.flops / 10.0 / 1e6 and rec.gbps is None and rec.note == ""
