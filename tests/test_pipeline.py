@@ -80,12 +80,14 @@ def test_options_and_targets_are_checked():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("workload", ["bert-tiny", "layernorm", "S4"])
+@pytest.mark.parametrize("workload", ["bert-tiny", "hf-bert-tiny", "layernorm", "S4", "G11"])
 def test_gpu_numerics(workload):
     params = {
         "bert-tiny": {"batch": 2, "seq": 64},
+        "hf-bert-tiny": {"batch": 2, "seq": 64},
         "layernorm": {"rows": 1823, "cols": 781},
         "S4": {"heads": 3},
+        "G11": {},  # K = 1024 reduction: float32 accumulation matters
     }[workload]
     inst = get_workload(workload).instance("float16", **params)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -81,3 +81,14 @@ def test_cli_rejects_bad_input(capsys):
         main(["report", "resnet"])
     with pytest.raises(SystemExit, match="KEY=INTEGER"):
         main(["report", "softmax", "-p", "rows"])
+
+
+def test_cli_run_on_cuda_without_gpu_is_a_clear_error():
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["run", "--target", "cuda"])
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["bench", "memory", "--target", "cuda"])

@@ -78,3 +78,26 @@ def test_workload_errors():
     with pytest.raises(KeyError, match="known"):
         get_workload("gpt")
     assert {w.family for w in WORKLOADS.values()} == {"bert", "memory", "gemm-chain", "attention"}
+
+
+@pytest.mark.parametrize("name, params", [("G1", {}), ("S4", {}), ("bert-tiny", {"seq": 16})])
+def test_fp16_products_accumulate_in_fp32(name, params):
+    from tvm_stitch.graph import OpKind, build_graph
+
+    graph = build_graph(get_workload(name).instance("float16", **params).mod)
+    products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
+    assert products and all(n.out_dtype == "float32" for n in products)
+    for node in products:  # each product is cast back to float16 by its consumer
+        assert [c.detail for c in graph.successors(node)] == ["cast"]
+
+
+def test_hf_bert_float16_import_uses_mixed_precision():
+    from tvm_stitch.graph import OpKind, build_graph
+
+    inst = get_workload("hf-bert-tiny").instance("float16", batch=1, seq=8)
+    assert inst.args[0].dtype == np.int64 and inst.args[2].dtype == np.float32  # fp32 weights
+    graph = build_graph(inst.mod)
+    products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
+    assert len(products) == 16
+    for node in products:  # ToMixedPrecision: float16 operands, float32 accumulation
+        assert {graph.tensors[m.tensor].dtype for m in node.inputs} == {"float16"}

@@ -28,6 +28,19 @@ def _instance(args):
         raise SystemExit(f"error: {err}") from None
 
 
+def _need_gpu(target: str) -> None:
+    """Running on ``cuda`` needs a GPU; building does not (``tvm-stitch report --target cuda``)."""
+    if target != "cuda":
+        return
+    import tvm
+
+    if not tvm.cuda(0).exist:
+        raise SystemExit(
+            "error: --target cuda runs kernels and needs a CUDA GPU; on this machine use "
+            "`tvm-stitch report WORKLOAD --target cuda` (builds only)"
+        )
+
+
 def cmd_report(args) -> int:
     from tvm_stitch.report import compare_pipelines
 
@@ -57,6 +70,7 @@ def cmd_run(args) -> int:
     from tvm_stitch.benchmarks.harness import format_table, measure_limits
     from tvm_stitch.pipeline import as_target
 
+    _need_gpu(args.target)
     cmd_report(args)
     inst = _instance(args)
     target = as_target(args.target)
@@ -78,6 +92,7 @@ def cmd_run(args) -> int:
 def cmd_bench(args) -> int:
     from tvm_stitch.benchmarks import run_study
 
+    _need_gpu(args.target)
     records = run_study(
         args.study,
         args.target,

@@ -36,6 +36,13 @@ def _function(params, body, name="main"):
     return bb.get()
 
 
+def _matmul(a, b, dtype):
+    """``a @ b``; float16 accumulates in float32 and casts back, as cuBLAS does for PyTorch."""
+    if dtype == "float16":
+        return relax.op.astype(relax.op.matmul(a, b, out_dtype="float32"), dtype)
+    return relax.op.matmul(a, b)
+
+
 def _nbytes(*arrays_or_specs) -> int:
     total = 0
     for shape, dtype in arrays_or_specs:
@@ -238,7 +245,7 @@ def _gemm_chain(name):
         params = [("a", a.shape, dtype), ("b", b.shape, dtype), ("d", d.shape, dtype)]
         mod = _function(
             params,
-            lambda a_, b_, d_: [relax.op.matmul(relax.op.matmul(a_, b_), d_)],
+            lambda a_, b_, d_: [_matmul(_matmul(a_, b_, dtype), d_, dtype)],
         )
 
         def eager(device, tdtype):
@@ -278,9 +285,9 @@ def _attention(name):
         params = [("q", q.shape, dtype), ("k", kk.shape, dtype), ("v", v.shape, dtype)]
 
         def body(q_, k_, v_):
-            s = relax.op.matmul(q_, relax.op.permute_dims(k_, [0, 2, 1]))
+            s = _matmul(q_, relax.op.permute_dims(k_, [0, 2, 1]), dtype)
             s = relax.op.multiply(s, relax.const(scale, dtype))
-            return [relax.op.matmul(relax.op.nn.softmax(s, axis=-1), v_)]
+            return [_matmul(relax.op.nn.softmax(s, axis=-1), v_, dtype)]
 
         def eager(device, tdtype):
             import torch
