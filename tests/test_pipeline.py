@@ -18,14 +18,18 @@ def _run(ex, inst, dev=None):
     return vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
 
 
-@pytest.mark.parametrize("workload", ["bert-tiny", "hf-bert-tiny"])
-def test_bert_tiny_matches_torch_on_llvm(workload):
-    inst = get_workload(workload).instance("float32", batch=2, seq=19)
+# the nn model in float16 is left out on the CPU: LLVM takes minutes over the float16 erf
+@pytest.mark.parametrize(
+    "workload, dtype",
+    [("bert-tiny", "float32"), ("hf-bert-tiny", "float32"), ("hf-bert-tiny", "float16")],
+)
+def test_bert_tiny_matches_torch_on_llvm(workload, dtype):
+    inst = get_workload(workload).instance(dtype, batch=2, seq=19)
     ex = tvm.compile(inst.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
     out = _run(ex, inst)
     (ref,) = inst.reference()
     assert out.shape == ref.shape == (2, 19, 128)
-    np.testing.assert_allclose(out, ref, *inst.tolerance)
+    np.testing.assert_allclose(out.astype("float32"), ref, *inst.tolerance)
     # the padded tail of the last sequence must not change the others
     assert not np.allclose(out[1, :5], out[0, :5])
 

@@ -95,9 +95,13 @@ def test_hf_bert_float16_import_uses_mixed_precision():
     from tvm_stitch.graph import OpKind, build_graph
 
     inst = get_workload("hf-bert-tiny").instance("float16", batch=1, seq=8)
-    assert inst.args[0].dtype == np.int64 and inst.args[2].dtype == np.float32  # fp32 weights
+    assert inst.args[0].dtype == np.int64
+    assert all(w.dtype == np.float16 for w in inst.args[2:])
+    params = inst.mod["main"].params
+    assert all(str(p.ty.dtype) == "float16" for p in params[2:])
     graph = build_graph(inst.mod)
     products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
     assert len(products) == 16
     for node in products:  # ToMixedPrecision: float16 operands, float32 accumulation
         assert {graph.tensors[m.tensor].dtype for m in node.inputs} == {"float16"}
+        assert node.out_dtype == "float32"
