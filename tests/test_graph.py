@@ -7,19 +7,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 from tvm_stitch.graph import Dependence, OpKind, build_graph
-
-
-def _module(params, body):
-    bb = relax.BlockBuilder()
-    rvars = [relax.Var(n, R.Tensor(shape, dtype)) for n, shape, dtype in params]
-    with bb.function("main", rvars):
-        with bb.dataflow():
-            exprs = body(*rvars)
-            for e in exprs[:-1]:
-                bb.emit(e)
-            out = bb.emit_output(exprs[-1])
-        bb.emit_func_output(out)
-    return bb.get()
+from tvm_stitch.workloads.subgraphs import relax_function as _module
 
 
 def _nodes(graph):

@@ -15,7 +15,7 @@ from collections import defaultdict
 import tvm
 from tvm import relax, s_tir, sym, tirx
 
-from .access import AccessMap, Dependence, analyze_access
+from .access import AccessMap, analyze_access
 from .classify import OpKind, classify, count_flops
 from .tir_walk import buffer_loads, iter_sblocks
 
@@ -468,16 +468,3 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
         bytes_written=write.footprint * dtype_bytes(out_info.dtype),
         elements_accessed=elements,
     )
-
-
-__all__ = [
-    "AccessMap",
-    "Dependence",
-    "Node",
-    "OpKind",
-    "Reuse",
-    "TensorDependencyGraph",
-    "TensorInfo",
-    "build_graph",
-    "dtype_bytes",
-]

@@ -255,6 +255,11 @@ def hf_model_factory(cfg: BertConfig, state: dict, attn_implementation: str):
     return make
 
 
+def hf_torch_fns(cfg: BertConfig, state: dict) -> dict:
+    """HF ``BertModel`` baselines with ``state``: eager attention and SDPA attention."""
+    return {impl: hf_model_factory(cfg, state, impl) for impl in ("eager", "sdpa")}
+
+
 def bert_workload(size: str):
     """The ``bert-<size>`` workload: :class:`BertModel` exported from ``relax.frontend.nn``."""
     from .base import Instance, Workload
@@ -275,16 +280,12 @@ def bert_workload(size: str):
         )
         ids, mask = bert_inputs(cfg, batch, seq, rng)
         weights = {name: init_weight(name, p.shape, dtype, rng) for name, p in params}
-        torch_fns = {
-            "eager": hf_model_factory(cfg, weights, "eager"),
-            "sdpa": hf_model_factory(cfg, weights, "sdpa"),
-        }
         return Instance(
             f"bert-{size} {batch}x{seq} {dtype}",
             mod,
             "forward",
             [ids, mask, *weights.values()],
-            torch_fns,
+            hf_torch_fns(cfg, weights),
             bert_flops(cfg, batch, seq),
             0,
             dtype,

@@ -12,7 +12,7 @@ from .bert import (
     BERT_CONFIGS,
     bert_flops,
     bert_inputs,
-    hf_model_factory,
+    hf_torch_fns,
     init_weight,
     load_weights,
     make_hf_bert,
@@ -84,16 +84,12 @@ def hf_bert_workload(size: str) -> Workload:
         load_weights(model, state)
         mod, weights = import_hf_bert(model, batch, seq, dtype)
         ids, mask = bert_inputs(cfg, batch, seq, rng, "int64")
-        torch_fns = {
-            "eager": hf_model_factory(cfg, state, "eager"),
-            "sdpa": hf_model_factory(cfg, state, "sdpa"),
-        }
         return Instance(
             f"hf-bert-{size} {batch}x{seq} {dtype}",
             mod,
             "main",
             [ids, mask, *weights],
-            torch_fns,
+            hf_torch_fns(cfg, state),
             bert_flops(cfg, batch, seq),
             0,
             dtype,

@@ -19,7 +19,7 @@ from .base import Instance, Workload
 LN_EPS = 1e-5
 
 
-def _function(params, body, name="main"):
+def relax_function(params, body, name="main"):
     """A one-function Relax module: ``params`` = [(name, shape, dtype)], ``body(*vars) -> [exprs]``.
 
     Every expression ``body`` returns is emitted in order; the last one is the output.
@@ -58,7 +58,7 @@ def _rand(rng, shape, dtype, scale=1.0, offset=0.0):
 def _layernorm(dtype, rng, rows, cols):
     x = _rand(rng, (rows, cols), dtype)
     w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
-    mod = _function(
+    mod = relax_function(
         [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)],
         lambda x_, w_, b_: [relax.op.nn.layer_norm(x_, w_, b_, axes=[-1], epsilon=LN_EPS)],
     )
@@ -87,7 +87,8 @@ def _layernorm_ops(dtype, rng, rows, cols):
         inv = relax.op.rsqrt(relax.op.add(var, eps))
         return [relax.op.add(relax.op.multiply(relax.op.multiply(d, inv), w_), b_)]
 
-    mod = _function([("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)], body)
+    params = [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)]
+    mod = relax_function(params, body)
 
     def eager(device, tdtype):
         import torch
@@ -136,7 +137,7 @@ def _add_layernorm(dtype, rng, rows, cols):
     io = _nbytes(*((s, dtype) for _, s, _ in params), (x.shape, dtype))
     return Instance(
         f"add-layernorm {rows}x{cols} {dtype}",
-        _function(params, body),
+        relax_function(params, body),
         "main",
         [x, bias, r, w, b],
         {"eager": eager},
@@ -148,7 +149,7 @@ def _add_layernorm(dtype, rng, rows, cols):
 
 def _softmax(dtype, rng, rows, cols):
     x = _rand(rng, (rows, cols), dtype, 2.0)
-    mod = _function([("x", x.shape, dtype)], lambda x_: [relax.op.nn.softmax(x_, axis=-1)])
+    mod = relax_function([("x", x.shape, dtype)], lambda x_: [relax.op.nn.softmax(x_, axis=-1)])
 
     def eager(device, tdtype):
         import torch
@@ -164,7 +165,7 @@ def _softmax(dtype, rng, rows, cols):
 def _bias_gelu(dtype, rng, rows, cols, tanh=0):
     x, b = _rand(rng, (rows, cols), dtype), _rand(rng, (cols,), dtype, 0.1)
     gelu = relax.op.nn.gelu_tanh if tanh else relax.op.nn.gelu
-    mod = _function(
+    mod = relax_function(
         [("x", x.shape, dtype), ("b", b.shape, dtype)], lambda x_, b_: [gelu(relax.op.add(x_, b_))]
     )
 
@@ -190,7 +191,7 @@ def _bias_gelu(dtype, rng, rows, cols, tanh=0):
 
 def _rmsnorm(dtype, rng, rows, cols):
     x, w = _rand(rng, (rows, cols), dtype), _rand(rng, (cols,), dtype, 0.1, 1.0)
-    mod = _function(
+    mod = relax_function(
         [("x", x.shape, dtype), ("w", w.shape, dtype)],
         lambda x_, w_: [relax.op.nn.rms_norm(x_, w_, axes=[-1], epsilon=LN_EPS)],
     )
@@ -243,7 +244,7 @@ def _gemm_chain(name):
         b = _rand(rng, (batch, k, n), dtype, 1.0)
         d = _rand(rng, (batch, n, h), dtype, 1 / math.sqrt(n))
         params = [("a", a.shape, dtype), ("b", b.shape, dtype), ("d", d.shape, dtype)]
-        mod = _function(
+        mod = relax_function(
             params,
             lambda a_, b_, d_: [_matmul(_matmul(a_, b_, dtype), d_, dtype)],
         )
@@ -305,7 +306,7 @@ def _attention(name):
         io = _nbytes(*((s, dtype) for _, s, _ in params), ((heads, m, h), dtype))
         return Instance(
             f"{name} {heads}x{m}x{n}x{k}x{h} {dtype}",
-            _function(params, body),
+            relax_function(params, body),
             "main",
             [q, kk, v],
             {"eager": eager, "sdpa": sdpa},
