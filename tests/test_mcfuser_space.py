@@ -1,0 +1,151 @@
+"""MCFuser search space (§III), analytical model (§IV-A) and evolutionary search (§IV-B)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tvm_stitch.cost.mcfuser import estimate
+from tvm_stitch.explore.tiling import (
+    SMEM_SLACK,
+    Candidate,
+    ChainSpec,
+    TilingExpr,
+    build_search_space,
+    placements,
+    rule3_padding,
+    smem_estimate,
+    sub_expression,
+    tiling_expressions,
+)
+from tvm_stitch.hardware import HardwareModel
+from tvm_stitch.tune.evolution import SearchConfig, evolutionary_search
+
+H100 = HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"})
+PAPER = ChainSpec.gemm_chain(1, 1024, 1024, 512, 512)  # Fig. 7's example: M=N=1024, K=H=512
+MHNK = TilingExpr(tuple("mhnk"))
+FLAT = TilingExpr(("m", "n"), (("k",), ("h",)))
+
+
+def _by_kind(statements):
+    return {(s.kind, s.tensor): s for s in statements}
+
+
+def test_expressions_and_initial_space_match_the_paper():
+    exprs = tiling_expressions(PAPER)
+    assert len(exprs) == 26  # 4! deep + 2 flat
+    assert {str(e) for e in exprs if e.is_flat} == {"mn(k,h)", "nm(k,h)"}
+    space = build_search_space(PAPER, H100.smem_per_block)
+    assert space.counts["all"] == 109051904  # (24 + 2) x 64^2 x 32^2, as printed in §III-C
+
+
+def test_pruning_counts_fig7():
+    space = build_search_space(PAPER, H100.smem_per_block)
+    c = space.counts
+    # our reading of rules 1 and 2 (see the module docstring): 26 -> 6 -> 4 expressions
+    assert (c["expressions"], c["rule1_expressions"], c["rule2_expressions"]) == (26, 6, 4)
+    assert sorted(sub_expression(PAPER, e) for e in space.exprs) == ["n(k,h)", "nhk", "nk", "nkh"]
+    # rule 3: only divisors of the power-of-two dimensions remain (7 x 7 x 6 x 6 per expression)
+    assert c["rule3"] == 4 * 7 * 7 * 6 * 6
+    assert c["rule3"] / c["rule2"] < 0.01  # "discards 99% of impractical tile sizes"
+    # rule 4 removes a sizeable part ("40%") and the result is ~10^4
+    assert 0.25 < 1 - c["rule4"] / c["rule3"] < 0.6
+    assert 10**3 < c["rule4"] < 10**5
+    for cand in space.candidates():
+        assert smem_estimate(PAPER, cand.expr, cand.tile_dict) <= SMEM_SLACK * H100.smem_per_block
+        assert all(t % 16 == 0 for t in cand.tile_dict.values())
+
+
+def test_rule1_example_and_rule2_reason():
+    # the paper's example: mhnk and mnkh run the same loops per thread block
+    assert sub_expression(PAPER, MHNK) == "nk"
+    assert sub_expression(PAPER, TilingExpr(tuple("mnkh"))) == "nkh"
+    assert sub_expression(PAPER, TilingExpr(tuple("nmkh"))) == "nkh"  # m is bound anywhere
+    space = build_search_space(PAPER, H100.smem_per_block)
+    # k outside n would keep partial C tiles for every n: rule 2 drops it
+    assert all(not e.path("n")[:-1].count("k") for e in space.exprs)
+
+
+def test_padding_rule():
+    assert rule3_padding(1024, 256) and not rule3_padding(1024, 48)
+    assert rule3_padding(781, 784 // 16 * 16)  # 784 pads 781 by 0.4%
+    assert not rule3_padding(781, 512)  # 1024 pads 781 by 31%
+
+
+def test_placement_and_hoisting_on_extent_one():
+    tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
+    st = _by_kind(placements(PAPER, MHNK, tiles))
+    assert st[("load", "A")].scope == ("m", "h", "n", "k")
+    assert st[("load", "A")].trips == 16 * 8 * 16 * 8
+    assert st[("store", "E")].scope == ("m", "h")  # k and n don't index E (Fig. 4a, line 10)
+    # K = T_k: loop k has one trip and is dead; A's load hoists to the m loop (Fig. 4b)
+    st = _by_kind(placements(PAPER, MHNK, {**tiles, "k": 512}))
+    a = st[("load", "A")]
+    assert a.scope == ("m",) and a.trips == 16 and a.tile == {"m": 64, "k": 512}
+    assert st[("load", "B")].scope == ("m", "h", "n")  # B is still indexed by n
+    # flat tiling: E accumulates over n for every h tile and is stored once per m tile
+    st = _by_kind(placements(PAPER, FLAT, tiles))
+    assert st[("store", "E")].scope == ("m",) and st[("store", "E")].tile == {"m": 64, "h": 512}
+    assert st[("compute", "C")].trips == 16 * 16 * 8  # computed once per (m, n), not per h
+
+
+def test_model_by_hand():
+    spec = ChainSpec.gemm_chain(1, 256, 256, 64, 64)
+    tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
+    est = estimate(spec, Candidate(FLAT, tuple(tiles.items())), H100)
+    # loads: A once per m tile (k has one trip) = 256*64; B and D once per (m, n) = 4 * 256*64
+    # each; store E once = 256*64; all fp16
+    moved = 2 * (256 * 64 + 4 * 256 * 64 + 4 * 256 * 64 + 256 * 64)
+    assert est.bytes == moved
+    assert est.flops == 2 * 256 * 256 * 64 * 2
+    assert est.blocks == 4 and est.alpha == (4 + 132) / 4
+    assert est.time == pytest.approx(
+        (moved / H100.mem_bandwidth + est.flops / H100.peak_flops_fp16) * est.alpha
+    )
+
+
+def test_model_ranks_redundant_loads_lower():
+    tiles = {"m": 128, "n": 64, "k": 64, "h": 64}
+    deep = estimate(PAPER, Candidate(MHNK, tuple(tiles.items())), H100)
+    flat = estimate(PAPER, Candidate(FLAT, tuple(tiles.items())), H100)
+    # mhnk recomputes C (and reloads A, B) for every h tile; the flat tiling does not
+    assert flat.bytes < deep.bytes and flat.flops < deep.flops and flat.time < deep.time
+    bigger = estimate(PAPER, Candidate(FLAT, tuple({**tiles, "m": 16}.items())), H100)
+    assert bigger.bytes > flat.bytes  # small m tiles reload B and D more often
+
+
+def test_evolutionary_search_model_only_is_deterministic_and_good():
+    spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
+    space = build_search_space(spec, H100.smem_per_block)
+    model = lambda c: estimate(spec, c, H100).time  # noqa: E731
+    seen = []
+    result = evolutionary_search(space, model, progress=lambda r, t: seen.append(t))
+    again = evolutionary_search(space, model)
+    assert result.best == again.best and not result.measured
+    assert math.isnan(result.correlation)
+    assert seen == sorted(seen, reverse=True)  # the best time never gets worse
+    exhaustive = min(model(c) for c in space.candidates())
+    assert result.best_time <= 1.15 * exhaustive
+
+
+def test_evolutionary_search_measures_top_n_and_correlates():
+    spec = ChainSpec.gemm_chain(1, 512, 256, 64, 128)
+    space = build_search_space(spec, H100.smem_per_block)
+    model = lambda c: estimate(spec, c, H100).time  # noqa: E731
+    calls = []
+
+    def measure(c):  # a "device" that agrees with the model up to a deterministic wobble
+        calls.append(c)
+        return model(c) * (1.0 + 0.05 * (hash(str(c)) % 7) / 7)
+
+    result = evolutionary_search(space, model, measure, SearchConfig(population=64, top_n=8))
+    assert len(calls) == len(set(calls)) == len(result.pairs)  # nothing measured twice
+    assert len(calls) <= 8 * result.rounds
+    assert result.correlation > 0.8
+
+
+def test_empty_space_is_an_error():
+    space = build_search_space(PAPER, smem_limit=16)
+    with pytest.raises(ValueError, match="empty"):
+        evolutionary_search(space, lambda c: 1.0)

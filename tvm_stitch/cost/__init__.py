@@ -1,0 +1,1 @@
+"""Cost models: MCFuser's analytical model (later: delta- and latency-evaluators)."""

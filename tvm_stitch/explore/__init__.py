@@ -1,0 +1,1 @@
+"""Search spaces and fusion-plan exploration."""
