@@ -1,0 +1,136 @@
+"""Triton templates: numerics under the interpreter, ahead-of-time PTX for sm_90, legality."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tvm_stitch.codegen import triton_kernels as tk
+from tvm_stitch.explore.tiling import Candidate, ChainSpec, TilingExpr
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    script = Path(__file__).with_name("triton_interpret_cases.py")
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("family", ["chain", "attention", "gemm"])
+def test_numerics_under_interpreter(interpreted, family):
+    cases = [r for r in interpreted if r["case"].startswith(family)]
+    assert len(cases) >= 6  # fp32 and fp16, irregular shapes
+    bad = [r for r in cases if not r["ok"]]
+    assert not bad, bad
+
+
+def _sig(pointers, ints):
+    return {**dict.fromkeys(pointers, "*fp16"), **dict.fromkeys(ints, "i32")}
+
+
+def test_ahead_of_time_ptx_for_sm90():
+    chain = tk.compile_ptx(
+        "gemm_chain",
+        _sig(
+            ["A", "B", "D", "E"],
+            [
+                "M",
+                "N",
+                "K",
+                "H",
+                "s_ab",
+                "s_am",
+                "s_ak",
+                "s_bb",
+                "s_bk",
+                "s_bn",
+                "s_db",
+                "s_dn",
+                "s_dh",
+                "s_eb",
+                "s_em",
+                "s_eh",
+            ],
+        ),
+        {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_H": 64, "HOIST_A": True},
+    )
+    assert ".target sm_90" in chain and "wgmma.mma_async" in chain  # Hopper tensor cores
+    attention = tk.compile_ptx(
+        "attention",
+        {
+            **_sig(
+                ["Q", "Kt", "V", "O", "Mask"],
+                [
+                    "M",
+                    "N",
+                    "DK",
+                    "DH",
+                    "s_qb",
+                    "s_qm",
+                    "s_qk",
+                    "s_kb",
+                    "s_kn",
+                    "s_kk",
+                    "s_vb",
+                    "s_vn",
+                    "s_vh",
+                    "s_ob",
+                    "s_om",
+                    "s_oh",
+                    "s_xb",
+                    "s_xm",
+                    "s_xn",
+                ],
+            ),
+            "scale": "fp32",
+        },
+        {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_H": 64, "HAS_MASK": True},
+    )
+    assert "ex2.approx" in attention  # the softmax's exp, fused between the two products
+    gemm = tk.compile_ptx(
+        "gemm_epilogue",
+        _sig(
+            ["A", "B", "C", "Bias", "Res"],
+            ["M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_rm", "s_rn"],
+        ),
+        {
+            "BLOCK_M": 128,
+            "BLOCK_N": 128,
+            "BLOCK_K": 64,
+            "HAS_BIAS": True,
+            "GELU": 1,
+            "HAS_RES": False,
+        },
+    )
+    assert "wgmma.mma_async" in gemm
+
+
+def test_template_legality():
+    spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
+    tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
+    flat = TilingExpr(("m", "n"), (("k",), ("h",)))
+    reason = tk.chain_legality(spec, Candidate(flat, tuple(tiles.items())))
+    assert reason and "accumulators" in reason  # 4 h tiles inside the n loop
+    ok = Candidate(flat, tuple({**tiles, "h": 256}.items()))  # one h tile: a FlashAttention shape
+    assert tk.chain_legality(spec, ok) is None
+    assert tk.chain_config(spec, ok)["BLOCK_H"] == 256
+    deep = Candidate(TilingExpr(tuple("mhnk")), tuple(tiles.items()))
+    assert tk.chain_legality(spec, deep) is None and not tk.chain_config(spec, deep)["HOIST_A"]
+    kn = Candidate(TilingExpr(tuple("mhkn")), tuple(tiles.items()))
+    assert "encloses n" in tk.chain_legality(spec, kn)
+    odd = Candidate(TilingExpr(tuple("mhnk")), tuple({**tiles, "n": 48}.items()))
+    assert "powers of two" in tk.chain_legality(spec, odd)  # Triton's tl.arange

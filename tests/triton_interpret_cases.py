@@ -1,0 +1,97 @@
+"""Numerics of the Triton templates under Triton's interpreter (run with TRITON_INTERPRET=1).
+
+``tests/test_triton_kernels.py`` runs this file in a subprocess (the interpreter must be chosen
+before Triton is imported) and reads the JSON it prints: one record per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tvm_stitch.codegen import triton_kernels as tk  # noqa: E402
+from tvm_stitch.explore.tiling import Candidate, ChainSpec, TilingExpr  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+records = []
+
+
+def check(name, got, ref, dtype):
+    err = (got.float() - ref.float()).abs().max().item()
+    scale = max(1.0, ref.float().abs().max().item())
+    records.append({"case": name, "max_err": err, "ok": err <= TOL[dtype] * scale})
+
+
+torch.manual_seed(0)
+for dtype in (torch.float32, torch.float16):
+    # GEMM chains at irregular shapes, from search-space candidates
+    for batch, m, n, k, h, expr, tiles in [
+        (2, 45, 37, 40, 29, "mhnk", {"m": 16, "n": 16, "k": 16, "h": 16}),
+        (1, 70, 33, 48, 24, "mn(k,h)", {"m": 32, "n": 16, "k": 64, "h": 32}),  # k, h dead
+        (3, 17, 50, 64, 80, "mhnk", {"m": 16, "n": 32, "k": 64, "h": 32}),  # A hoisted
+    ]:
+        spec = ChainSpec.gemm_chain(batch, m, n, k, h)
+        e = TilingExpr(("m", "n"), (("k",), ("h",))) if "(" in expr else TilingExpr(tuple(expr))
+        cand = Candidate(e, tuple(tiles.items()))
+        assert tk.chain_legality(spec, cand) is None
+        cfg = tk.chain_config(spec, cand)
+        a, b, d = (
+            torch.randn(s, dtype=dtype) * 0.5 for s in ((batch, m, k), (batch, k, n), (batch, n, h))
+        )
+        ref = (a.float() @ b.float()).to(dtype).float() @ d.float()
+        check(
+            f"chain {expr} {batch}x{m}x{n}x{k}x{h} hoist={cfg['HOIST_A']} {dtype}",
+            tk.run_gemm_chain(a, b, d, cfg),
+            ref,
+            dtype,
+        )
+
+    # attention: with and without an additive mask, K != H, N not a multiple of the tile
+    for heads, m, n, dk, dh, masked in [
+        (3, 33, 47, 40, 24, True),
+        (2, 64, 50, 64, 64, False),
+        (1, 20, 70, 80, 32, True),
+    ]:
+        q, kk, v = (
+            torch.randn(s, dtype=dtype) for s in ((heads, m, dk), (heads, n, dk), (heads, n, dh))
+        )
+        mask = None
+        scores = q.float() @ kk.float().transpose(1, 2) / dk**0.5
+        if masked:
+            mask = torch.where(torch.rand(heads, 1, n) < 0.2, -10000.0, 0.0).to(dtype)
+            scores = scores + mask.float()
+        ref = torch.softmax(scores, -1) @ v.float()
+        got = tk.run_attention(q, kk, v, mask, config={"BLOCK_M": 16, "BLOCK_N": 32})
+        check(f"attention {heads}x{m}x{n}x{dk}x{dh} mask={masked} {dtype}", got, ref, dtype)
+
+    # GEMM + epilogues (a Linear layer: weight is (N, K))
+    x, w = torch.randn(33, 70, dtype=dtype), torch.randn(50, 70, dtype=dtype) * 0.2
+    bias, res = torch.randn(50, dtype=dtype), torch.randn(33, 50, dtype=dtype)
+    for gelu, residual in [
+        (tk.GELU_NONE, False),
+        (tk.GELU_ERF, False),
+        (tk.GELU_TANH, True),
+        (tk.GELU_NONE, True),
+    ]:
+        y = x.float() @ w.float().T + bias.float()
+        if gelu:
+            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
+        if residual:
+            y = y + res.float()
+        got = tk.run_gemm_epilogue(
+            x,
+            w,
+            bias,
+            res if residual else None,
+            gelu,
+            {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16},
+        )
+        check(f"gemm bias gelu={gelu} residual={residual} {dtype}", got, y, dtype)
+
+json.dump(records, sys.stdout)

@@ -1,0 +1,1 @@
+"""Code generators: Triton kernels for compute-intensive chains (MCFuser)."""

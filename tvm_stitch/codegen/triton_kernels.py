@@ -1,0 +1,416 @@
+"""Triton kernels for MCFuser candidates: GEMM chains, attention, GEMM with fused epilogues.
+
+Each kernel is one template whose ``tl.constexpr`` parameters realise a candidate of the
+search space (``tvm_stitch.explore.tiling``): the grid binds the output's spatial loops, the
+``n`` loop runs inside a block, and when the ``k`` loop has a single trip (``BLOCK_K >= K``) the
+first operand's tile is loaded once per block, before the ``n`` loop — the extent-1 hoisting of
+MCFuser §III-B.  Candidates a template cannot express are refused by :func:`chain_legality`.
+
+Kernels are plain functions wrapped with ``triton.jit`` on first use.  With ``TRITON_INTERPRET=1``
+in the environment *when Triton is imported*, they run on the CPU with torch tensors (CI checks
+their numerics that way, in a subprocess); otherwise they compile for the GPU, and
+:func:`compile_ptx` compiles them ahead of time without one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+
+GELU_NONE, GELU_ERF, GELU_TANH = 0, 1, 2
+
+
+def _gemm_chain(
+    A,
+    B,
+    D,
+    E,
+    M,
+    N,
+    K,
+    H,
+    s_ab,
+    s_am,
+    s_ak,
+    s_bb,
+    s_bk,
+    s_bn,
+    s_db,
+    s_dn,
+    s_dh,
+    s_eb,
+    s_em,
+    s_eh,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HOIST_A: tl.constexpr,
+):
+    """``E[b] = (A[b] @ B[b]) @ D[b]``; grid = (m tiles, h tiles, batch)."""
+    pid_m, pid_h, bid = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rh = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    rk = tl.arange(0, BLOCK_K)
+    A += bid * s_ab
+    B += bid * s_bb
+    D += bid * s_db
+    E += bid * s_eb
+    acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    if HOIST_A:  # the k loop has one trip: A's tile is loaded once, outside the n loop
+        a_tile = tl.load(
+            A + rm[:, None] * s_am + rk[None, :] * s_ak,
+            mask=(rm[:, None] < M) & (rk[None, :] < K),
+            other=0.0,
+        )
+    for n0 in range(0, N, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        c = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if HOIST_A:
+            b = tl.load(
+                B + rk[:, None] * s_bk + rn[None, :] * s_bn,
+                mask=(rk[:, None] < K) & (rn[None, :] < N),
+                other=0.0,
+            )
+            c += tl.dot(a_tile, b)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + rk
+                a = tl.load(
+                    A + rm[:, None] * s_am + kk[None, :] * s_ak,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K),
+                    other=0.0,
+                )
+                b = tl.load(
+                    B + kk[:, None] * s_bk + rn[None, :] * s_bn,
+                    mask=(kk[:, None] < K) & (rn[None, :] < N),
+                    other=0.0,
+                )
+                c += tl.dot(a, b)
+        d = tl.load(
+            D + rn[:, None] * s_dn + rh[None, :] * s_dh,
+            mask=(rn[:, None] < N) & (rh[None, :] < H),
+            other=0.0,
+        )
+        acc += tl.dot(c.to(d.dtype), d)  # C is rounded to the input dtype, as bmm -> bmm does
+    tl.store(
+        E + rm[:, None] * s_em + rh[None, :] * s_eh,
+        acc.to(E.dtype.element_ty),
+        mask=(rm[:, None] < M) & (rh[None, :] < H),
+    )
+
+
+def _gemm_epilogue(
+    A,
+    B,
+    C,
+    Bias,
+    Res,
+    M,
+    N,
+    K,
+    s_am,
+    s_ak,
+    s_bk,
+    s_bn,
+    s_cm,
+    s_cn,
+    s_rm,
+    s_rn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GELU: tl.constexpr,
+    HAS_RES: tl.constexpr,
+):
+    """``C = act(A @ B + bias) + residual`` with fp32 accumulation; grid = (m tiles, n tiles)."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(
+            A + rm[:, None] * s_am + kk[None, :] * s_ak,
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            B + kk[:, None] * s_bk + rn[None, :] * s_bn,
+            mask=(kk[:, None] < K) & (rn[None, :] < N),
+            other=0.0,
+        )
+        acc += tl.dot(a, b)
+    if HAS_BIAS:
+        acc += tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if GELU == 1:  # erf form
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    if GELU == 2:  # tanh form; tanh(u) = 2 sigmoid(2u) - 1
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = 0.5 * acc * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))
+    out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_RES:
+        acc += tl.load(Res + rm[:, None] * s_rm + rn[None, :] * s_rn, mask=out_mask, other=0.0).to(
+            tl.float32
+        )
+    tl.store(C + rm[:, None] * s_cm + rn[None, :] * s_cn, acc.to(C.dtype.element_ty), mask=out_mask)
+
+
+def _attention(
+    Q,
+    Kt,
+    V,
+    O,
+    Mask,
+    M,
+    N,
+    DK,
+    DH,
+    s_qb,
+    s_qm,
+    s_qk,
+    s_kb,
+    s_kn,
+    s_kk,
+    s_vb,
+    s_vn,
+    s_vh,
+    s_ob,
+    s_om,
+    s_oh,
+    s_xb,
+    s_xm,
+    s_xn,
+    scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """``O[b] = softmax(Q[b] @ K[b]^T * scale + mask[b]) @ V[b]`` with an online softmax.
+
+    The whole head dimension is one tile (``BLOCK_K >= DK``): Q's tile is loaded once per block,
+    hoisted out of the n loop; grid = (m tiles, batch · heads).
+    """
+    pid_m, bid = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    rh = tl.arange(0, BLOCK_H)
+    q = tl.load(
+        Q + bid * s_qb + rm[:, None] * s_qm + rk[None, :] * s_qk,
+        mask=(rm[:, None] < M) & (rk[None, :] < DK),
+        other=0.0,
+    )
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            Kt + bid * s_kb + rk[:, None] * s_kk + rn[None, :] * s_kn,
+            mask=(rk[:, None] < DK) & (rn[None, :] < N),
+            other=0.0,
+        )
+        s = tl.dot(q, k) * scale
+        if HAS_MASK:
+            s += tl.load(
+                Mask + bid * s_xb + rm[:, None] * s_xm + rn[None, :] * s_xn,
+                mask=(rm[:, None] < M) & (rn[None, :] < N),
+                other=0.0,
+            ).to(tl.float32)
+        s = tl.where(rn[None, :] < N, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(
+            V + bid * s_vb + rn[:, None] * s_vn + rh[None, :] * s_vh,
+            mask=(rn[:, None] < N) & (rh[None, :] < DH),
+            other=0.0,
+        )
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(
+        O + bid * s_ob + rm[:, None] * s_om + rh[None, :] * s_oh,
+        out.to(O.dtype.element_ty),
+        mask=(rm[:, None] < M) & (rh[None, :] < DH),
+    )
+
+
+_SOURCES = {"gemm_chain": _gemm_chain, "gemm_epilogue": _gemm_epilogue, "attention": _attention}
+
+
+@functools.cache
+def kernel(name: str):
+    """The Triton kernel ``name`` (interpreted when ``TRITON_INTERPRET=1``)."""
+    return triton.jit(_SOURCES[name])
+
+
+# -- legality: which candidates the templates express ----------------------------------------------
+def chain_legality(spec, cand) -> str | None:
+    """Why the GEMM-chain template cannot run ``cand``, or None when it can.
+
+    The template binds ``m`` (and ``h`` when it has several tiles) to the grid and runs ``n``
+    around ``k`` inside a block.  It cannot keep accumulators for several ``h`` tiles across the
+    ``n`` loop (Triton has no arrays of tiles), nor reduce over ``k`` outside ``n``, and its
+    tiles must be powers of two.
+    """
+    from tvm_stitch.explore.tiling import trip_counts
+
+    tiles = cand.tile_dict
+    trips = trip_counts(spec, tiles)
+    expr = cand.expr
+    odd = {x: t for x, t in tiles.items() if t & (t - 1)}
+    if odd:
+        return f"tile sizes {odd} are not powers of two (Triton's tl.arange needs them)"
+    if trips["h"] > 1 and "n" in expr.path("h")[:-1]:
+        return f"{expr}: h has {trips['h']} tiles inside the n loop (needs several accumulators)"
+    if trips["k"] > 1 and "k" in expr.path("n")[:-1]:
+        return f"{expr}: the k reduction encloses n"
+    return None
+
+
+def chain_config(spec, cand) -> dict:
+    """Template parameters realising a legal candidate."""
+    from tvm_stitch.explore.tiling import trip_counts
+
+    tiles = cand.tile_dict
+    return {
+        "BLOCK_M": tiles["m"],
+        "BLOCK_N": tiles["n"],
+        "BLOCK_K": tiles["k"],
+        "BLOCK_H": tiles["h"],
+        "HOIST_A": trip_counts(spec, tiles)["k"] == 1,
+    }
+
+
+# -- launchers (torch tensors: CPU ones under TRITON_INTERPRET=1) ----------------------------------
+def run_gemm_chain(a, b, d, config: dict, **launch):
+    """``(a @ b) @ d`` for 3-D tensors (batch, rows, cols) with one template instance."""
+    import torch
+
+    batch, m, k = a.shape
+    n, h = b.shape[2], d.shape[2]
+    e = torch.empty((batch, m, h), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(h, config["BLOCK_H"]), batch)
+    kernel("gemm_chain")[grid](
+        a,
+        b,
+        d,
+        e,
+        m,
+        n,
+        k,
+        h,
+        *a.stride(),
+        *b.stride(),
+        *d.stride(),
+        *e.stride(),
+        **config,
+        **launch,
+    )
+    return e
+
+
+def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=None, **launch):
+    """``act(a @ w.T + bias) + residual`` for ``a`` (M, K) and a Linear weight ``w`` (N, K)."""
+    import torch
+
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, **(config or {})}
+    m, k = a.shape
+    n = w.shape[0]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    res = residual if residual is not None else c
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    kernel("gemm_epilogue")[grid](
+        a,
+        w,
+        c,
+        bias if bias is not None else c,
+        res,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        w.stride(1),
+        w.stride(0),
+        c.stride(0),
+        c.stride(1),
+        res.stride(0),
+        res.stride(1),
+        HAS_BIAS=bias is not None,
+        GELU=gelu,
+        HAS_RES=residual is not None,
+        **cfg,
+        **launch,
+    )
+    return c
+
+
+def run_attention(q, k, v, mask=None, scale=None, config=None, **launch):
+    """``softmax(q @ k^T * scale + mask) @ v`` for (batch, M, K), (batch, N, K), (batch, N, H).
+
+    ``mask`` is additive and broadcastable to (batch, M, N).
+    """
+    import torch
+
+    batch, m, dk = q.shape
+    n, dh = k.shape[1], v.shape[2]
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, **(config or {})}
+    cfg["BLOCK_K"] = max(16, triton.next_power_of_2(dk))
+    cfg["BLOCK_H"] = max(16, triton.next_power_of_2(dh))
+    o = torch.empty((batch, m, dh), dtype=q.dtype, device=q.device)
+    if mask is not None:
+        mask = mask.expand(batch, m, n)
+        mask_strides = mask.stride()
+    else:
+        mask, mask_strides = o, (0, 0, 0)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), batch)
+    kernel("attention")[grid](
+        q,
+        k,
+        v,
+        o,
+        mask,
+        m,
+        n,
+        dk,
+        dh,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        *mask_strides,
+        float(scale if scale is not None else dk**-0.5),
+        HAS_MASK=mask is not o,
+        **cfg,
+        **launch,
+    )
+    return o
+
+
+def compile_ptx(name: str, signature: dict, constexprs: dict, arch: int = 90) -> str:
+    """Compile kernel ``name`` ahead of time for ``sm_<arch>`` (no GPU needed); return its PTX.
+
+    Parameters
+    ----------
+    signature : dict
+        Argument name to Triton type (``"*fp16"``, ``"i32"``, ``"fp32"``) for every non-constexpr
+        argument.
+    constexprs : dict
+        Values of the ``tl.constexpr`` arguments.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(
+        kernel(name), {**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs
+    )
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
