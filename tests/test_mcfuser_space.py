@@ -149,3 +149,14 @@ def test_empty_space_is_an_error():
     space = build_search_space(PAPER, smem_limit=16)
     with pytest.raises(ValueError, match="empty"):
         evolutionary_search(space, lambda c: 1.0)
+
+
+def test_code_generator_legality_restricts_the_space():
+    from tvm_stitch.codegen.triton_kernels import chain_legality
+
+    spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
+    space = build_search_space(spec, H100.smem_per_block, legal=lambda c: chain_legality(spec, c))
+    assert 0 < space.counts["legal"] < space.counts["rule4"]
+    assert all(chain_legality(spec, c) is None for c in space.candidates())
+    result = evolutionary_search(space, lambda c: estimate(spec, c, H100).time)
+    assert chain_legality(spec, result.best) is None  # mutation stays legal too

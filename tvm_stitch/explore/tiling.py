@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 TILE_QUANTUM = 16  # tensor cores need 16x16x16 tiles: tile sizes are multiples of 16
 SMEM_SLACK = 1.2  # rule 4 keeps candidates up to 1.2x the limit: the estimate errs
@@ -83,6 +83,16 @@ class ChainSpec:
     def shared_loops(self) -> tuple[str, ...]:
         """Loops every block uses (flat tilings nest these)."""
         return tuple(x for x in self.loops if all(x in b.loops for b in self.blocks))
+
+    @staticmethod
+    def gemm(m: int, n: int, k: int, dtype_bytes: int = 2) -> ChainSpec:
+        """A single product ``C = A·B`` (A is (M, K), B (K, N)): a chain of length one."""
+        return ChainSpec(
+            extents={"m": m, "n": n, "k": k},
+            blocks=(Block("C", ("A", "B"), ("m", "n"), ("k",)),),
+            index={"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")},
+            dtype_bytes=dtype_bytes,
+        )
 
     @staticmethod
     def gemm_chain(batch: int, m: int, n: int, k: int, h: int, dtype_bytes: int = 2) -> ChainSpec:
@@ -326,18 +336,27 @@ class SearchSpace:
     tiles: dict[str, list[int]]
     counts: dict[str, int]
     smem_limit: int
+    legal: Callable[[Candidate], str | None] | None = None
+
+    def admits(self, cand: Candidate) -> bool:
+        """Rule 4, and the code generator's legality check when one is given."""
+        if smem_estimate(self.spec, cand.expr, cand.tile_dict) > SMEM_SLACK * self.smem_limit:
+            return False
+        return self.legal is None or self.legal(cand) is None
 
     def candidates(self) -> Iterator[Candidate]:
-        """Candidates that pass rule 4, in a fixed order."""
+        """Admitted candidates, in a fixed order."""
         names = list(self.tiles)
         for expr in self.exprs:
             for values in itertools.product(*(self.tiles[x] for x in names)):
-                tiles = dict(zip(names, values))
-                if smem_estimate(self.spec, expr, tiles) <= SMEM_SLACK * self.smem_limit:
-                    yield Candidate(expr, tuple(tiles.items()))
+                cand = Candidate(expr, tuple(zip(names, values)))
+                if self.admits(cand):
+                    yield cand
 
 
-def build_search_space(spec: ChainSpec, smem_limit: int) -> SearchSpace:
+def build_search_space(
+    spec: ChainSpec, smem_limit: int, legal: Callable[[Candidate], str | None] | None = None
+) -> SearchSpace:
     """Enumerate expressions and tile sizes, apply rules 1–4, count what each rule leaves.
 
     Parameters
@@ -345,6 +364,9 @@ def build_search_space(spec: ChainSpec, smem_limit: int) -> SearchSpace:
     spec : ChainSpec
     smem_limit : int
         Shared memory a block may use (``HardwareModel.smem_per_block``).
+    legal : callable, optional
+        The code generator's legality check (returns why a candidate cannot be generated, or
+        None); applied after rule 4 and counted as ``legal``.
     """
     exprs = tiling_expressions(spec)
     options = {x: tile_options(spec.extents[x]) for x in spec.loops}
@@ -359,4 +381,7 @@ def build_search_space(spec: ChainSpec, smem_limit: int) -> SearchSpace:
     counts["rule3"] = len(exprs) * math.prod(len(v) for v in options.values())
     space = SearchSpace(spec, exprs, options, counts, smem_limit)
     counts["rule4"] = sum(1 for _ in space.candidates())
+    if legal is not None:
+        space.legal = legal
+        counts["legal"] = sum(1 for _ in space.candidates())
     return space

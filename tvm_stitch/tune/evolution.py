@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable
 
-from tvm_stitch.explore.tiling import SMEM_SLACK, Candidate, SearchSpace, smem_estimate
+from tvm_stitch.explore.tiling import Candidate, SearchSpace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +139,7 @@ def _mutate_one(space, parent: Candidate, rng, tries: int = 8) -> Candidate | No
         options = [t for t in space.tiles[loop] if t != tiles[loop]]
         if not options:
             continue
-        new = {**tiles, loop: rng.choice(options)}
-        if smem_estimate(space.spec, parent.expr, new) <= SMEM_SLACK * space.smem_limit:
-            return Candidate(parent.expr, tuple(new.items()))
+        cand = Candidate(parent.expr, tuple({**tiles, loop: rng.choice(options)}.items()))
+        if space.admits(cand):
+            return cand
     return None
