@@ -143,6 +143,14 @@ def test_evolutionary_search_measures_top_n_and_correlates():
     assert len(calls) == len(set(calls)) == len(result.pairs)  # nothing measured twice
     assert len(calls) <= 8 * result.rounds
     assert result.correlation > 0.8
+    # a candidate that fails on the device (inf) neither wins nor poisons the correlation
+    count = iter(range(10**6))
+
+    def flaky(c):  # every third candidate fails to compile
+        return math.inf if next(count) % 3 == 0 else measure(c)
+
+    failing = evolutionary_search(space, model, flaky, SearchConfig(population=64, top_n=8))
+    assert math.isfinite(failing.best_time) and math.isfinite(failing.correlation)
 
 
 def test_empty_space_is_an_error():

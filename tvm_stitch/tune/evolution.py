@@ -53,11 +53,12 @@ class SearchResult:
     @property
     def correlation(self) -> float:
         """Pearson correlation of model estimates and measurements (nan when not measured)."""
-        if not self.measured or len(self.pairs) < 3:
-            return math.nan
-        xs, ys = zip(*self.pairs)
+        pairs = [(x, y) for x, y in self.pairs if math.isfinite(x) and math.isfinite(y)]
+        if not self.measured or len(pairs) < 3:
+            return math.nan  # candidates that failed to compile or run are left out
+        xs, ys = zip(*pairs)
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        cov = sum((x - mx) * (y - my) for x, y in self.pairs)
+        cov = sum((x - mx) * (y - my) for x, y in pairs)
         vx = sum((x - mx) ** 2 for x in xs)
         vy = sum((y - my) ** 2 for y in ys)
         return cov / math.sqrt(vx * vy) if vx and vy else math.nan
