@@ -128,7 +128,9 @@ def run(families, json_out=None, echo=print) -> list[dict]:
                 trips = trip_counts(spec, c.tile_dict)
                 if trips["k"] > 1 or trips["h"] > 1:
                     return "attention keeps the whole head dimension in one tile"
-                return tk.chain_legality(spec, c)
+                odd = [c.tile_dict[x] for x in "mn" if c.tile_dict[x] & (c.tile_dict[x] - 1)]
+                # the head dimension is padded to a power of two by the launcher itself
+                return "m and n tiles must be powers of two" if odd else None
 
             def make(c, q=q, kk=kk, v=v):
                 conf = {"BLOCK_M": c.tile_dict["m"], "BLOCK_N": c.tile_dict["n"]}
