@@ -5,5 +5,6 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 """
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
+from .mcfuser import FuseLinearTriton
 
-__all__ = ["AnalyzeTensorGraph", "ReportFusion"]
+__all__ = ["AnalyzeTensorGraph", "FuseLinearTriton", "ReportFusion"]

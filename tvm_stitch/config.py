@@ -20,10 +20,15 @@ class PipelineOptions:
         the ``tvm_stitch`` logger).  Costs a walk over every TIR block; off for the fastest builds.
     report : bool
         Log the fusion report (kernels, bytes, groups) after fusion.
+    triton_gemm : bool
+        Run Linear layers (+ GELU or + residual) as searched Triton kernels (MCFuser, chains of
+        length one).  Needs a GPU at compile time; without one the pass logs why and TVM keeps
+        the layers.
     """
 
     analyze: bool = True
     report: bool = True
+    triton_gemm: bool = True
 
     @classmethod
     def from_kwargs(cls, **options) -> PipelineOptions:

@@ -3,14 +3,15 @@
 Phases (each a list of passes, so reports can stop after fusion):
 
 ``dispatch``   TVM's library dispatch (sampling, sort/scan)
-``fusion``     LegalizeOps, [tensor-graph analysis], AnnotateTIROpPattern, FoldConstant, FuseOps,
-               FuseTIR, [fusion report]
+``fusion``     [Triton GEMMs], LegalizeOps, [tensor-graph analysis], AnnotateTIROpPattern,
+               FoldConstant, FuseOps, FuseTIR, [fusion report]
 ``schedule``   dlight's default GPU schedules (none on CPU)
 ``lower``      dataflow lowering
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
-At this stage the stitch passes analyse and report; fusion passes of later issues slot into
-``fusion``.  The ``default`` phases are exactly TVM's ``relax.get_default_pipeline(target)``.
+The stitch passes so far: Linear layers as searched Triton kernels (MCFuser, GPU only), the
+tensor-graph analysis and the fusion report.  The ``default`` phases are exactly TVM's
+``relax.get_default_pipeline(target)``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
             fusion.insert(at, passes.AnalyzeTensorGraph())
         if opts.report:
             fusion.append(passes.ReportFusion())
+        if opts.triton_gemm and target.kind.name == "cuda":
+            fusion.insert(0, passes.FuseLinearTriton())
     elif kind != "default":
         raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
     elif options:
