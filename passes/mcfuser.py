@@ -201,7 +201,8 @@ class FuseLinearTriton:
                         {key: cfg[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
                         num_warps=cfg.get("num_warps", 4),
                     )
-                    func = func.with_attr("global_symbol", name)
+                    # opaque to FuseOps: the kernel is complete, nothing may be fused into it
+                    func = func.with_attrs({"global_symbol": name, "op_pattern": 8})
                     new_funcs[name] = builder_ctx.add_func(func, name)
                     externals.extend(ext)
                 gv = new_funcs[name]
