@@ -1,10 +1,10 @@
 """Triton kernels as TIR PrimFuncs of the TVM module (``T.call_kernel``).
 
-``T.call_kernel`` compiles the Triton kernel for the GPU that is active while the TVMScript is
-parsed, wraps its PTX in a CUDA module and records that module in the IRModule's
-``external_mods`` attribute, which ``tvm.compile`` links into the executable.  It therefore needs
-a GPU at compile time: :func:`can_embed` says whether this process has one, and passes fall back
-to TVM's own kernels (with the reason logged) when it does not.
+The Triton kernel is compiled ahead of time for sm_90, its PTX wrapped in a TVM CUDA module that
+goes into the IRModule's ``external_mods`` attribute (``tvm.compile`` links it into the
+executable), and the PrimFunc launches it with ``T.call_packed``.  Creating a CUDA module needs
+TVM's CUDA runtime, and the tile search measures on the GPU: :func:`can_embed` says whether this
+process can, and passes fall back to TVM's own kernels (with the reason logged) when it cannot.
 """
 
 from __future__ import annotations
@@ -19,16 +19,72 @@ from .triton_kernels import kernel
 @functools.cache
 def can_embed() -> tuple[bool, str]:
     """Whether Triton kernels can be compiled and embedded here, and why not if they cannot."""
+    import tvm_ffi
+
     try:
         import torch
         import triton  # noqa: F401
     except ImportError as err:
         return False, f"{err.name} is not installed"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU in this process (T.call_kernel compiles for the active GPU)"
-    if not tvm.cuda(0).exist:
-        return False, "TVM's CUDA runtime sees no device"
+    if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
+        return False, "this TVM has no CUDA runtime to load the kernels into"
+    if not tvm.cuda(0).exist or not torch.cuda.is_available():
+        return False, "no CUDA GPU to tune the kernels on"
     return True, ""
+
+
+_SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
+
+
+def _cuda_module(
+    name: str,
+    signature: dict,
+    constexprs: dict,
+    num_warps: int,
+    num_stages: int,
+    grid_dims: int,
+    symbol: str,
+):
+    """Compile kernel ``name`` for sm_90 and wrap its PTX in a TVM CUDA module.
+
+    The kernel is renamed ``symbol`` in the PTX: every variant needs its own name, since the
+    executable looks kernels up by name across all embedded modules.
+    Returns ``(module, symbol, num_threads, shared_bytes)``.  TVM's own ``T.call_kernel``
+    passes ``tl.constexpr`` values as kernel arguments and omits Triton's scratch pointers, which
+    does not match the PTX of Triton 3.3+; this builds the launch from the compiled signature.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from tvm.tirx.script.builder.external_kernel import BaseKernel
+
+    src = ASTSource(
+        kernel(name), {**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs
+    )
+    compiled = triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    meta = compiled.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise NotImplementedError(f"{name} needs Triton scratch memory")
+    arg_types = ["handle" if t.startswith("*") else "int32" for t in signature.values()]
+    arg_types += ["int64"] * _SCRATCH_ARGS  # null scratch pointers
+    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][:grid_dims]]
+    if meta.shared:
+        tags.append("tirx.use_dyn_shared_memory")
+    ptx = compiled.asm["ptx"].replace(meta.name, symbol)
+    module = BaseKernel()._create_cuda_module(ptx, arg_types, tags, symbol)
+    return module, symbol, meta.num_warps * 32, meta.shared
+
+
+_LINEAR_SIG = {
+    **dict.fromkeys(["A", "B", "C", "Bias", "Res"], "*fp16"),
+    **dict.fromkeys(
+        ["M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_rm", "s_rn"], "i32"
+    ),
+}
 
 
 def linear_primfunc(
@@ -50,10 +106,23 @@ def linear_primfunc(
     from tvm.script import ir as I
     from tvm.script import tirx as T
 
-    kern = kernel("gemm_epilogue")
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    grid = ((m + bm - 1) // bm, (n + bn - 1) // bn)
-    hr = int(has_res)
+    ptr = "*fp16" if dtype == "float16" else "*fp32"
+    signature = {a: (ptr if t.startswith("*") else t) for a, t in _LINEAR_SIG.items()}
+    constexprs = {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "HAS_BIAS": True,
+        "GELU": gelu,
+        "HAS_RES": bool(has_res),
+    }
+    variant = f"stitch_gemm_{m}x{n}x{k}_{dtype}_g{gelu}_r{int(has_res)}_{bm}x{bn}x{bk}"
+    module, symbol, threads, smem = _cuda_module(
+        "gemm_epilogue", signature, constexprs, num_warps, num_stages, 2, variant
+    )
+    gx, gy = (m + bm - 1) // bm, (n + bn - 1) // bn
+    launch = [T.int32(threads), T.int32(gx), T.int32(gy)] + ([T.int32(smem)] if smem else [])
 
     if has_res:
 
@@ -71,35 +140,32 @@ def linear_primfunc(
                 with T.sblock("root"):
                     T.reads(x[0:m, 0:k], w[0:n, 0:k], bias[0:n], res[0:m, 0:n])
                     T.writes(y[0:m, 0:n])
-                    T.call_kernel(
-                        kern,
-                        grid,
-                        x.data,
-                        w.data,
-                        y.data,
-                        bias.data,
-                        res.data,
-                        T.int32(m),
-                        T.int32(n),
-                        T.int32(k),
-                        T.int32(k),
-                        T.int32(1),
-                        T.int32(1),
-                        T.int32(k),
-                        T.int32(n),
-                        T.int32(1),
-                        T.int32(n),
-                        T.int32(1),
-                        bm,
-                        bn,
-                        bk,
-                        1,
-                        gelu,
-                        hr,
-                        num_warps=num_warps,
-                        num_stages=num_stages,
+                    T.evaluate(
+                        T.call_packed(
+                            symbol,
+                            x.data,
+                            w.data,
+                            y.data,
+                            bias.data,
+                            res.data,
+                            T.int32(m),
+                            T.int32(n),
+                            T.int32(k),
+                            T.int32(k),
+                            T.int32(1),
+                            T.int32(1),
+                            T.int32(k),
+                            T.int32(n),
+                            T.int32(1),
+                            T.int32(n),
+                            T.int32(1),
+                            T.int64(0),
+                            T.int64(0),
+                            *launch,
+                        )
                     )
 
+        func = WithResidual["main"]
     else:
 
         @I.ir_module(s_tir=True)
@@ -115,34 +181,30 @@ def linear_primfunc(
                 with T.sblock("root"):
                     T.reads(x[0:m, 0:k], w[0:n, 0:k], bias[0:n])
                     T.writes(y[0:m, 0:n])
-                    T.call_kernel(
-                        kern,
-                        grid,
-                        x.data,
-                        w.data,
-                        y.data,
-                        bias.data,
-                        y.data,
-                        T.int32(m),
-                        T.int32(n),
-                        T.int32(k),
-                        T.int32(k),
-                        T.int32(1),
-                        T.int32(1),
-                        T.int32(k),
-                        T.int32(n),
-                        T.int32(1),
-                        T.int32(n),
-                        T.int32(1),
-                        bm,
-                        bn,
-                        bk,
-                        1,
-                        gelu,
-                        hr,
-                        num_warps=num_warps,
-                        num_stages=num_stages,
+                    T.evaluate(
+                        T.call_packed(
+                            symbol,
+                            x.data,
+                            w.data,
+                            y.data,
+                            bias.data,
+                            y.data,
+                            T.int32(m),
+                            T.int32(n),
+                            T.int32(k),
+                            T.int32(k),
+                            T.int32(1),
+                            T.int32(1),
+                            T.int32(k),
+                            T.int32(n),
+                            T.int32(1),
+                            T.int32(n),
+                            T.int32(1),
+                            T.int64(0),
+                            T.int64(0),
+                            *launch,
+                        )
                     )
 
-    built = WithResidual if has_res else Plain
-    return built["main"], list(built.attrs["external_mods"])
+        func = Plain["main"]
+    return func, [module]
