@@ -5,8 +5,9 @@ optional ``astype`` (float32 accumulation), ``+ bias``, then optionally ``gelu``
 — and replaces each with a ``call_tir`` to a PrimFunc that launches the Triton GEMM template with
 the epilogue fused, its tile sizes chosen by the evolutionary search (measured on the GPU, kept
 in the tuning database).  Everything else is left to TVM.  Nothing is rewritten, and the reason
-is logged, when the pattern's legality check fails (shapes, dtypes, transposes) or when no GPU is
-there to compile the Triton kernel for (``T.call_kernel`` needs one).
+is logged, when the pattern's legality check fails (shapes, dtypes, transposes) or when this
+process cannot embed kernels (no CUDA runtime in TVM, or no GPU to tune on: see
+``tvm_stitch.codegen.embed.can_embed``).
 """
 
 from __future__ import annotations

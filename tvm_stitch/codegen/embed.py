@@ -1,4 +1,4 @@
-"""Triton kernels as TIR PrimFuncs of the TVM module (``T.call_kernel``).
+"""Triton kernels as TIR PrimFuncs of the TVM module.
 
 The Triton kernel is compiled ahead of time for sm_90, its PTX wrapped in a TVM CUDA module that
 goes into the IRModule's ``external_mods`` attribute (``tvm.compile`` links it into the
