@@ -39,6 +39,25 @@ def _warps(cfg: dict) -> int:
     return 8 if cfg["BLOCK_M"] * cfg.get("BLOCK_N", cfg.get("BLOCK_H", 64)) >= 128 * 128 else 4
 
 
+def _row(case, shape, baseline, ours, base, flops, secs, res, space, fails, ok) -> dict:
+    """One result line: our time next to the baseline's, the search's cost and quality."""
+    return {
+        "case": case,
+        "shape": shape,
+        "us": ours * 1e6,
+        "baseline": baseline,
+        "base_us": base * 1e6,
+        "tflops": flops / ours / 1e12,
+        "search_s": secs,
+        "measured": len(res.pairs),
+        "corr": res.correlation,
+        "best": str(res.best),
+        "ok": ok,
+        "space": space.counts,
+        "failures": fails[:3],
+    }
+
+
 def _search(spec, legal, make_fn, hw, cfg: SearchConfig):
     space = build_search_space(spec, hw.smem_per_block, legal=legal)
     failures = []
@@ -99,21 +118,19 @@ def run(families, json_out=None, echo=print) -> list[dict]:
             ok = bool(torch.allclose(got.float(), ref.float(), rtol=2e-2, atol=2e-2))
             flops = 2 * b * m * n * (k + h)
             record(
-                {
-                    "case": name,
-                    "shape": f"{b}x{m}x{n}x{k}x{h}",
-                    "us": ours * 1e6,
-                    "baseline": "bmm->bmm",
-                    "base_us": base * 1e6,
-                    "tflops": flops / ours / 1e12,
-                    "search_s": secs,
-                    "measured": len(res.pairs),
-                    "corr": res.correlation,
-                    "best": str(res.best),
-                    "ok": ok,
-                    "space": space.counts,
-                    "failures": fails[:3],
-                }
+                _row(
+                    name,
+                    f"{b}x{m}x{n}x{k}x{h}",
+                    "bmm->bmm",
+                    ours,
+                    base,
+                    flops,
+                    secs,
+                    res,
+                    space,
+                    fails,
+                    ok,
+                )
             )
 
     if "attention" in families:
@@ -147,21 +164,19 @@ def run(families, json_out=None, echo=print) -> list[dict]:
             )
             flops = 2 * heads * m * n * (k + h)
             record(
-                {
-                    "case": name,
-                    "shape": f"{heads}x{m}x{n}x{k}x{h}",
-                    "us": ours * 1e6,
-                    "baseline": "sdpa",
-                    "base_us": base * 1e6,
-                    "tflops": flops / ours / 1e12,
-                    "search_s": secs,
-                    "measured": len(res.pairs),
-                    "corr": res.correlation,
-                    "best": str(res.best),
-                    "ok": ok,
-                    "space": space.counts,
-                    "failures": fails[:3],
-                }
+                _row(
+                    name,
+                    f"{heads}x{m}x{n}x{k}x{h}",
+                    "sdpa",
+                    ours,
+                    base,
+                    flops,
+                    secs,
+                    res,
+                    space,
+                    fails,
+                    ok,
+                )
             )
 
     if "gemm" in families:
@@ -191,21 +206,9 @@ def run(families, json_out=None, echo=print) -> list[dict]:
             )
             flops = 2 * m * n * k
             record(
-                {
-                    "case": name,
-                    "shape": f"{m}x{n}x{k}",
-                    "us": ours * 1e6,
-                    "baseline": "F.linear",
-                    "base_us": base * 1e6,
-                    "tflops": flops / ours / 1e12,
-                    "search_s": secs,
-                    "measured": len(res.pairs),
-                    "corr": res.correlation,
-                    "best": str(res.best),
-                    "ok": ok,
-                    "space": space.counts,
-                    "failures": fails[:3],
-                }
+                _row(
+                    name, f"{m}x{n}x{k}", "F.linear", ours, base, flops, secs, res, space, fails, ok
+                )
             )
     return rows
 
