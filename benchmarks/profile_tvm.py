@@ -1,0 +1,55 @@
+"""Where a compiled workload spends its time: TVM's VM profiler, kernels grouped and ranked.
+
+python -m tvm_stitch.benchmarks.profile_tvm bert-base -p batch=32 -p seq=128 [--pipeline stitch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import tvm
+from tvm import relax
+
+import tvm_stitch
+from tvm_stitch.workloads import get_workload
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload")
+    parser.add_argument("-p", "--param", action="append", default=[])
+    parser.add_argument("--pipeline", choices=["stitch", "default"], default="stitch")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args(argv)
+    params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
+    inst = get_workload(args.workload).instance("float16", **params)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    pipe = (
+        tvm_stitch.pipeline(target)
+        if args.pipeline == "stitch"
+        else (tvm_stitch.default_pipeline(target))
+    )
+    ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev, profile=True)
+    vm_args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    vm[inst.func](*vm_args)
+    report = vm.profile(inst.func, *vm_args)
+    totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for call in report.calls:
+        name = str(call["Name"])
+        dur = call["Duration (us)"]
+        totals[name][0] += float(getattr(dur, "microseconds", dur))
+        totals[name][1] += 1
+    total = sum(t for t, _ in totals.values())
+    print(
+        f"{inst.name} ({args.pipeline}): {total:.0f} us in {sum(n for _, n in totals.values())} calls"
+    )
+    for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n:4d} calls  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
