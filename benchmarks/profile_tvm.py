@@ -43,9 +43,8 @@ def main(argv=None) -> int:
         totals[name][0] += float(getattr(dur, "microseconds", dur))
         totals[name][1] += 1
     total = sum(t for t, _ in totals.values())
-    print(
-        f"{inst.name} ({args.pipeline}): {total:.0f} us in {sum(n for _, n in totals.values())} calls"
-    )
+    calls = sum(n for _, n in totals.values())
+    print(f"{inst.name} ({args.pipeline}): {total:.0f} us in {calls} calls")
     for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n:4d} calls  {name}")
     return 0
