@@ -1,4 +1,4 @@
-"""Where a compiled workload spends its time: TVM's VM profiler, kernels grouped and ranked.
+"""Where a compiled workload spends its time: every VM call timed (synchronised), grouped, ranked.
 
 python -m tvm_stitch.benchmarks.profile_tvm bert-base -p batch=32 -p seq=128 [--pipeline stitch]
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import time
 
 import tvm
 from tvm import relax
@@ -21,27 +22,38 @@ def main(argv=None) -> int:
     parser.add_argument("-p", "--param", action="append", default=[])
     parser.add_argument("--pipeline", choices=["stitch", "default"], default="stitch")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
-    inst = get_workload(args.workload).instance("float16", **params)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    cuda = args.target == "cuda"
+    inst = get_workload(args.workload).instance("float16" if cuda else "float32", **params)
+    target = (
+        tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}) if cuda else tvm.target.Target("llvm")
+    )
     pipe = (
         tvm_stitch.pipeline(target)
         if args.pipeline == "stitch"
         else (tvm_stitch.default_pipeline(target))
     )
     ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
-    dev = tvm.cuda(0)
-    vm = relax.VirtualMachine(ex, dev, profile=True)
+    dev = tvm.cuda(0) if cuda else tvm.cpu(0)
+    vm = relax.VirtualMachine(ex, dev)
     vm_args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
-    vm[inst.func](*vm_args)
-    report = vm.profile(inst.func, *vm_args)
+    vm[inst.func](*vm_args)  # warm up (and tune/compile nothing more)
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    for call in report.calls:
-        name = str(call["Name"])
-        dur = call["Duration (us)"]
-        totals[name][0] += float(getattr(dur, "microseconds", dur))
-        totals[name][1] += 1
+    started: dict[str, float] = {}
+
+    def instrument(func, symbol, before_run, ret_value, *call_args):
+        dev.sync()  # each call timed on its own: slower than a real run, but attributable
+        if before_run:
+            started[symbol] = time.perf_counter()
+        else:
+            totals[symbol][0] += (time.perf_counter() - started.pop(symbol)) * 1e6
+            totals[symbol][1] += 1
+        return 0  # VMInstrumentReturnKind.NO_OP
+
+    vm.set_instrument(instrument)
+    vm[inst.func](*vm_args)
     total = sum(t for t, _ in totals.values())
     calls = sum(n for _, n in totals.values())
     print(f"{inst.name} ({args.pipeline}): {total:.0f} us in {calls} calls")
