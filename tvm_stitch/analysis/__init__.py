@@ -1,0 +1,1 @@
+"""Analyses over the tensor dependency graph (return data, decide nothing)."""
