@@ -70,6 +70,24 @@ for dtype in (torch.float32, torch.float16):
         got = tk.run_attention(q, kk, v, mask, config={"BLOCK_M": 16, "BLOCK_N": 32})
         check(f"attention {heads}x{m}x{n}x{dk}x{dh} mask={masked} {dtype}", got, ref, dtype)
 
+    # BERT's layout: (batch, seq, heads, dim) read and written in place, (batch, 1, 1, seq) mask
+    b, seq, heads, dim = 2, 37, 3, 32
+    qkv = [torch.randn(b, seq, heads * dim, dtype=dtype) for _ in range(3)]
+    q4, k4, v4 = (t.view(b, seq, heads, dim).permute(0, 2, 1, 3) for t in qkv)
+    mask = torch.where(torch.rand(b, 1, 1, seq) < 0.25, -10000.0, 0.0).to(dtype)
+    out = torch.empty(b, seq, heads * dim, dtype=dtype)
+    tk.run_attention(
+        q4,
+        k4,
+        v4,
+        mask,
+        out=out.view(b, seq, heads, dim).permute(0, 2, 1, 3),
+        config={"BLOCK_M": 16, "BLOCK_N": 16},
+    )
+    scores = q4.float() @ k4.float().transpose(-1, -2) / dim**0.5 + mask.float()
+    ref = (torch.softmax(scores, -1) @ v4.float()).permute(0, 2, 1, 3).reshape(b, seq, -1)
+    check(f"attention bert-layout {b}x{seq}x{heads}x{dim} {dtype}", out, ref, dtype)
+
     # GEMM + epilogues (a Linear layer: weight is (N, K))
     x, w = torch.randn(33, 70, dtype=dtype), torch.randn(50, 70, dtype=dtype) * 0.2
     bias, res = torch.randn(50, dtype=dtype), torch.randn(33, 50, dtype=dtype)

@@ -170,19 +170,25 @@ def _attention(
     N,
     DK,
     DH,
+    HEADS,
     s_qb,
+    s_qg,
     s_qm,
     s_qk,
     s_kb,
+    s_kg,
     s_kn,
     s_kk,
     s_vb,
+    s_vg,
     s_vn,
     s_vh,
     s_ob,
+    s_og,
     s_om,
     s_oh,
     s_xb,
+    s_xg,
     s_xm,
     s_xn,
     scale,
@@ -192,17 +198,24 @@ def _attention(
     BLOCK_H: tl.constexpr,
     HAS_MASK: tl.constexpr,
 ):
-    """``O[b] = softmax(Q[b] @ K[b]^T * scale + mask[b]) @ V[b]`` with an online softmax.
+    """``O[b, g] = softmax(Q[b, g] @ K[b, g]^T * scale + mask[b, g]) @ V[b, g]``, online softmax.
 
     The whole head dimension is one tile (``BLOCK_K >= DK``): Q's tile is loaded once per block,
-    hoisted out of the n loop; grid = (m tiles, batch · heads).
+    hoisted out of the n loop; grid = (m tiles, batch · HEADS).  Every tensor has its own batch
+    and head strides, so (batch, seq, heads, dim) layouts are read and written in place.
     """
-    pid_m, bid = tl.program_id(0), tl.program_id(1)
+    pid_m, pid = tl.program_id(0), tl.program_id(1)
+    b, g = pid // HEADS, pid % HEADS
+    Q += b * s_qb + g * s_qg
+    Kt += b * s_kb + g * s_kg
+    V += b * s_vb + g * s_vg
+    O += b * s_ob + g * s_og
+    Mask += b * s_xb + g * s_xg
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     rh = tl.arange(0, BLOCK_H)
     q = tl.load(
-        Q + bid * s_qb + rm[:, None] * s_qm + rk[None, :] * s_qk,
+        Q + rm[:, None] * s_qm + rk[None, :] * s_qk,
         mask=(rm[:, None] < M) & (rk[None, :] < DK),
         other=0.0,
     )
@@ -212,14 +225,14 @@ def _attention(
     for n0 in range(0, N, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         k = tl.load(
-            Kt + bid * s_kb + rk[:, None] * s_kk + rn[None, :] * s_kn,
+            Kt + rk[:, None] * s_kk + rn[None, :] * s_kn,
             mask=(rk[:, None] < DK) & (rn[None, :] < N),
             other=0.0,
         )
         s = tl.dot(q, k) * scale
         if HAS_MASK:
             s += tl.load(
-                Mask + bid * s_xb + rm[:, None] * s_xm + rn[None, :] * s_xn,
+                Mask + rm[:, None] * s_xm + rn[None, :] * s_xn,
                 mask=(rm[:, None] < M) & (rn[None, :] < N),
                 other=0.0,
             ).to(tl.float32)
@@ -228,7 +241,7 @@ def _attention(
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = tl.load(
-            V + bid * s_vb + rn[:, None] * s_vn + rh[None, :] * s_vh,
+            V + rn[:, None] * s_vn + rh[None, :] * s_vh,
             mask=(rn[:, None] < N) & (rh[None, :] < DH),
             other=0.0,
         )
@@ -237,7 +250,7 @@ def _attention(
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
-        O + bid * s_ob + rm[:, None] * s_om + rh[None, :] * s_oh,
+        O + rm[:, None] * s_om + rh[None, :] * s_oh,
         out.to(O.dtype.element_ty),
         mask=(rm[:, None] < M) & (rh[None, :] < DH),
     )
@@ -354,25 +367,37 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
     return c
 
 
-def run_attention(q, k, v, mask=None, scale=None, config=None, **launch):
-    """``softmax(q @ k^T * scale + mask) @ v`` for (batch, M, K), (batch, N, K), (batch, N, H).
+def run_attention(q, k, v, mask=None, scale=None, config=None, out=None, **launch):
+    """``softmax(q @ k^T * scale + mask) @ v`` per (batch[, head]).
 
-    ``mask`` is additive and broadcastable to (batch, M, N).
+    ``q`` is (B, M, K) or (B, G, M, K), ``k`` (…, N, K), ``v`` (…, N, H), any strides (a
+    ``(batch, seq, heads, dim)`` tensor permuted to ``(batch, heads, seq, dim)`` is read in place).
+    ``mask`` is additive and broadcastable to (…, M, N).  ``out`` (…, M, H), any strides, receives
+    the result when given.
     """
     import torch
 
-    batch, m, dk = q.shape
-    n, dh = k.shape[1], v.shape[2]
+    four = q.dim() == 4
+    if not four:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+        out = out[:, None] if out is not None else None
+        mask = mask[:, None] if mask is not None else None
+    batch, heads, m, dk = q.shape
+    n, dh = k.shape[2], v.shape[3]
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, **(config or {})}
     cfg["BLOCK_K"] = max(16, triton.next_power_of_2(dk))
     cfg["BLOCK_H"] = max(16, triton.next_power_of_2(dh))
-    o = torch.empty((batch, m, dh), dtype=q.dtype, device=q.device)
+    o = (
+        out
+        if out is not None
+        else torch.empty((batch, heads, m, dh), dtype=q.dtype, device=q.device)
+    )
     if mask is not None:
-        mask = mask.expand(batch, m, n)
+        mask = mask.expand(batch, heads, m, n)
         mask_strides = mask.stride()
     else:
-        mask, mask_strides = o, (0, 0, 0)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), batch)
+        mask, mask_strides = o, (0, 0, 0, 0)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), batch * heads)
     kernel("attention")[grid](
         q,
         k,
@@ -383,6 +408,7 @@ def run_attention(q, k, v, mask=None, scale=None, config=None, **launch):
         n,
         dk,
         dh,
+        heads,
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -393,7 +419,7 @@ def run_attention(q, k, v, mask=None, scale=None, config=None, **launch):
         **cfg,
         **launch,
     )
-    return o
+    return o if four else o[:, 0]
 
 
 def compile_ptx(name: str, signature: dict, constexprs: dict, arch: int = 90) -> str:
