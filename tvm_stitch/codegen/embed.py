@@ -138,6 +138,9 @@ def linear_primfunc(
     )
     gx, gy = (m + bm - 1) // bm, (n + bn - 1) // bn
     launch = [T.int32(threads), T.int32(gx), T.int32(gy)] + ([T.int32(smem)] if smem else [])
+    # the integer arguments in signature order, null scratch pointers, then the launch shape
+    scalars = [T.int32(values[a]) for a in signature if not signature[a].startswith("*")]
+    scalars += [T.int64(0)] * _SCRATCH_ARGS + launch
 
     if has_res:
 
@@ -163,16 +166,7 @@ def linear_primfunc(
                             y.data,
                             bias.data,
                             res.data,
-                            T.int32(m),
-                            T.int32(n),
-                            T.int32(k),
-                            T.int32(k),
-                            T.int32(k),
-                            T.int32(n),
-                            T.int32(n),
-                            T.int64(0),
-                            T.int64(0),
-                            *launch,
+                            *scalars,
                         )
                     )
 
@@ -200,16 +194,7 @@ def linear_primfunc(
                             y.data,
                             bias.data,
                             y.data,
-                            T.int32(m),
-                            T.int32(n),
-                            T.int32(k),
-                            T.int32(k),
-                            T.int32(k),
-                            T.int32(n),
-                            T.int32(n),
-                            T.int64(0),
-                            T.int64(0),
-                            *launch,
+                            *scalars,
                         )
                     )
 
