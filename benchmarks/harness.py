@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import statistics
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ from tvm import relax
 
 import tvm_stitch
 from tvm_stitch.pipeline import as_target
+from tvm_stitch.tune.measure import time_torch
 
 logger = logging.getLogger("tvm_stitch.bench")
 
@@ -115,59 +115,6 @@ def time_tvm(vm, func: str, args, dev, budget_ms: float = 200.0) -> float:
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------
-def time_torch(fn, args, device: str, budget_ms: float = 200.0) -> float:
-    """Median microseconds per call; CUDA-graph replays on the GPU, wall time on the CPU."""
-    import torch
-
-    with torch.no_grad():
-        if device == "cpu":
-            fn(*args)
-            start = time.perf_counter()
-            fn(*args)
-            probe = time.perf_counter() - start
-            number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
-            samples = []
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(number):
-                    fn(*args)
-                samples.append((time.perf_counter() - start) / number)
-            return statistics.median(samples) * 1e6
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn(*args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn(*args)
-        return _time_replay(graph.replay, budget_ms)
-
-
-def _time_replay(replay, budget_ms: float) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    replay()
-    torch.cuda.synchronize()
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    probe_ms = max(start.elapsed_time(end), 1e-4)
-    number = max(1, int(budget_ms / 10 / probe_ms))
-    samples = []
-    for _ in range(10):
-        start.record()
-        for _ in range(number):
-            replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / number)
-    return statistics.median(samples) * 1e3
-
-
 def torch_outputs(fn, args) -> list[np.ndarray]:
     import torch
 

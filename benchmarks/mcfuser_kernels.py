@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 from tvm_stitch.codegen import triton_kernels as tk
-from tvm_stitch.cost.mcfuser import estimate
-from tvm_stitch.explore.tiling import ChainSpec, build_search_space, trip_counts
+from tvm_stitch.explore.tiling import ChainSpec, trip_counts
 from tvm_stitch.hardware import HardwareModel
-from tvm_stitch.tune.evolution import SearchConfig, evolutionary_search
+from tvm_stitch.tune.evolution import SearchConfig
+from tvm_stitch.tune.measure import measured_search, time_torch
 from tvm_stitch.workloads import ATTENTION, GEMM_CHAINS
-
-from .harness import time_torch
 
 #: BERT-base's GEMMs over 4096 tokens: (M, N, K)
 BERT_GEMMS = {
@@ -33,10 +30,6 @@ BERT_GEMMS = {
     "ffn1": (4096, 3072, 768),
     "ffn2": (4096, 768, 3072),
 }
-
-
-def _warps(cfg: dict) -> int:
-    return 8 if cfg["BLOCK_M"] * cfg.get("BLOCK_N", cfg.get("BLOCK_H", 64)) >= 128 * 128 else 4
 
 
 def _row(case, shape, baseline, ours, base, flops, secs, res, space, fails, ok) -> dict:
@@ -56,22 +49,6 @@ def _row(case, shape, baseline, ours, base, flops, secs, res, space, fails, ok) 
         "space": space.counts,
         "failures": fails[:3],
     }
-
-
-def _search(spec, legal, make_fn, hw, cfg: SearchConfig):
-    space = build_search_space(spec, hw.smem_per_block, legal=legal)
-    failures = []
-
-    def measure(cand):
-        try:
-            return time_torch(make_fn(cand), [], "cuda", budget_ms=30) * 1e-6
-        except Exception as err:  # noqa: BLE001 - a candidate that fails to compile is skipped
-            failures.append(f"{cand}: {type(err).__name__}")
-            return math.inf
-
-    start = time.perf_counter()
-    result = evolutionary_search(space, lambda c: estimate(spec, c, hw).time, measure, cfg)
-    return space, result, time.perf_counter() - start, failures
 
 
 def run(families, json_out=None, echo=print) -> list[dict]:
@@ -106,10 +83,11 @@ def run(families, json_out=None, echo=print) -> list[dict]:
 
             def make(c, spec=spec, a=a, bb=bb, d=d):
                 conf = tk.chain_config(spec, c)
-                return lambda: tk.run_gemm_chain(a, bb, d, conf, num_warps=_warps(conf))
+                warps = tk.num_warps(conf["BLOCK_M"], conf["BLOCK_N"])
+                return lambda: tk.run_gemm_chain(a, bb, d, conf, num_warps=warps)
 
-            space, res, secs, fails = _search(
-                spec, lambda c, s=spec: tk.chain_legality(s, c), make, hw, cfg
+            space, res, secs, fails = measured_search(
+                spec, hw, make, lambda c, s=spec: tk.chain_legality(s, c), cfg
             )
             ours = time_torch(make(res.best), [], "cuda") * 1e-6
             chain = lambda x, y, z: torch.bmm(torch.bmm(x, y), z)  # noqa: E731
@@ -153,7 +131,7 @@ def run(families, json_out=None, echo=print) -> list[dict]:
                 conf = {"BLOCK_M": c.tile_dict["m"], "BLOCK_N": c.tile_dict["n"]}
                 return lambda: tk.run_attention(q, kk, v, config=conf, num_warps=4)
 
-            space, res, secs, fails = _search(spec, legal, make, hw, cfg)
+            space, res, secs, fails = measured_search(spec, hw, make, legal, cfg)
             ours = time_torch(make(res.best), [], "cuda") * 1e-6
             sdpa = lambda x, y, z: F.scaled_dot_product_attention(x[None], y[None], z[None])  # noqa: E731
             base = time_torch(sdpa, [q, kk, v], "cuda") * 1e-6
@@ -186,17 +164,12 @@ def run(families, json_out=None, echo=print) -> list[dict]:
             w = torch.randn(n, k, device="cuda", dtype=torch.float16) / 16
             bias = torch.randn(n, device="cuda", dtype=torch.float16)
 
-            def legal(c):
-                t = c.tile_dict
-                odd = [v for v in t.values() if v & (v - 1)]
-                return "tiles must be powers of two" if odd else None
-
             def make(c, x=x, w=w, bias=bias):
-                t = c.tile_dict
-                conf = {"BLOCK_M": t["m"], "BLOCK_N": t["n"], "BLOCK_K": t["k"]}
-                return lambda: tk.run_gemm_epilogue(x, w, bias, config=conf, num_warps=_warps(conf))
+                conf = tk.gemm_config(c)
+                warps = conf.pop("num_warps")
+                return lambda: tk.run_gemm_epilogue(x, w, bias, config=conf, num_warps=warps)
 
-            space, res, secs, fails = _search(spec, legal, make, hw, cfg)
+            space, res, secs, fails = measured_search(spec, hw, make, tk.powers_of_two, cfg)
             ours = time_torch(make(res.best), [], "cuda") * 1e-6
             base = time_torch(F.linear, [x, w, bias], "cuda") * 1e-6
             ok = bool(

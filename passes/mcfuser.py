@@ -78,59 +78,36 @@ class _Tuner:
         rec = self.db.get(key)
         if rec is not None:
             return rec["config"]
-        import time
-
         import torch
-        from tvm_stitch.benchmarks.harness import time_torch
 
-        from tvm_stitch.cost.mcfuser import estimate
-        from tvm_stitch.explore.tiling import ChainSpec, build_search_space
-        from tvm_stitch.tune.evolution import SearchConfig, evolutionary_search
+        from tvm_stitch.explore.tiling import ChainSpec
+        from tvm_stitch.tune.evolution import SearchConfig
+        from tvm_stitch.tune.measure import measured_search
 
         spec = ChainSpec.gemm(m, n, k, dtype_bytes=2 if dtype == "float16" else 4)
-        pow2 = lambda c: None if all(v & (v - 1) == 0 for v in c.tile_dict.values()) else "pow2"  # noqa: E731
-        space = build_search_space(spec, self.hw.smem_per_block, legal=pow2)
         tdt = getattr(torch, dtype)
         x = torch.randn(m, k, device="cuda", dtype=tdt)
         w = torch.randn(n, k, device="cuda", dtype=tdt)
         b = torch.randn(n, device="cuda", dtype=tdt)
 
-        def measure(c):
-            t = c.tile_dict
-            conf = {"BLOCK_M": t["m"], "BLOCK_N": t["n"], "BLOCK_K": t["k"]}
-            warps = 8 if t["m"] * t["n"] >= 128 * 128 else 4
-            try:
-                return (
-                    time_torch(
-                        lambda: tk.run_gemm_epilogue(x, w, b, config=conf, num_warps=warps),
-                        [],
-                        "cuda",
-                        budget_ms=30,
-                    )
-                    * 1e-6
-                )
-            except Exception:  # noqa: BLE001 - a candidate that fails to compile is skipped
-                return math.inf
+        def make(cand):
+            conf = tk.gemm_config(cand)
+            warps = conf.pop("num_warps")
+            return lambda: tk.run_gemm_epilogue(x, w, b, config=conf, num_warps=warps)
 
-        start = time.perf_counter()
-        res = evolutionary_search(
-            space,
-            lambda c: estimate(spec, c, self.hw).time,
-            measure,
+        _, res, seconds, _ = measured_search(
+            spec,
+            self.hw,
+            make,
+            tk.powers_of_two,
             SearchConfig(population=64, top_n=8, max_rounds=4),
         )
-        t = res.best.tile_dict
-        config = {
-            "BLOCK_M": t["m"],
-            "BLOCK_N": t["n"],
-            "BLOCK_K": t["k"],
-            "num_warps": 8 if t["m"] * t["n"] >= 128 * 128 else 4,
-        }
+        config = tk.gemm_config(res.best)
         self.db.put(
             key,
             config,
             time_us=res.best_time * 1e6,
-            search_s=time.perf_counter() - start,
+            search_s=seconds,
             correlation=res.correlation,
         )
         logger.info("gemm %dx%dx%d: %s, %.1f us", m, n, k, config, res.best_time * 1e6)

@@ -266,6 +266,30 @@ def kernel(name: str):
 
 
 # -- legality: which candidates the templates express ----------------------------------------------
+def powers_of_two(cand) -> str | None:
+    """Why ``cand``'s tiles cannot be Triton blocks (``tl.arange`` needs powers of two), or None."""
+    odd = {x: t for x, t in cand.tile_dict.items() if t & (t - 1)}
+    if odd:
+        return f"tile sizes {odd} are not powers of two (Triton's tl.arange needs them)"
+    return None
+
+
+def num_warps(block_m: int, block_n: int) -> int:
+    """Warps per program: 8 for tiles of 128x128 elements or more, else 4."""
+    return 8 if block_m * block_n >= 128 * 128 else 4
+
+
+def gemm_config(cand) -> dict:
+    """Launch parameters of the GEMM template for a single-product candidate."""
+    t = cand.tile_dict
+    return {
+        "BLOCK_M": t["m"],
+        "BLOCK_N": t["n"],
+        "BLOCK_K": t["k"],
+        "num_warps": num_warps(t["m"], t["n"]),
+    }
+
+
 def chain_legality(spec, cand) -> str | None:
     """Why the GEMM-chain template cannot run ``cand``, or None when it can.
 
@@ -276,12 +300,11 @@ def chain_legality(spec, cand) -> str | None:
     """
     from tvm_stitch.explore.tiling import trip_counts
 
-    tiles = cand.tile_dict
-    trips = trip_counts(spec, tiles)
+    trips = trip_counts(spec, cand.tile_dict)
     expr = cand.expr
-    odd = {x: t for x, t in tiles.items() if t & (t - 1)}
-    if odd:
-        return f"tile sizes {odd} are not powers of two (Triton's tl.arange needs them)"
+    reason = powers_of_two(cand)
+    if reason:
+        return reason
     if trips["h"] > 1 and "n" in expr.path("h")[:-1]:
         return f"{expr}: h has {trips['h']} tiles inside the n loop (needs several accumulators)"
     if trips["k"] > 1 and "k" in expr.path("n")[:-1]:
