@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests | bert:BATCHxSEQ | memory | gemm-chains | attention | run
+# STEP: env | tests | bert:BATCHxSEQ | memory | gemm-chains | attention | mcfuser[:FAMILY] | run
+# Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -11,6 +12,8 @@ shift
 mkdir -p "$out"
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
+export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
+export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 status=0
 for step in "$@"; do
     echo "=== $step ($(date +%T))"
@@ -30,6 +33,11 @@ for step in "$@"; do
         memory|gemm-chains|attention)
             python3 -m tvm_stitch bench "$step" --target cuda --json-out "$out/bench.jsonl" 2>&1 \
                 | tee "$out/$step.log" || status=1
+            ;;
+        mcfuser|mcfuser:*)
+            fam=${step#mcfuser}
+            python3 -m tvm_stitch.benchmarks.mcfuser_kernels ${fam:+--family ${fam#:}} \
+                --json-out "$out/mcfuser.jsonl" 2>&1 | tee "$out/mcfuser${fam/:/-}.log" || status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

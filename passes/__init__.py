@@ -5,6 +5,6 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 """
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
-from .mcfuser import FuseLinearTriton
+from .mcfuser import FuseMBCI
 
-__all__ = ["AnalyzeTensorGraph", "FuseLinearTriton", "ReportFusion"]
+__all__ = ["AnalyzeTensorGraph", "FuseMBCI", "ReportFusion"]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+# Triton 3.9 warns that its FP-fusion default will change; keep today's behaviour, quietly
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 
 @functools.lru_cache(maxsize=1)

@@ -120,9 +120,39 @@ def test_ahead_of_time_ptx_for_sm90():
             "HAS_BIAS": True,
             "GELU": 1,
             "HAS_RES": False,
+            "GROUP_M": 8,
         },
     )
     assert "wgmma.mma_async" in gemm
+
+
+def test_planned_launches_match_the_compiled_kernels():
+    """The PrimFunc's packed call carries the kernel's runtime arguments, then the launch."""
+    from tvm_stitch.codegen import embed
+
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
+    lin = embed.linear_launch(4096, 768, 3072, "float16", True, tk.GELU_NONE, cfg)
+    assert "wgmma.mma_async" in lin.ptx and f".entry {lin.symbol}" in lin.ptx
+    call = lin.func.body.block.body.value
+    pointers = [str(a) for a in call.args[1:6]]
+    assert pointers == ["x.data", "w.data", "y.data", "bias.data", "res.data"]  # A, B, C, Bias, Res
+    ints = [int(a) for a in call.args[6:]]
+    # M, N, K, the non-unit strides, two null scratch pointers, threads, grid (GROUP_M order), smem
+    assert ints[:7] == [4096, 768, 3072, 3072, 3072, 768, 768]
+    assert ints[7:12] == [0, 0, 256, 32 * 6, ints[11]] and ints[11] > 0
+    assert lin.arg_types == ["handle"] * 5 + ["int32"] * 7 + ["int64"] * 2
+    chain = embed.chain_launch(
+        2,
+        45,
+        33,
+        24,
+        20,
+        "float32",
+        {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_H": 32, "HOIST_A": True},
+    )
+    assert "tf32" not in chain.ptx  # float32 products stay IEEE float32
+    extents = [int(a) for a in chain.func.body.block.body.value.args[-5:]]
+    assert extents[1:4] == [2, 1, 2]  # threads, grid (m tiles, h tiles, batch), shared memory
 
 
 def test_template_legality():

@@ -20,15 +20,23 @@ class PipelineOptions:
         the ``tvm_stitch`` logger).  Costs a walk over every TIR block; off for the fastest builds.
     report : bool
         Log the fusion report (kernels, bytes, groups) after fusion.
-    triton_gemm : bool
-        Run Linear layers (+ GELU or + residual) as searched Triton kernels (MCFuser, chains of
-        length one).  Needs a GPU at compile time; without one the pass logs why and TVM keeps
-        the layers.
+    mcfuser : tuple of str
+        Which MBCI families run as searched Triton kernels (MCFuser): ``"attention"``,
+        ``"chain"`` (GEMM chains), ``"linear"`` (Linear layers + GELU or + residual).  ``()``
+        turns the pass off.  Needs a GPU at compile time; without one the pass logs why and TVM
+        keeps every operator.
     """
 
     analyze: bool = True
     report: bool = True
-    triton_gemm: bool = True
+    mcfuser: tuple = ("attention", "chain", "linear")
+
+    def __post_init__(self):
+        unknown = set(self.mcfuser) - {"attention", "chain", "linear"}
+        if isinstance(self.mcfuser, str) or unknown:
+            raise ValueError(
+                f"mcfuser takes a tuple of 'attention', 'chain', 'linear'; got {self.mcfuser!r}"
+            )
 
     @classmethod
     def from_kwargs(cls, **options) -> PipelineOptions:

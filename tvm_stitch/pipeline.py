@@ -81,8 +81,8 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
             fusion.insert(at, passes.AnalyzeTensorGraph())
         if opts.report:
             fusion.append(passes.ReportFusion())
-        if opts.triton_gemm and target.kind.name == "cuda":
-            fusion.insert(0, passes.FuseLinearTriton())
+        if opts.mcfuser and target.kind.name == "cuda":
+            fusion.insert(0, passes.FuseMBCI(families=tuple(opts.mcfuser)))
     elif kind != "default":
         raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
     elif options:

@@ -48,6 +48,7 @@ def _gemm_chain(
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HOIST_A: tl.constexpr,
+    DOT_PREC: tl.constexpr = "tf32",
 ):
     """``E[b] = (A[b] @ B[b]) @ D[b]``; grid = (m tiles, h tiles, batch)."""
     pid_m, pid_h, bid = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -74,7 +75,7 @@ def _gemm_chain(
                 mask=(rk[:, None] < K) & (rn[None, :] < N),
                 other=0.0,
             )
-            c += tl.dot(a_tile, b)
+            c += tl.dot(a_tile, b, input_precision=DOT_PREC)
         else:
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + rk
@@ -88,13 +89,15 @@ def _gemm_chain(
                     mask=(kk[:, None] < K) & (rn[None, :] < N),
                     other=0.0,
                 )
-                c += tl.dot(a, b)
+                c += tl.dot(a, b, input_precision=DOT_PREC)
         d = tl.load(
             D + rn[:, None] * s_dn + rh[None, :] * s_dh,
             mask=(rn[:, None] < N) & (rh[None, :] < H),
             other=0.0,
         )
-        acc += tl.dot(c.to(d.dtype), d)  # C is rounded to the input dtype, as bmm -> bmm does
+        acc += tl.dot(
+            c.to(d.dtype), d, input_precision=DOT_PREC
+        )  # C is rounded to the input dtype, as bmm -> bmm does
     tl.store(
         E + rm[:, None] * s_em + rh[None, :] * s_eh,
         acc.to(E.dtype.element_ty),
@@ -125,9 +128,21 @@ def _gemm_epilogue(
     HAS_BIAS: tl.constexpr,
     GELU: tl.constexpr,
     HAS_RES: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PREC: tl.constexpr = "tf32",
 ):
-    """``C = act(A @ B + bias) + residual`` with fp32 accumulation; grid = (m tiles, n tiles)."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    """``C = act(A @ B + bias) + residual`` with fp32 accumulation.
+
+    The grid is one-dimensional (m tiles · n tiles); consecutive programs walk ``GROUP_M`` row
+    tiles of one column band, so the B tiles they share are still in L2.
+    """
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -144,7 +159,7 @@ def _gemm_epilogue(
             mask=(kk[:, None] < K) & (rn[None, :] < N),
             other=0.0,
         )
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=DOT_PREC)
     if HAS_BIAS:
         acc += tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if GELU == 1:  # erf form
@@ -197,6 +212,7 @@ def _attention(
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    DOT_PREC: tl.constexpr = "tf32",
 ):
     """``O[b, g] = softmax(Q[b, g] @ K[b, g]^T * scale + mask[b, g]) @ V[b, g]``, online softmax.
 
@@ -229,7 +245,7 @@ def _attention(
             mask=(rk[:, None] < DK) & (rn[None, :] < N),
             other=0.0,
         )
-        s = tl.dot(q, k) * scale
+        s = tl.dot(q, k, input_precision=DOT_PREC) * scale
         if HAS_MASK:
             s += tl.load(
                 Mask + rm[:, None] * s_xm + rn[None, :] * s_xn,
@@ -246,7 +262,7 @@ def _attention(
             other=0.0,
         )
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
@@ -280,14 +296,48 @@ def num_warps(block_m: int, block_n: int) -> int:
 
 
 def gemm_config(cand) -> dict:
-    """Launch parameters of the GEMM template for a single-product candidate."""
+    """Template parameters of the GEMM template for a single-product candidate."""
     t = cand.tile_dict
-    return {
-        "BLOCK_M": t["m"],
-        "BLOCK_N": t["n"],
-        "BLOCK_K": t["k"],
-        "num_warps": num_warps(t["m"], t["n"]),
-    }
+    return {"BLOCK_M": t["m"], "BLOCK_N": t["n"], "BLOCK_K": t["k"]}
+
+
+def attention_legality(spec, cand) -> str | None:
+    """Why the attention template cannot run ``cand``, or None when it can.
+
+    The template keeps the whole head dimension in one tile (``k`` and ``h`` have one trip; the
+    launcher pads them to powers of two), and its ``m`` and ``n`` tiles must be powers of two.
+    """
+    from tvm_stitch.explore.tiling import trip_counts
+
+    trips = trip_counts(spec, cand.tile_dict)
+    if trips["k"] > 1 or trips["h"] > 1:
+        return "attention keeps the whole head dimension in one tile"
+    odd = {x: cand.tile_dict[x] for x in "mn" if cand.tile_dict[x] & (cand.tile_dict[x] - 1)}
+    return f"m and n tiles {odd} are not powers of two" if odd else None
+
+
+def attention_config(cand) -> dict:
+    """Template parameters of the attention template (the head tiles come from the shapes)."""
+    return {"BLOCK_M": cand.tile_dict["m"], "BLOCK_N": cand.tile_dict["n"]}
+
+
+def default_launch(config: dict) -> dict:
+    """Launch options before the search refines them: warps by tile area, three stages."""
+    return {"num_warps": num_warps(config["BLOCK_M"], config["BLOCK_N"]), "num_stages": 3}
+
+
+#: launch options the search tries for its best tile candidates (``num_warps`` x ``num_stages``)
+LAUNCHES = {
+    "gemm_epilogue": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (3, 4)],
+    "gemm_chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
+    "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
+}
+
+
+def precision(dtype) -> dict:
+    """The templates' ``DOT_PREC``: float32 products stay IEEE float32 (Triton's default is
+    TF32, ~1e-3 relative error); other dtypes keep the default."""
+    return {"DOT_PREC": "ieee"} if "32" in str(dtype) else {}
 
 
 def chain_legality(spec, cand) -> str | None:
@@ -349,7 +399,7 @@ def run_gemm_chain(a, b, d, config: dict, **launch):
         *d.stride(),
         *e.stride(),
         **config,
-        **launch,
+        **{**precision(a.dtype), **launch},
     )
     return e
 
@@ -358,12 +408,12 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
     """``act(a @ w.T + bias) + residual`` for ``a`` (M, K) and a Linear weight ``w`` (N, K)."""
     import torch
 
-    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, **(config or {})}
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, **(config or {})}
     m, k = a.shape
     n = w.shape[0]
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     res = residual if residual is not None else c
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     kernel("gemm_epilogue")[grid](
         a,
         w,
@@ -385,7 +435,7 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
         GELU=gelu,
         HAS_RES=residual is not None,
         **cfg,
-        **launch,
+        **{**precision(a.dtype), **launch},
     )
     return c
 
@@ -440,12 +490,14 @@ def run_attention(q, k, v, mask=None, scale=None, config=None, out=None, **launc
         float(scale if scale is not None else dk**-0.5),
         HAS_MASK=mask is not o,
         **cfg,
-        **launch,
+        **{**precision(q.dtype), **launch},
     )
     return o if four else o[:, 0]
 
 
-def compile_ptx(name: str, signature: dict, constexprs: dict, arch: int = 90) -> str:
+def compile_ptx(
+    name: str, signature: dict, constexprs: dict, arch: int = 90, options: dict | None = None
+) -> str:
     """Compile kernel ``name`` ahead of time for ``sm_<arch>`` (no GPU needed); return its PTX.
 
     Parameters
@@ -455,11 +507,15 @@ def compile_ptx(name: str, signature: dict, constexprs: dict, arch: int = 90) ->
         argument.
     constexprs : dict
         Values of the ``tl.constexpr`` arguments.
+    options : dict, optional
+        Triton compile options (``num_warps``, ``num_stages``, ...).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    constexprs = {"DOT_PREC": "tf32", **constexprs}
     src = ASTSource(
         kernel(name), {**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs
     )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+    target = GPUTarget("cuda", arch, 32)
+    return triton.compile(src, target=target, options=options or {}).asm["ptx"]

@@ -296,6 +296,16 @@ def rule3_padding(extent: int, tile: int) -> bool:
     return (padded - extent) / extent < 0.05
 
 
+def _rule3(extent: int, tiles: list[int]) -> list[int]:
+    """Rule 3 over one loop's tile sizes; when every size pads too much (a small extent such as
+    19), the sizes with the least padding are kept rather than none."""
+    kept = [t for t in tiles if rule3_padding(extent, t)]
+    if kept or not tiles:
+        return kept
+    pad = {t: math.ceil(extent / t) * t - extent for t in tiles}
+    return [t for t in tiles if pad[t] == min(pad.values())]
+
+
 def smem_estimate(spec: ChainSpec, expr: TilingExpr, tiles: dict[str, int]) -> int:
     """Equation (1): shared memory of a candidate, in bytes.
 
@@ -377,7 +387,7 @@ def build_search_space(
     exprs = rule2_intermediate(spec, exprs)
     counts["rule2_expressions"] = len(exprs)
     counts["rule2"] = len(exprs) * n_tiles
-    options = {x: [t for t in v if rule3_padding(spec.extents[x], t)] for x, v in options.items()}
+    options = {x: _rule3(spec.extents[x], v) for x, v in options.items()}
     counts["rule3"] = len(exprs) * math.prod(len(v) for v in options.values())
     space = SearchSpace(spec, exprs, options, counts, smem_limit)
     counts["rule4"] = sum(1 for _ in space.candidates())

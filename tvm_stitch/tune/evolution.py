@@ -49,6 +49,7 @@ class SearchResult:
     rounds: int
     pairs: list[tuple[float, float]]
     measured: bool
+    times: dict = dataclasses.field(default_factory=dict)  # candidate -> measured (or estimated)
 
     @property
     def correlation(self) -> float:
@@ -121,7 +122,7 @@ def evolutionary_search(
         if converged:
             break
         population = _mutate(space, population, estimates, cfg.population, rng)
-    return SearchResult(best, best_time, rounds, pairs, measure is not None)
+    return SearchResult(best, best_time, rounds, pairs, measure is not None, cache)
 
 
 def _mutate(space, population, estimates, size, rng) -> list[Candidate]:

@@ -4,6 +4,7 @@ measurements (the analytical model ranks, the GPU times the top candidates).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -11,7 +12,7 @@ import time
 from tvm_stitch.cost.mcfuser import estimate
 from tvm_stitch.explore.tiling import build_search_space
 
-from .evolution import SearchConfig, evolutionary_search
+from .evolution import SearchConfig, SearchResult, evolutionary_search
 
 
 def time_torch(fn, args, device: str, budget_ms: float = 200.0) -> float:
@@ -67,34 +68,120 @@ def _time_replay(replay, budget_ms: float) -> float:
     return statistics.median(samples) * 1e3
 
 
-def measured_search(spec, hw, make_fn, legal=None, config: SearchConfig | None = None):
+@dataclasses.dataclass
+class Tuned:
+    """What :func:`measured_search` found.
+
+    Attributes
+    ----------
+    space : SearchSpace
+        The pruned space (its ``counts`` per rule).
+    result : SearchResult
+        Algorithm 1's result over tile sizes (model/measurement pairs, correlation).
+    launch : dict
+        The launch options (``num_warps``, ``num_stages``) chosen for ``result.best``.
+    time : float
+        Measured seconds of the best candidate with ``launch``.
+    seconds : float
+        Wall time of the whole search, compilation included.
+    failures : list of str
+        Candidates that failed to compile or run (skipped).
+    run : callable
+        Runs the best candidate with ``launch`` (returns the kernel's output).
+    inputs : tuple
+        The tensors ``run`` reads (set by the tuning functions of ``tvm_stitch.tune.kernels``).
+    config : dict
+        Template parameters and launch options of the best candidate (set by the same).
+    """
+
+    space: object
+    result: SearchResult
+    launch: dict
+    time: float
+    seconds: float
+    failures: list
+    run: object = None
+    inputs: tuple = ()
+    config: dict = dataclasses.field(default_factory=dict)
+
+
+def measured_search(
+    spec,
+    hw,
+    make_fn,
+    legal=None,
+    config: SearchConfig | None = None,
+    launches=(),
+    default_launch=None,
+    refine_top: int = 2,
+    desc: str = "search",
+    on_device: bool = True,
+) -> Tuned:
     """Algorithm 1 over ``spec``'s pruned space, timing candidates on the GPU.
+
+    Tile sizes are searched with each candidate's default launch options; then the
+    ``refine_top`` best measured candidates are timed again with every entry of ``launches``
+    (warps and pipeline stages, which the analytical model does not see).  A progress bar
+    shows both steps (on a terminal or in a notebook).
 
     Parameters
     ----------
     spec : ChainSpec
     hw : HardwareModel
     make_fn : callable
-        ``make_fn(candidate) -> fn``: a no-argument function that runs the candidate's kernel.
+        ``make_fn(candidate, launch) -> fn``: a no-argument function running the candidate's
+        kernel with launch options ``launch`` (a dict).
     legal : callable, optional
         The code generator's legality check.
     config : SearchConfig, optional
-
-    Returns
-    -------
-    (SearchSpace, SearchResult, float, list of str)
-        The space, the result, the search's wall seconds and the candidates that failed.
+    launches : sequence of dict, optional
+        Launch options tried for the best candidates.
+    default_launch : callable, optional
+        ``default_launch(candidate) -> dict`` used during the tile search (default ``{}``).
+    refine_top : int
+    desc : str
+        Label of the progress bar.
+    on_device : bool
+        False searches with the analytical model only (no GPU): ``make_fn`` is not called, the
+        best candidate keeps its default launch and ``time`` is the model's estimate.
     """
+    from tqdm.auto import tqdm
+
+    cfg = config or SearchConfig()
     space = build_search_space(spec, hw.smem_per_block, legal=legal)
     failures = []
+    default_launch = default_launch or (lambda cand: {})
+    if not on_device:
+        launches = ()
+    bar = tqdm(total=cfg.max_rounds + refine_top * len(launches), desc=desc, disable=None)
 
-    def measure(cand):
+    def measure(cand, launch=None):
+        launch = default_launch(cand) if launch is None else launch
         try:
-            return time_torch(make_fn(cand), [], "cuda", budget_ms=30) * 1e-6
+            return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
         except Exception as err:  # noqa: BLE001 - a candidate that fails to compile is skipped
-            failures.append(f"{cand}: {type(err).__name__}")
+            failures.append(f"{cand} {launch}: {type(err).__name__}")
             return math.inf
 
+    def progress(rounds, best):
+        bar.update(1)
+        bar.set_postfix(best_us=f"{best * 1e6:.1f}")
+
     start = time.perf_counter()
-    result = evolutionary_search(space, lambda c: estimate(spec, c, hw).time, measure, config)
-    return space, result, time.perf_counter() - start, failures
+    result = evolutionary_search(
+        space, lambda c: estimate(spec, c, hw).time, measure if on_device else None, cfg, progress
+    )
+    bar.update(cfg.max_rounds - result.rounds)
+    best, launch, best_time = result.best, default_launch(result.best), result.best_time
+    ranked = sorted(result.times.items(), key=lambda item: item[1])[:refine_top]
+    for cand, _ in ranked:
+        for opt in launches:
+            t = measure(cand, opt)
+            bar.update(1)
+            if t < best_time:
+                best, launch, best_time = cand, dict(opt), t
+    bar.close()
+    result = dataclasses.replace(result, best=best, best_time=best_time)
+    seconds = time.perf_counter() - start
+    run = make_fn(best, launch) if on_device else None
+    return Tuned(space, result, launch, best_time, seconds, failures, run)
