@@ -181,6 +181,14 @@ def test_attention_reads_heads_in_place(database):
     assert ints[17:20] == [19, 0, 0]  # the mask broadcasts over heads and query rows
     text = out["forward"].script()
     assert "R.permute_dims(reshape" not in text and "R.nn.softmax" not in text
+    # the fusion report counts the embedded kernel, with the bytes its declared regions move
+    report = tvm_stitch.fusion_report(out, "llvm", "default")
+    (group,) = [g for g in report.groups if g.func.startswith("stitch_attention")][:1]
+    assert group.kinds == ["opaque"]
+    assert group.bytes_read == (3 * 2 * 19 * 128 + 2 * 19) * 2
+    assert group.bytes_written == 2 * 19 * 128 * 2
+    before = tvm_stitch.fusion_report(inst.mod, "llvm", "default")
+    assert report.kernels < before.kernels
 
 
 def test_attention_and_chain_subgraphs_numerics(database):

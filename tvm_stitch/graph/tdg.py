@@ -15,7 +15,7 @@ from collections import defaultdict
 import tvm
 from tvm import relax, s_tir, sym, tirx
 
-from .access import AccessMap, analyze_access
+from .access import AccessMap, Dependence, analyze_access
 from .classify import OpKind, classify, count_flops
 from .tir_walk import buffer_loads, iter_sblocks
 
@@ -398,10 +398,67 @@ def _visit_prim_func(graph, func, buffer_names, call, func_name) -> None:
         graph.add_tensor(
             TensorInfo(name, tuple(int(d) for d in buf.shape), str(buf.dtype), "local")
         )
+    added = False
     for block, _ in iter_sblocks(func.body):
         node = _block_node(block, buffer_names, call, func_name, graph)
         if node is not None:
             graph.add_node(node)
+            added = True
+    if not added and root is not None and root.writes:
+        graph.add_node(_external_node(root, buffer_names, call, func_name, graph))
+
+
+def _external_node(root, buffer_names, call, func_name, graph) -> Node:
+    """An opaque kernel (e.g. an embedded Triton launch) known only by the regions its root block
+    declares: one node reading every ``T.reads`` region and writing the ``T.writes`` one."""
+
+    def region_elements(region) -> int:
+        n = 1
+        for r in region.region:
+            n *= int(r.extent)
+        return n
+
+    inputs = []
+    for region in root.reads:
+        tensor = buffer_names[region.source]
+        shape = graph.tensors[tensor].shape
+        inputs.append(
+            AccessMap(
+                tensor,
+                Dependence.DATA_DEPENDENT,
+                (),
+                (),
+                None,
+                None,
+                False,
+                (),
+                tuple(() for _ in shape),
+                (),
+                shape,
+                region_elements(region),
+            )
+        )
+    out = buffer_names[root.writes[0].source]
+    info = graph.tensors[out]
+    read = sum(m.footprint * dtype_bytes(graph.tensors[m.tensor].dtype) for m in inputs)
+    written = region_elements(root.writes[0])
+    return Node(
+        name=f"{call}/{func_name}",
+        call=call,
+        func=func_name,
+        kind=OpKind.OPAQUE,
+        detail="external",
+        output=out,
+        out_shape=info.shape,
+        out_dtype=info.dtype,
+        inputs=inputs,
+        spatial=(),
+        reduction=(),
+        flops=0,
+        bytes_read=read,
+        bytes_written=written * dtype_bytes(info.dtype),
+        elements_accessed=sum(m.footprint for m in inputs) + written,
+    )
 
 
 def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
