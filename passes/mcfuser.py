@@ -310,7 +310,7 @@ class _Rewriter:
             return self.mod
         mod = self.ctx.get()
         for gv, func in rewritten.items():
-            mod[gv] = func
+            mod[gv] = _collapse_reshapes(func)
         mod = relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
         logger.info("Triton kernels: %s", ", ".join(f"{v} {k}" for k, v in self.counts.items()))
         return mod.with_attr("external_mods", self.externals)
@@ -489,6 +489,26 @@ class _Rewriter:
         key = zlib.crc32(repr(sorted(kwargs.items())).encode())
         name = f"stitch_attention_{batch}x{m}x{n}x{dk}x{dh}_{out_dtype}_{key:08x}"
         return None, self._call("attention", name, kwargs, list(roles), out_shape, out_dtype)
+
+
+def _collapse_reshapes(func: relax.Function) -> relax.Function:
+    """``reshape(reshape(x, a), b)`` -> ``reshape(x, b)``, and ``reshape(x, shape of x)`` -> ``x``.
+
+    Kernel calls take 2-D operands, so consecutive Linear layers meet as reshape pairs
+    (2-D -> 3-D -> 2-D); fused by ``FuseOps`` such a pair becomes a copy kernel instead of a view.
+    """
+    x = wildcard()
+    inner = is_op("relax.reshape")(x, wildcard())
+    outer = is_op("relax.reshape")(inner, wildcard())
+    single = is_op("relax.reshape")(x, wildcard())
+
+    def fold(expr, matches):
+        return _reshape(matches[x], _shape(expr)) if _shape(expr) else expr
+
+    def drop(expr, matches):
+        return matches[x] if _shape(matches[x]) == _shape(expr) is not None else expr
+
+    return rewrite_call(single, drop, rewrite_call(outer, fold, func))
 
 
 def _guarded(what: str, rewrite):

@@ -156,8 +156,12 @@ def test_bert_layers_become_kernel_calls(database):
         assert op not in text, op
     before = tvm_stitch.fusion_report(inst.mod, "llvm", "default")
     after = tvm_stitch.fusion_report(out, "llvm", "default")
-    # TVM's default: 20 kernels per layer; now 9 (6 GEMMs, attention, 2 LayerNorms)
-    assert after.kernels == before.kernels - 2 * (20 - 9)
+    # TVM's default: 20 kernels per layer; now 9 (6 GEMMs, attention, 2 LayerNorms) and no
+    # copy kernels between them (reshape pairs between Linear layers are collapsed to views)
+    per_layer = [g.func for g in after.groups if g.func.startswith(("stitch_", "layer_norm"))]
+    assert len(per_layer) == 2 * 9 + 1  # + the embeddings' LayerNorm
+    assert not [g.func for g in after.groups if "reshape" in g.func and "add" not in g.func]
+    assert after.kernels <= before.kernels - 2 * (20 - 9)
     np.testing.assert_allclose(_run_llvm(out, inst), inst.reference()[0], *inst.tolerance)
 
 
