@@ -6,5 +6,6 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .mcfuser import FuseMBCI
+from .stitch import StitchFusion, StitchSchedule
 
-__all__ = ["AnalyzeTensorGraph", "FuseMBCI", "ReportFusion"]
+__all__ = ["AnalyzeTensorGraph", "FuseMBCI", "ReportFusion", "StitchFusion", "StitchSchedule"]

@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.report import cuda_source, fused_module
+from tvm_stitch.report import cuda_source, fused_module, fusion_report
 from tvm_stitch.workloads import get_workload
 
 
@@ -42,12 +42,15 @@ def test_pipeline_by_name_equals_pipeline_object():
     np.testing.assert_allclose(by_name, inst.reference()[0], *inst.tolerance)
 
 
-def test_stitch_fusion_phase_equals_tvm_default_at_this_stage():
-    """Until the fusion passes land, the stitch pipeline only adds analyses: same IR as TVM's."""
+def test_stitch_off_equals_tvm_default():
+    """With its fusion passes off, the stitch pipeline only adds analyses: same IR as TVM's."""
     inst = get_workload("layernorm-ops").instance("float32", rows=16, cols=40)
     tvm.ir.assert_structural_equal(
-        fused_module(inst.mod, "llvm", "stitch"), fused_module(inst.mod, "llvm", "default")
+        fused_module(inst.mod, "llvm", "stitch", stitch=False),
+        fused_module(inst.mod, "llvm", "default"),
     )
+    assert fusion_report(inst.mod, "llvm", "default").kernels == 3
+    assert fusion_report(inst.mod, "llvm", "stitch").kernels == 1
 
 
 def test_analysis_passes_leave_the_module_unchanged():

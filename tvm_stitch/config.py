@@ -20,6 +20,10 @@ class PipelineOptions:
         the ``tvm_stitch`` logger).  Costs a walk over every TIR block; off for the fastest builds.
     report : bool
         Log the fusion report (kernels, bytes, groups) after fusion.
+    stitch : bool
+        Form FusionStitching patterns over memory-intensive regions (row reductions in the
+        middle) so each becomes one kernel; on CUDA each pattern is planned by the
+        latency-evaluator and scheduled with warp or block composition.
     mcfuser : tuple of str
         Which MBCI families run as searched Triton kernels (MCFuser): ``"attention"``,
         ``"chain"`` (GEMM chains), ``"linear"`` (Linear layers + GELU or + residual).  ``()``
@@ -29,6 +33,7 @@ class PipelineOptions:
 
     analyze: bool = True
     report: bool = True
+    stitch: bool = True
     mcfuser: tuple = ("attention", "chain", "linear")
 
     def __post_init__(self):

@@ -373,8 +373,9 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
             _add_relax_tensor(graph, name, arg.ty, "const")
         arg_names.append(name)
     out_sinfo = call.ty_args[0]
+    call_name = names.name(var)
     if isinstance(out_sinfo, tvm.ir.TupleType):
-        base = names.name(var)
+        base = call_name
         out_names = [f"{base}.{i}" for i in range(len(out_sinfo.fields))]
         names.aliases[var] = out_names
         for n, s in zip(out_names, out_sinfo.fields):
@@ -383,7 +384,7 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
         out_names = [names.name(var)]
         _add_relax_tensor(graph, out_names[0], out_sinfo, "global")
     buffer_names = dict(zip(func.params, arg_names + out_names))
-    _visit_prim_func(graph, func, buffer_names, names.name(var), gvar.name_hint)
+    _visit_prim_func(graph, func, buffer_names, call_name, gvar.name_hint)
 
 
 # -- TIR level -------------------------------------------------------------------------------------
@@ -525,3 +526,17 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
         bytes_written=write.footprint * dtype_bytes(out_info.dtype),
         elements_accessed=elements,
     )
+
+
+def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f") -> list[Node]:
+    """The tensor-graph nodes (one per TIR block) of a single PrimFunc, parameters as globals."""
+    graph = TensorDependencyGraph()
+    buffer_names = {}
+    for i, param in enumerate(func.params):
+        pname = f"{name}.arg{i}"
+        buffer_names[param] = pname
+        graph.add_tensor(
+            TensorInfo(pname, tuple(int(d) for d in param.shape), str(param.dtype), "global")
+        )
+    _visit_prim_func(graph, func, buffer_names, name, name)
+    return list(graph.nodes.values())

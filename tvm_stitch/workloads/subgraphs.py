@@ -162,6 +162,41 @@ def _softmax(dtype, rng, rows, cols):
     )
 
 
+def _softmax_ops(dtype, rng, rows, cols):
+    """Attention-score softmax written as separate ops: scale, additive mask, max, subtract, exp,
+    sum, divide; float16 inputs are cast to float32 and the result back."""
+    x = _rand(rng, (rows, cols), dtype, 2.0)
+    mask = np.where(rng.random((1, cols)) < 0.2, -10000.0, 0.0).astype(dtype)
+    scale = 0.125
+
+    def body(x_, m_):
+        f32 = dtype != "float32"
+        s = relax.op.astype(x_, "float32") if f32 else x_
+        m = relax.op.astype(m_, "float32") if f32 else m_
+        s = relax.op.add(relax.op.multiply(s, relax.const(scale, "float32")), m)
+        e = relax.op.exp(relax.op.subtract(s, relax.op.max(s, axis=[-1], keepdims=True)))
+        y = relax.op.divide(e, relax.op.sum(e, axis=[-1], keepdims=True))
+        return [relax.op.astype(y, dtype) if f32 else y]
+
+    def eager(device, tdtype):
+        import torch
+
+        return lambda x_, m_: torch.softmax(x_.float() * scale + m_.float(), dim=-1).to(x_.dtype)
+
+    params = [("x", x.shape, dtype), ("mask", mask.shape, dtype)]
+    io = _nbytes((x.shape, dtype), (mask.shape, dtype), (x.shape, dtype))
+    return Instance(
+        f"softmax-ops {rows}x{cols} {dtype}",
+        relax_function(params, body),
+        "main",
+        [x, mask],
+        {"eager": eager},
+        0,
+        io,
+        dtype,
+    )
+
+
 def _bias_gelu(dtype, rng, rows, cols, tanh=0):
     x, b = _rand(rng, (rows, cols), dtype), _rand(rng, (cols,), dtype, 0.1)
     gelu = relax.op.nn.gelu_tanh if tanh else relax.op.nn.gelu
@@ -346,6 +381,13 @@ def subgraph_workloads() -> list[Workload]:
             "softmax over the last axis",
             {"rows": 49152, "cols": 128},
             _softmax,
+        ),
+        Workload(
+            "softmax-ops",
+            "memory",
+            "softmax as separate ops with scale and additive mask (max, sub, exp, sum, div)",
+            {"rows": 49152, "cols": 128},
+            _softmax_ops,
         ),
         Workload(
             "bias-gelu",

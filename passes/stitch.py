@@ -1,0 +1,241 @@
+"""FusionStitching's Relax integration.
+
+``StitchFusion`` runs after ``LegalizeOps`` and ``AnnotateTIROpPattern``, before ``FuseOps``: it
+forms fusion patterns over memory-intensive regions (:mod:`tvm_stitch.stitch.former`) and
+wraps each in a ``Primitive`` Relax function named ``stitched_*``, so that ``FuseTIR`` merges the
+pattern into one PrimFunc (reductions in the middle included).  ``StitchSchedule`` runs after
+``FuseTIR`` on CUDA targets: it plans each ``stitched_*`` PrimFunc (kernel plan + latency
+evaluator, :mod:`tvm_stitch.stitch.plan`) and applies the plan's schedule, so the pattern
+becomes one kernel whose intermediates stay in registers or shared memory.  A pattern the plan
+refuses is left unscheduled for TVM's default schedule (reason logged).  Everything else is left
+to TVM.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+import tvm
+from tvm import relax
+
+from tvm_stitch.stitch.former import form_groups
+
+logger = logging.getLogger("tvm_stitch.stitch")
+
+PREFIX = "stitched_"
+
+
+@tvm.transform.module_pass(opt_level=0, name="StitchFusion")
+class StitchFusion:
+    """Group memory-intensive patterns (row reductions in the middle) into Primitive functions."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        builder = relax.BlockBuilder(mod)
+        updates = {}
+        count = 0
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            new_blocks, changed = [], False
+            for block in func.body.blocks:
+                if not isinstance(block, relax.DataflowBlock):
+                    new_blocks.append(block)
+                    continue
+                groups, refused = form_groups(mod, block)
+                for name, why in refused:
+                    logger.info("stitch: %s not joined: %s", name, why)
+                if not groups:
+                    new_blocks.append(block)
+                    continue
+                new_blocks.append(_rewrite_block(builder, block, groups, func))
+                count += len(groups)
+                changed = True
+            if changed:
+                updates[gv] = relax.Function(
+                    func.params,
+                    relax.SeqExpr(new_blocks, func.body.body),
+                    func.ret_ty,
+                    func.is_pure,
+                    func.attrs,
+                )
+        if not updates:
+            return mod
+        out = builder.get()
+        for gv, func in updates.items():
+            out[gv] = func
+        logger.info("stitch: %d fusion patterns formed", count)
+        return relax.transform.Normalize()(out)
+
+
+def _rewrite_block(builder, block, groups, func):
+    """The block with each group's bindings replaced by one call to a Primitive function."""
+    bindings = list(block.bindings)
+    member = {i: g for g in groups for i in g.members}
+    index = {b.var: i for i, b in enumerate(bindings)}
+    used_later = _uses(block, func)
+    # super nodes: a group or a single binding; ordered topologically, program order first
+    nodes = {}
+    for i in range(len(bindings)):
+        key = ("g", member[i].gid) if i in member else ("b", i)
+        nodes.setdefault(key, []).append(i)
+    deps = {k: set() for k in nodes}
+    for key, idxs in nodes.items():
+        for i in idxs:
+            for v in _free_vars(bindings[i].value):
+                j = index.get(v)
+                if j is None:
+                    continue
+                dk = ("g", member[j].gid) if j in member else ("b", j)
+                if dk != key:
+                    deps[key].add(dk)
+    order = _topo(nodes, deps)
+    out = []
+    for key in order:
+        idxs = nodes[key]
+        if key[0] == "b":
+            out.append(bindings[idxs[0]])
+            continue
+        out.extend(_group_call(builder, bindings, idxs, used_later, index))
+    return relax.DataflowBlock(out)
+
+
+def _group_call(builder, bindings, idxs, used_later, index):
+    inside = {bindings[i].var for i in idxs}
+    params, seen = [], set()
+    for i in idxs:
+        # free variables and tensor constants become parameters (FuseTIR takes no constants)
+        for v in [*_free_vars(bindings[i].value), *_constants(bindings[i].value)]:
+            if v not in inside and v not in seen:
+                seen.add(v)
+                params.append(v)
+    outputs = [bindings[i].var for i in idxs if used_later(bindings[i].var, set(idxs), index)]
+    new_params = [
+        relax.Var(p.name if isinstance(p, relax.Var) else f"const{k}", p.ty)
+        for k, p in enumerate(params)
+    ]
+    sub = dict(zip(params, new_params))
+    body = []
+    for i in idxs:
+        b = bindings[i]
+        var = relax.DataflowVar(b.var.name, b.var.ty)
+        sub[b.var] = var
+        body.append(relax.VarBinding(var, _substitute(b.value, sub)))
+    rets = [sub[o] for o in outputs]
+    ret = rets[0] if len(rets) == 1 else relax.Tuple(rets)
+    if len(rets) > 1:
+        tup = relax.Var("gv", relax.TupleType([o.ty for o in outputs]))
+        body.append(relax.VarBinding(tup, ret))
+        ret = tup
+    fn = relax.Function(
+        new_params,
+        relax.SeqExpr([relax.DataflowBlock(body)], ret),
+        ret.ty if len(rets) == 1 else relax.TupleType([o.ty for o in outputs]),
+    )
+    names = []
+    for i in idxs:
+        callee = bindings[i].value.args[0].name_hint
+        if callee not in names:
+            names.append(callee)
+    fn = fn.with_attr("Primitive", True)
+    gv = builder.add_func(fn, PREFIX + "_".join(names)[:60])
+    call = relax.Call(gv, params)
+    if len(outputs) == 1:
+        return [relax.VarBinding(outputs[0], call)]
+    tup = relax.DataflowVar(f"{outputs[0].name}_tuple", relax.TupleType([o.ty for o in outputs]))
+    result = [relax.VarBinding(tup, call)]
+    for k, o in enumerate(outputs):
+        result.append(relax.VarBinding(o, relax.TupleGetItem(tup, k)))
+    return result
+
+
+def _uses(block, func):
+    """``used_later(var, group, index)``: whether ``var`` is read outside its group."""
+    readers: dict = {}
+    for i, b in enumerate(block.bindings):
+        for v in _free_vars(b.value):
+            readers.setdefault(v, set()).add(i)
+    escaping = set(relax.analysis.free_vars(func.body.body))
+    for b in block.bindings:
+        if not isinstance(b.var, relax.DataflowVar):
+            escaping.add(b.var)
+
+    def used_later(var, group, _index):
+        return var in escaping or bool(readers.get(var, set()) - group)
+
+    return used_later
+
+
+def _topo(nodes, deps):
+    first = {k: min(v) for k, v in nodes.items()}
+    users = {k: set() for k in nodes}
+    for k, ds in deps.items():
+        for d in ds:
+            users[d].add(k)
+    pending = {k: len(ds) for k, ds in deps.items()}
+    ready = [(first[k], k) for k, n in pending.items() if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(k)
+        for u in users[k]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, (first[u], u))
+    if len(order) != len(nodes):
+        raise RuntimeError("stitch: fusion patterns form a cycle")  # the former keeps them convex
+    return order
+
+
+def _constants(expr):
+    return [a for a in expr.args[1].fields if isinstance(a, tvm.ir.expr.Constant)]
+
+
+def _free_vars(expr):
+    return list(relax.analysis.free_vars(expr))
+
+
+def _substitute(expr, sub):
+    """A ``call_tir`` with its tensor arguments renamed by ``sub``."""
+    fields = [sub.get(a, a) for a in expr.args[1].fields]
+    return relax.Call(
+        expr.op, [expr.args[0], relax.Tuple(fields), *expr.args[2:]], expr.attrs, expr.ty_args
+    )
+
+
+@tvm.transform.module_pass(opt_level=0, name="StitchSchedule")
+class StitchSchedule:
+    """Plan and schedule every ``stitched_*`` PrimFunc for the current CUDA target.
+
+    A pattern the plan refuses (inter-block communication, a step TVM's schedule rejects) is
+    left to TVM's default schedule, with the reason logged.  The chosen plans are kept in
+    :attr:`plans` (name -> :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
+    """
+
+    def __init__(self):
+        self.plans = {}
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from tvm_stitch.hardware import HardwareModel
+        from tvm_stitch.stitch.plan import IllegalPatternError, plan_pattern
+        from tvm_stitch.stitch.schedule import apply_plan
+
+        target = tvm.target.Target.current(allow_none=True)
+        try:
+            hw = HardwareModel.from_target(target)
+        except ValueError as err:
+            logger.info("stitch: no kernel plans: %s", err)
+            return mod
+        for gv, func in list(mod.functions.items()):
+            if not gv.name_hint.startswith(PREFIX) or not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            try:
+                plan = plan_pattern(func, hw)
+                mod[gv] = apply_plan(func, plan)
+            except IllegalPatternError as err:
+                logger.info("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
+                continue
+            self.plans[gv.name_hint] = plan
+            logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
+        return mod

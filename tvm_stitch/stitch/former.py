@@ -1,0 +1,175 @@
+"""Greedy former of FusionStitching patterns over memory-intensive regions of a Relax function.
+
+Works on legalized functions (``call_tir`` bindings).  A binding is *stitchable* when every TIR
+block of its PrimFunc is light or expensive elementwise, a broadcast, or a row reduction (over
+trailing axes).  Bindings are visited in program order; a stitchable binding joins the group of
+one of its producers when its output lives in the group's *row space* (the leading dimensions
+every op of the pattern shares: a thread block owns whole rows, so reductions need no
+inter-block communication) and joining keeps the group convex (no path leaves the group and
+comes back).  Groups without a row reduction, or of one op, are dissolved: TVM's ``FuseOps``
+handles those as well (a single op whose PrimFunc already has several blocks, such as
+``nn.layer_norm``, is kept: it gets a kernel plan too).  Every refusal is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import relax
+
+from tvm_stitch.graph.classify import OpKind
+from tvm_stitch.graph.tdg import prim_func_nodes
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+STITCHABLE = {
+    OpKind.LIGHT_ELEMWISE,
+    OpKind.EXPENSIVE_ELEMWISE,
+    OpKind.ROW_REDUCE,
+    OpKind.BROADCAST,
+}
+
+
+@dataclasses.dataclass
+class Group:
+    """A fusion pattern: bindings (indices into one dataflow block) sharing a row space."""
+
+    gid: int
+    rows: tuple
+    members: list = dataclasses.field(default_factory=list)
+    kinds: list = dataclasses.field(default_factory=list)
+
+    @property
+    def has_reduce(self) -> bool:
+        return OpKind.ROW_REDUCE in self.kinds
+
+
+def _shape(ty):
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except (TypeError, ValueError):
+        return None
+
+
+def binding_kinds(mod, binding) -> tuple[list[OpKind] | None, str]:
+    """Op kinds of a ``call_tir`` binding's blocks, or ``(None, why)`` if it cannot be stitched."""
+    value = binding.value
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+        return None, "not a call_tir"
+    func = mod[value.args[0]]
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return None, "not a PrimFunc"
+    if _shape(binding.var.ty) is None:
+        return None, "dynamic or tuple output"
+    if int(func.attrs.get("op_pattern", 0) if func.attrs else 0) == 8:
+        return None, "opaque kernel"
+    kinds = [n.kind for n in prim_func_nodes(func, value.args[0].name_hint)]
+    if not kinds:
+        return None, "no analysable blocks"
+    bad = sorted({k.value for k in kinds} - {k.value for k in STITCHABLE})
+    if bad:
+        return None, f"{value.args[0].name_hint} has {', '.join(bad)} blocks"
+    return kinds, ""
+
+
+def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Group], list]:
+    """Fusion patterns of one dataflow block and the bindings refused, with reasons.
+
+    Returns
+    -------
+    (groups, refused)
+        ``groups``: patterns with a row reduction and at least two TIR blocks, members in
+        program order; ``refused``: ``(var name, reason)`` for stitchable-looking bindings kept out.
+    """
+    bindings = list(block.bindings)
+    producer: dict = {}  # var -> binding index
+    group_of: dict[int, Group] = {}
+    upstream: dict = {}  # var -> ids of groups it depends on (transitively)
+    groups: list[Group] = []
+    leaves: dict[int, list] = {}  # elementwise bindings on inputs only, not yet in a pattern
+    refused = []
+    for i, binding in enumerate(bindings):
+        var = binding.var
+        producer[var] = i
+        inputs = [a for a in _call_args(binding.value) if isinstance(a, relax.Var)]
+        up = set()
+        for a in inputs:
+            up |= upstream.get(a, set())
+            if a in producer and producer[a] in group_of:
+                up.add(group_of[producer[a]].gid)
+        kinds, why = binding_kinds(mod, binding)
+        out = _shape(var.ty)
+        chosen = None
+        if kinds is None and (
+            "column-reduce" in why or any(producer.get(a, -1) in group_of for a in inputs)
+        ):
+            refused.append((var.name, why))  # needs inter-block communication, or ends a pattern
+        if kinds is not None:
+            for a in reversed(inputs):
+                g = group_of.get(producer.get(a, -1))
+                if g is None or chosen is g:
+                    continue
+                if out[: len(g.rows)] != g.rows:
+                    refused.append((var.name, f"output {out} is not in the row space {g.rows}"))
+                    continue
+                outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
+                if any(g.gid in upstream.get(b, set()) for b in outside):
+                    refused.append((var.name, "joining would make the pattern non-convex"))
+                    continue
+                chosen = g
+                break
+            if chosen is None and OpKind.ROW_REDUCE not in kinds and not up:
+                # elementwise on inputs only: joins the pattern of its first stitched consumer
+                leaves[i] = kinds
+                upstream[var] = up
+                continue
+            if chosen is None:
+                rows = out[:-1] if OpKind.ROW_REDUCE not in kinds else _reduce_rows(mod, binding)
+                chosen = Group(len(groups), rows)
+                groups.append(chosen)
+            chosen.members.append(i)
+            chosen.kinds.extend(kinds)
+            group_of[i] = chosen
+            up.discard(chosen.gid)
+            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
+        upstream[var] = up
+    # a single op counts when its PrimFunc is itself a pattern (nn.layer_norm, nn.softmax)
+    kept = [g for g in groups if g.has_reduce and len(g.kinds) > 1]
+    for g in groups:
+        if g not in kept and len(g.kinds) > 1:
+            refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
+    return kept, refused
+
+
+def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings) -> None:
+    """Pull the input-only elementwise producers of ``inputs`` (and theirs) into ``group``: a
+    cast of the input, a mask's or a weight's cast are recomputed inside the pattern."""
+    stack = list(inputs)
+    while stack:
+        j = producer.get(stack.pop())
+        if j is None or j not in leaves or j in group_of:
+            continue
+        group.members.append(j)
+        group.kinds.extend(leaves.pop(j))
+        group_of[j] = group
+        stack.extend(a for a in _call_args(bindings[j].value) if isinstance(a, relax.Var))
+    group.members.sort()
+
+
+def _reduce_rows(mod, binding) -> tuple:
+    """The row space of a row reduction: its input's shape without the reduced trailing axes."""
+    out = _shape(binding.var.ty)
+    args = [a for a in _call_args(binding.value) if _shape(a.ty) is not None]
+    widest = max((_shape(a.ty) for a in args), key=len, default=out)
+    rows = tuple(d for d, o in zip(widest, out) if d == o)
+    return rows if rows else out[:-1]
+
+
+def _call_args(value):
+    if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
+        return list(value.args[1].fields)
+    if isinstance(value, relax.Call):
+        return list(value.args)
+    return []

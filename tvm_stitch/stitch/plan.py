@@ -1,0 +1,257 @@
+"""Kernel plans for stitched patterns and FusionStitching's latency-evaluator.
+
+A pattern is one PrimFunc (``FuseTIR`` merged its ops) whose blocks all live in one row space.
+Its ops are light elementwise, expensive elementwise or row reductions.  **Sub-roots** are the
+reductions (always) and, when the plan says so, expensive elementwise ops whose result several
+threads read (kept in shared memory instead of being recomputed).  Every other op is inlined
+into its consumers: **thread composition**, values stay in registers, schedules derived from the
+sub-root's by index propagation (``compute_inline``).  Between a sub-root and its consumers the
+plan picks one composition for the whole kernel:
+
+* ``warp`` — one row per warp (32 lanes over the columns), several rows per block; reductions
+  are register shuffles (``__shfl_*``), no barrier;
+* ``block`` — one row per thread block of ``threads`` threads; reductions go through shared
+  memory with barriers.
+
+The latency-evaluator (``L = N_wave × L_warp``; occupancy from estimated registers and shared
+memory; instruction counts × CPI per op class, plus the row's memory traffic at the SM's share
+of DRAM bandwidth) enumerates compositions, thread counts and the expensive-op choice and keeps
+the cheapest.  Patterns whose blocks do not share the row space (a column reduction, a
+transpose) need inter-block communication and are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import tvm
+
+from tvm_stitch.graph.classify import OpKind
+from tvm_stitch.graph.tdg import prim_func_nodes
+from tvm_stitch.hardware import HardwareModel
+
+from .smem import SmemRequest, allocate
+
+#: cycles per instruction by op class (per warp-instruction, H100-like SM)
+CPI = {"light": 4.0, "expensive": 16.0, "shuffle": 8.0, "barrier": 40.0, "smem": 6.0}
+#: latency of one global-memory round trip (cycles), hidden by resident warps
+MEM_LATENCY = 600.0
+
+
+class IllegalPatternError(ValueError):
+    """The pattern needs inter-block communication or has a shape the plans cannot cover."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One block of the pattern."""
+
+    name: str
+    kind: OpKind
+    elements: int  # iterations of the block (its whole domain)
+    flops: int
+    dtype: str
+    output: str = ""
+    reads: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """A schedule for one pattern and its estimated latency.
+
+    Attributes
+    ----------
+    composition : {"warp", "block"}
+    threads : int
+        Threads per row (32 for ``warp``).
+    rows_per_block : int
+    subroots : tuple of str
+        Blocks kept as sub-roots (reductions, and expensive ops kept in shared memory).
+    inlined : tuple of str
+        Blocks recomputed by their consumers (thread composition).
+    latency_us : float
+        The latency-evaluator's estimate.
+    smem_requested, smem_allocated : int
+        Shared-memory bytes per block before and after reuse along the dominance tree.
+    occupancy : int
+        Resident blocks per SM.
+    """
+
+    composition: str
+    threads: int
+    rows_per_block: int
+    subroots: tuple
+    inlined: tuple
+    latency_us: float
+    smem_requested: int
+    smem_allocated: int
+    occupancy: int
+    rows: int
+    cols: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.composition} composition, {self.threads} threads/row x "
+            f"{self.rows_per_block} rows/block, sub-roots {list(self.subroots)}, "
+            f"{len(self.inlined)} ops inlined, smem {self.smem_allocated}/{self.smem_requested} B, "
+            f"{self.occupancy} blocks/SM, est {self.latency_us:.1f} us"
+        )
+
+
+def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
+    """The ops of a stitched PrimFunc and its row space ``(rows, cols)``.
+
+    Raises
+    ------
+    IllegalPatternError
+        When a block is a column reduction, a transpose/gather or compute-intensive, or when
+        blocks do not share the leading (row) dimensions.
+    """
+    nodes = prim_func_nodes(func, "p")
+    if not nodes:
+        raise IllegalPatternError("no analysable blocks")
+    ops = []
+    for n in nodes:
+        if n.kind is OpKind.COLUMN_REDUCE:
+            raise IllegalPatternError(
+                f"{n.name} is a column reduction: rows would span thread blocks"
+            )
+        if n.kind not in (
+            OpKind.LIGHT_ELEMWISE,
+            OpKind.EXPENSIVE_ELEMWISE,
+            OpKind.ROW_REDUCE,
+            OpKind.BROADCAST,
+        ):
+            raise IllegalPatternError(f"{n.name} is {n.kind.value} ({n.detail})")
+        elements = math.prod(e for _, e in n.spatial + n.reduction) or 1
+        reads = tuple(m.tensor for m in n.inputs)
+        ops.append(
+            Op(n.name.split("/")[-1], n.kind, elements, n.flops, n.out_dtype, n.output, reads)
+        )
+    out = nodes[-1].out_shape
+    if len(out) < 1:
+        raise IllegalPatternError("scalar output")
+    rows = math.prod(out[:-1]) if len(out) > 1 else 1
+    cols = out[-1]
+    for n, op in zip(nodes, ops):
+        lead = n.out_shape[: len(out) - 1]
+        if math.prod(lead) != rows and math.prod(n.out_shape) not in (rows, rows * cols):
+            if op.kind in (OpKind.LIGHT_ELEMWISE, OpKind.EXPENSIVE_ELEMWISE, OpKind.BROADCAST):
+                continue  # e.g. a weight's cast: recomputed by its consumers (inlined)
+            raise IllegalPatternError(
+                f"{n.name} writes {n.out_shape}, outside the row space {out[:-1]}"
+            )
+    return ops, rows, cols
+
+
+def _bytes(dtype: str) -> int:
+    return max(1, tvm.runtime.DataType(dtype).bits // 8)
+
+
+def evaluate(
+    ops, rows, cols, io_bytes, hw: HardwareModel, composition, threads, rows_per_block, keep
+) -> tuple[float, int, int, int]:
+    """Latency (µs), resident blocks per SM, smem requested and allocated, for one candidate."""
+    warp = hw.warp_size
+    block_threads = threads * rows_per_block
+    per_thread_cols = math.ceil(cols / threads)
+    # shared memory: reduction partials (one slot per warp per row) and kept expensive results
+    requests = []
+    for i, op in enumerate(ops):
+        if op.kind is OpKind.ROW_REDUCE:
+            # the row's result, plus one partial per warp when a block reduces a row
+            slots = 1 if composition == "warp" else 1 + block_threads // warp
+            requests.append(SmemRequest(op.name, i, slots * rows_per_block * 4, last_use(ops, i)))
+        elif op.name in keep:
+            requests.append(SmemRequest(op.name, i, cols * rows_per_block * 4, last_use(ops, i)))
+    requested = sum(r.size for r in requests)
+    allocated = allocate(requests).total
+    if allocated > hw.smem_per_block_default:
+        return math.inf, 0, requested, allocated
+    # registers: a few per live value per column a thread owns
+    regs = min(hw.max_registers_per_thread, 24 + 4 * per_thread_cols)
+    occ = min(
+        hw.max_blocks_per_sm,
+        hw.max_threads_per_sm // block_threads,
+        hw.registers_per_sm // (regs * block_threads),
+        hw.smem_per_sm // max(1, allocated) if allocated else hw.max_blocks_per_sm,
+    )
+    if occ == 0:
+        return math.inf, 0, requested, allocated
+    blocks = math.ceil(rows / rows_per_block)
+    waves = math.ceil(blocks / (hw.num_sms * occ))
+    # instructions one warp issues for its share of a row
+    cycles = 0.0
+    for op in ops:
+        per_row = op.elements / max(rows, 1)
+        per_lane = math.ceil(per_row / threads)
+        recompute = 1 if op.name in keep or op.kind is OpKind.ROW_REDUCE else _uses(op, ops)
+        cls = "expensive" if op.kind is OpKind.EXPENSIVE_ELEMWISE else "light"
+        cycles += per_lane * CPI[cls] * recompute
+        if op.kind is OpKind.ROW_REDUCE:
+            cycles += math.log2(warp) * CPI["shuffle"]
+            if composition == "block":
+                cycles += (
+                    2 * CPI["barrier"] + math.log2(max(2, block_threads // warp)) * CPI["smem"]
+                )
+        if op.name in keep:
+            cycles += CPI["barrier"] + per_lane * CPI["smem"]
+    warps_per_sm = occ * block_threads // warp
+    cycles += MEM_LATENCY / max(1, min(warps_per_sm, 16))
+    l_warp = cycles / hw.clock_hz
+    # the wave's DRAM traffic at the device's bandwidth bounds it from below
+    wave_bytes = io_bytes / max(1, waves)
+    l_wave = max(l_warp * max(1, warps_per_sm // 4), wave_bytes / hw.mem_bandwidth)
+    return waves * l_wave * 1e6, occ, requested, allocated
+
+
+def last_use(ops, i: int) -> int:
+    """Position of the last op that reads op ``i``'s result (through inlined elementwise ops:
+    a value recomputed inside a later op keeps its inputs alive until then)."""
+    last = i
+    for j in range(i + 1, len(ops)):
+        if ops[i].output in ops[j].reads:
+            last = max(last, j if ops[j].kind is OpKind.ROW_REDUCE else last_use(ops, j))
+            last = max(last, j)
+    return last
+
+
+def _uses(op, ops) -> int:
+    """How often an inlined elementwise op is recomputed: once per reduction pass after it."""
+    idx = ops.index(op)
+    return 1 + sum(1 for o in ops[idx + 1 :] if o.kind is OpKind.ROW_REDUCE and o is not op)
+
+
+def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
+    """Enumerate compositions, thread counts and sub-root choices; return the cheapest plan.
+
+    Raises
+    ------
+    IllegalPatternError
+        See :func:`pattern_ops`.
+    """
+    ops, rows, cols = pattern_ops(func)
+    io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
+    expensive = [
+        o.name for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE and o.elements >= rows * cols
+    ][:2]
+    keeps = [()] + [(e,) for e in expensive]
+    candidates = []
+    for keep in keeps:
+        for rpb in (1, 2, 4, 8):
+            candidates.append(("warp", 32, rpb, keep))
+        for threads in (64, 128, 256, 512, 1024):
+            if threads // 2 < cols or threads == 64:
+                candidates.append(("block", threads, 1, keep))
+    best = None
+    for comp, threads, rpb, keep in candidates:
+        lat, occ, req, alloc = evaluate(ops, rows, cols, io_bytes, hw, comp, threads, rpb, keep)
+        if best is None or lat < best[0]:
+            best = (lat, comp, threads, rpb, keep, occ, req, alloc)
+    lat, comp, threads, rpb, keep, occ, req, alloc = best
+    if not math.isfinite(lat):
+        raise IllegalPatternError("no candidate fits the SM's shared memory and registers")
+    subroots = tuple(o.name for o in ops if o.kind is OpKind.ROW_REDUCE) + tuple(keep)
+    inlined = tuple(o.name for o in ops[:-1] if o.name not in subroots)
+    return KernelPlan(comp, threads, rpb, subroots, inlined, lat, req, alloc, occ, rows, cols)

@@ -1,0 +1,75 @@
+"""Apply a :class:`~tvm_stitch.stitch.plan.KernelPlan` to a stitched PrimFunc (TVM schedules).
+
+* Non-sub-roots are inlined into their consumers (``compute_inline``): thread composition, the
+  index propagation of the paper done by TVM.
+* The output block is the anchor: its rows go to ``blockIdx.x`` (``block``) or to
+  ``blockIdx.x`` × ``threadIdx.y`` (``warp``: one row per warp), its columns to ``threadIdx.x``.
+* Every sub-root is computed at the anchor's row loop with its own columns (or reduced axis)
+  on ``threadIdx.x``: TVM lowers a reduction over ``threadIdx.x`` to warp shuffles, and — with
+  more than one warp per row — to shared memory and barriers.  Sub-root results live in shared
+  memory (read by other threads of the row).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from .plan import IllegalPatternError, KernelPlan
+
+
+def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
+    """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step."""
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if not infos:
+        raise IllegalPatternError("TVM could not normalise the pattern's loops")
+    blocks = [info.block_rv for info in infos]
+    names = [sch.get(b).name_hint for b in blocks]
+    last = blocks[-1]
+    inlined = set()
+    for name, b in reversed(list(zip(names[:-1], blocks[:-1]))):
+        if name in plan.inlined:
+            try:
+                sch.compute_inline(b)
+                inlined.add(name)
+            except Exception:  # noqa: BLE001 - TVM refuses to inline it: it stays a sub-root
+                pass
+    loops = sch.get_loops(last)
+    if len(loops) < 2:
+        raise IllegalPatternError("the output has no row dimension")
+    row = sch.fuse(*loops[:-1])
+    col = loops[-1]
+    if plan.composition == "warp":
+        bx, ty = sch.split(row, [None, plan.rows_per_block])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        anchor = ty
+    else:
+        sch.bind(row, "blockIdx.x")
+        anchor = row
+    c_o, tx = sch.split(col, [None, plan.threads])
+    sch.reorder(tx, c_o)
+    sch.bind(tx, "threadIdx.x")
+    anchor_depth = [sch.get(lp).same_as(sch.get(anchor)) for lp in sch.get_loops(last)].index(
+        True
+    ) + 1
+    kept = [sch.get_sblock(n) for n in names[:-1] if n not in inlined]
+    for b in reversed(kept):
+        try:
+            sch.compute_at(b, anchor, preserve_unit_loops=True)
+        except Exception as err:
+            raise IllegalPatternError(f"cannot stitch {sch.get(b).name_hint}: {err}") from err
+        depth = anchor_depth
+        inner = sch.get_loops(b)[depth:]
+        if not inner:
+            raise IllegalPatternError(f"{sch.get(b).name_hint} has no column loop")
+        fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+        o, t = sch.split(fused, [None, plan.threads])
+        sch.reorder(t, o)
+        sch.bind(t, "threadIdx.x")
+        for i, region in enumerate(sch.get(b).writes):
+            if not any(region.source.same_as(p) for p in func.params):
+                sch.set_scope(b, i, "shared")  # a sub-root's result, read by the row's threads
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
