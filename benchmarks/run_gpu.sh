@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests | bert:BATCHxSEQ | memory | gemm-chains | attention | mcfuser[:FAMILY] | run
+# STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | gemm-chains | attention | mcfuser[:FAMILY] | run
 # Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -33,6 +33,10 @@ for step in "$@"; do
         memory|gemm-chains|attention)
             python3 -m tvm_stitch bench "$step" --target cuda --json-out "$out/bench.jsonl" 2>&1 \
                 | tee "$out/$step.log" || status=1
+            ;;
+        memory:*)
+            python3 -m tvm_stitch bench memory --target cuda --dtype "${step#memory:}" \
+                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/${step/:/-}.log" || status=1
             ;;
         mcfuser|mcfuser:*)
             fam=${step#mcfuser}

@@ -40,13 +40,23 @@ _MEM_GPU = [
     ("layernorm-ops", {"rows": 4096, "cols": 1024}),
     ("softmax", {"rows": 49152, "cols": 128}),
     ("softmax", {"rows": 65536, "cols": 512}),
+    ("softmax-ops", {"rows": 49152, "cols": 128}),
+    ("softmax-ops", {"rows": 65536, "cols": 512}),
     ("add-layernorm", {"rows": 4096, "cols": 768}),
     ("bias-gelu", {"rows": 4096, "cols": 3072}),
     ("rmsnorm", {"rows": 4096, "cols": 768}),
 ]
 _MEM_CPU = [
     (name, {"rows": 1823, "cols": 781})
-    for name in ("layernorm", "layernorm-ops", "add-layernorm", "softmax", "bias-gelu", "rmsnorm")
+    for name in (
+        "layernorm",
+        "layernorm-ops",
+        "add-layernorm",
+        "softmax",
+        "softmax-ops",
+        "bias-gelu",
+        "rmsnorm",
+    )
 ]
 
 #: study -> target kind -> [(workload, shape parameters)]
