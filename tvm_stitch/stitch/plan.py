@@ -169,8 +169,9 @@ def evaluate(
     allocated = allocate(requests).total
     if allocated > hw.smem_per_block_default:
         return math.inf, 0, requested, allocated
-    # registers: a few per live value per column a thread owns
-    regs = min(hw.max_registers_per_thread, 24 + 4 * per_thread_cols)
+    # registers: the passes stream over the row (nothing is cached per column): addresses,
+    # accumulators and the sub-roots' scalars
+    regs = min(hw.max_registers_per_thread, 32 + 2 * len(requests))
     occ = min(
         hw.max_blocks_per_sm,
         hw.max_threads_per_sm // block_threads,
@@ -197,12 +198,13 @@ def evaluate(
                 )
         if op.name in keep:
             cycles += CPI["barrier"] + per_lane * CPI["smem"]
-    warps_per_sm = occ * block_threads // warp
-    cycles += MEM_LATENCY / max(1, min(warps_per_sm, 16))
+    # one global round trip per pass over the row (the row is re-read by every sub-root)
+    passes = 1 + sum(1 for op in ops if op.kind is OpKind.ROW_REDUCE)
+    cycles += passes * MEM_LATENCY
     l_warp = cycles / hw.clock_hz
-    # the wave's DRAM traffic at the device's bandwidth bounds it from below
+    # L = N_wave x L_warp; the wave's DRAM traffic at the device's bandwidth bounds it below
     wave_bytes = io_bytes / max(1, waves)
-    l_wave = max(l_warp * max(1, warps_per_sm // 4), wave_bytes / hw.mem_bandwidth)
+    l_wave = max(l_warp, wave_bytes / hw.mem_bandwidth)
     return waves * l_wave * 1e6, occ, requested, allocated
 
 
@@ -239,7 +241,7 @@ def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
     keeps = [()] + [(e,) for e in expensive]
     candidates = []
     for keep in keeps:
-        for rpb in (1, 2, 4, 8):
+        for rpb in (8, 4, 2, 1):  # on a tie, more warps per block hide more latency
             candidates.append(("warp", 32, rpb, keep))
         for threads in (64, 128, 256, 512, 1024):
             if threads // 2 < cols or threads == 64:
