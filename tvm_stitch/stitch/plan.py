@@ -9,7 +9,8 @@ sub-root's by index propagation (``compute_inline``).  Between a sub-root and it
 plan picks one composition for the whole kernel:
 
 * ``warp`` — one row per warp (32 lanes over the columns), several rows per block; reductions
-  are register shuffles (``__shfl_*``), no barrier;
+  are register shuffles (``__shfl_*``) and their results stay in registers: no shared memory,
+  no barrier;
 * ``block`` — one row per thread block of ``threads`` threads; reductions go through shared
   memory with barriers.
 
@@ -155,13 +156,13 @@ def evaluate(
     """Latency (µs), resident blocks per SM, smem requested and allocated, for one candidate."""
     warp = hw.warp_size
     block_threads = threads * rows_per_block
-    per_thread_cols = math.ceil(cols / threads)
     # shared memory: reduction partials (one slot per warp per row) and kept expensive results
     requests = []
     for i, op in enumerate(ops):
-        if op.kind is OpKind.ROW_REDUCE:
-            # the row's result, plus one partial per warp when a block reduces a row
-            slots = 1 if composition == "warp" else 1 + block_threads // warp
+        if op.kind is OpKind.ROW_REDUCE and composition == "block":
+            # the row's result and one partial per warp (with one warp per row, the shuffles
+            # leave the result in every lane's registers: no shared memory)
+            slots = 1 + block_threads // warp
             requests.append(SmemRequest(op.name, i, slots * rows_per_block * 4, last_use(ops, i)))
         elif op.name in keep:
             requests.append(SmemRequest(op.name, i, cols * rows_per_block * 4, last_use(ops, i)))
@@ -242,7 +243,8 @@ def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
     candidates = []
     for keep in keeps:
         for rpb in (8, 4, 2, 1):  # on a tie, more warps per block hide more latency
-            candidates.append(("warp", 32, rpb, keep))
+            if not keep:  # a kept (shared) result needs barriers: block composition only
+                candidates.append(("warp", 32, rpb, keep))
         for threads in (64, 128, 256, 512, 1024):
             if threads // 2 < cols or threads == 64:
                 candidates.append(("block", threads, 1, keep))

@@ -71,5 +71,10 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
         sch.bind(t, "threadIdx.x")
         for i, region in enumerate(sch.get(b).writes):
             if not any(region.source.same_as(p) for p in func.params):
-                sch.set_scope(b, i, "shared")  # a sub-root's result, read by the row's threads
+                # a sub-root's result, read by every thread of the row: with one warp per row
+                # the shuffles leave it in every lane's registers; across warps it goes through
+                # shared memory
+                reduce = any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)
+                warp = plan.composition == "warp" and reduce
+                sch.set_scope(b, i, "local" if warp else "shared")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
