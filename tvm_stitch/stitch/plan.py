@@ -203,11 +203,9 @@ def evaluate(
     passes = 1 + sum(1 for op in ops if op.kind is OpKind.ROW_REDUCE)
     cycles += passes * MEM_LATENCY
     l_warp = cycles / hw.clock_hz
-    # L = N_wave x L_warp; the wave's DRAM traffic bounds it below, at the bandwidth share of
-    # the SMs that have a block (a few large blocks leave most SMs, and DRAM, idle)
+    # L = N_wave x L_warp; the wave's DRAM traffic at the device's bandwidth bounds it below
     wave_bytes = io_bytes / max(1, waves)
-    active = min(hw.num_sms, blocks) / hw.num_sms
-    l_wave = max(l_warp, wave_bytes / (hw.mem_bandwidth * active))
+    l_wave = max(l_warp, wave_bytes / hw.mem_bandwidth)
     return waves * l_wave * 1e6, occ, requested, allocated
 
 
