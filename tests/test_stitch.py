@@ -155,6 +155,37 @@ def test_former_keeps_patterns_convex(caplog):
     np.testing.assert_allclose(got, np.exp(x - s) - s[::-1], rtol=1e-5, atol=1e-5)
 
 
+def _two_patterns():
+    """A LayerNorm and a softmax on independent inputs with the same number of rows."""
+
+    def body(x, y, w, b):
+        ln = relax.op.nn.layer_norm(x, w, b, axes=[-1])
+        return [relax.Tuple([ln, relax.op.nn.softmax(y, axis=-1)])]
+
+    shapes = [("x", (1823, 781)), ("y", (1823, 100)), ("w", (781,)), ("b", (781,))]
+    mod = relax_function([(n, s, "float32") for n, s in shapes], body)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32") for _, s in shapes]
+    x, y, w, b = args
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    e = np.exp(y - y.max(-1, keepdims=True))
+    refs = [(x - mean) / np.sqrt(var + 1e-5) * w + b, e / e.sum(-1, keepdims=True)]
+    return mod, args, refs
+
+
+def test_independent_patterns_are_packed_into_one_kernel():
+    mod, args, refs = _two_patterns()
+    assert fusion_report(mod, "llvm", "default").kernels == 2
+    assert fusion_report(mod, "llvm", "stitch").kernels == 1
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+    assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
+
+
 # -- shared memory along the dominance tree -----------------------------------------------------
 def test_allocator_reuses_dead_dominating_buffers_on_a_chain():
     reqs = [SmemRequest("a", 0, 100, 1), SmemRequest("b", 2, 80, 3), SmemRequest("c", 3, 120, 4)]
@@ -184,6 +215,17 @@ def test_allocator_respects_dominance_on_a_diamond():
 
 
 # -- on the GPU host -----------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_packed_patterns_on_the_gpu():
+    mod, args, refs = _two_patterns()
+    ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    outs = vm["main"](*[tvm.runtime.tensor(a, device=dev) for a in args])
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("name", "extra"), PATTERNS)

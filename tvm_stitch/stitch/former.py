@@ -6,14 +6,16 @@ trailing axes).  Bindings are visited in program order; a stitchable binding joi
 one of its producers when its output lives in the group's *row space* (the leading dimensions
 every op of the pattern shares: a thread block owns whole rows, so reductions need no
 inter-block communication) and joining keeps the group convex (no path leaves the group and
-comes back).  Groups without a row reduction, or of one op, are dissolved: TVM's ``FuseOps``
-handles those as well (a single op whose PrimFunc already has several blocks, such as
-``nn.layer_norm``, is kept: it gets a kernel plan too).  Every refusal is recorded with its reason.
+comes back).  Independent patterns over the same number of rows are packed into one kernel
+(FusionStitching's kernel packing).  Groups without a row reduction, or of one op, are dissolved:
+TVM's ``FuseOps`` handles those as well (a single op whose PrimFunc already has several blocks,
+such as ``nn.layer_norm``, is kept: it gets a kernel plan too).  Every refusal is recorded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tvm
 from tvm import relax
@@ -140,7 +142,30 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     for g in groups:
         if g not in kept and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
-    return kept, refused
+    return _pack(kept, bindings, upstream), refused
+
+
+def _pack(groups, bindings, upstream) -> list[Group]:
+    """Kernel packing: independent patterns over the same number of rows share one kernel."""
+    packed: list[Group] = []
+    ids: dict[int, set] = {}
+    for g in groups:
+        deps = set().union(*(upstream.get(bindings[i].var, set()) for i in g.members))
+        for h in packed:
+            h_deps = set().union(*(upstream.get(bindings[i].var, set()) for i in h.members))
+            if (
+                math.prod(g.rows) == math.prod(h.rows)
+                and not deps & ids[h.gid]
+                and g.gid not in h_deps
+            ):
+                h.members = sorted(h.members + g.members)
+                h.kinds.extend(g.kinds)
+                ids[h.gid].add(g.gid)
+                break
+        else:
+            packed.append(g)
+            ids[g.gid] = {g.gid}
+    return packed
 
 
 def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings) -> None:
@@ -163,6 +188,8 @@ def _reduce_rows(mod, binding) -> tuple:
     out = _shape(binding.var.ty)
     args = [a for a in _call_args(binding.value) if _shape(a.ty) is not None]
     widest = max((_shape(a.ty) for a in args), key=len, default=out)
+    if tuple(widest) == tuple(out):  # several blocks ending in a full-size output (layer_norm)
+        return tuple(out[:-1])
     rows = tuple(d for d, o in zip(widest, out) if d == o)
     return rows if rows else out[:-1]
 

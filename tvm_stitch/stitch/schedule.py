@@ -20,27 +20,47 @@ from .plan import IllegalPatternError, KernelPlan
 
 
 def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
-    """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step."""
+    """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step.
+
+    Several output blocks (independent patterns packed into one kernel, FusionStitching's
+    kernel packing) share the row loop: their row loops are merged (``Schedule.merge``), so a
+    thread block computes the same rows of every packed pattern.
+    """
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if not infos:
         raise IllegalPatternError("TVM could not normalise the pattern's loops")
     blocks = [info.block_rv for info in infos]
     names = [sch.get(b).name_hint for b in blocks]
-    last = blocks[-1]
+    params = list(func.params)
+
+    def writes_param(b):
+        return any(any(r.source.same_as(p) for p in params) for r in sch.get(b).writes)
+
+    outputs = [n for n, b in zip(names, blocks) if not sch.get_consumers(b)]
+    for n, b in zip(names, blocks):
+        if n not in outputs and writes_param(b):
+            # other threads of the row would read it back from global memory: no barrier orders
+            # that, so such a pattern is left to TVM's schedule
+            raise IllegalPatternError(f"{n} is an output that the pattern also reads")
     inlined = set()
-    for name, b in reversed(list(zip(names[:-1], blocks[:-1]))):
-        if name in plan.inlined:
+    for name, b in reversed(list(zip(names, blocks))):
+        if name in plan.inlined and name not in outputs:
             try:
                 sch.compute_inline(b)
                 inlined.add(name)
             except Exception:  # noqa: BLE001 - TVM refuses to inline it: it stays a sub-root
                 pass
-    loops = sch.get_loops(last)
-    if len(loops) < 2:
-        raise IllegalPatternError("the output has no row dimension")
-    row = sch.fuse(*loops[:-1])
-    col = loops[-1]
+    rows = []
+    for n in outputs:
+        loops = sch.get_loops(sch.get_sblock(n))
+        if len(loops) < 2:
+            raise IllegalPatternError(f"{n} has no row dimension")
+        rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+    extents = {int(sch.get(r).extent) for r in rows}
+    if len(extents) > 1:
+        raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
+    row = sch.merge(*rows) if len(rows) > 1 else rows[0]
     if plan.composition == "warp":
         bx, ty = sch.split(row, [None, plan.rows_per_block])
         sch.bind(bx, "blockIdx.x")
@@ -49,19 +69,20 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
     else:
         sch.bind(row, "blockIdx.x")
         anchor = row
-    c_o, tx = sch.split(col, [None, plan.threads])
-    sch.reorder(tx, c_o)
-    sch.bind(tx, "threadIdx.x")
-    anchor_depth = [sch.get(lp).same_as(sch.get(anchor)) for lp in sch.get_loops(last)].index(
-        True
-    ) + 1
-    kept = [sch.get_sblock(n) for n in names[:-1] if n not in inlined]
+    for n in outputs:
+        col = sch.get_loops(sch.get_sblock(n))[-1]
+        c_o, tx = sch.split(col, [None, plan.threads])
+        sch.reorder(tx, c_o)
+        sch.bind(tx, "threadIdx.x")
+    anchor_loop = sch.get(anchor)
+    first = sch.get_sblock(outputs[0])
+    depth = [sch.get(lp).same_as(anchor_loop) for lp in sch.get_loops(first)].index(True) + 1
+    kept = [sch.get_sblock(n) for n in names if n not in inlined and n not in outputs]
     for b in reversed(kept):
         try:
             sch.compute_at(b, anchor, preserve_unit_loops=True)
         except Exception as err:
             raise IllegalPatternError(f"cannot stitch {sch.get(b).name_hint}: {err}") from err
-        depth = anchor_depth
         inner = sch.get_loops(b)[depth:]
         if not inner:
             raise IllegalPatternError(f"{sch.get(b).name_hint} has no column loop")
@@ -69,12 +90,11 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
         o, t = sch.split(fused, [None, plan.threads])
         sch.reorder(t, o)
         sch.bind(t, "threadIdx.x")
-        for i, region in enumerate(sch.get(b).writes):
-            if not any(region.source.same_as(p) for p in func.params):
-                # a sub-root's result, read by every thread of the row: with one warp per row
-                # the shuffles leave it in every lane's registers; across warps it goes through
-                # shared memory
-                reduce = any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)
-                warp = plan.composition == "warp" and reduce
-                sch.set_scope(b, i, "local" if warp else "shared")
+        for i, _ in enumerate(sch.get(b).writes):
+            # a sub-root's result, read by every thread of the row: with one warp per row the
+            # shuffles leave a reduction's result in every lane's registers; otherwise it goes
+            # through shared memory
+            reduce = any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)
+            warp = plan.composition == "warp" and reduce
+            sch.set_scope(b, i, "local" if warp else "shared")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
