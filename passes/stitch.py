@@ -206,7 +206,11 @@ def _substitute(expr, sub):
 
 @tvm.transform.module_pass(opt_level=0, name="StitchSchedule")
 class StitchSchedule:
-    """Plan and schedule every ``stitched_*`` PrimFunc for the current CUDA target.
+    """Plan and schedule every ``stitched_*`` PrimFunc for the current target.
+
+    On CUDA the plan's schedule binds blocks and threads; on ``llvm`` the same plan (made for
+    the default GPU) is lowered with parallel blocks and serial thread loops, so the CPU runs
+    the plan's loop structure.
 
     A pattern the plan refuses (inter-block communication, a step TVM's schedule rejects) is
     left to TVM's default schedule, with the reason logged.  The chosen plans are kept in
@@ -222,8 +226,10 @@ class StitchSchedule:
         from tvm_stitch.stitch.schedule import apply_plan
 
         target = tvm.target.Target.current(allow_none=True)
+        gpu = target is not None and target.kind.name == "cuda"
         try:
-            hw = HardwareModel.from_target(target)
+            # on a CPU the plan made for the default GPU is lowered without thread bindings
+            hw = HardwareModel.from_target(target if gpu else {"kind": "cuda", "arch": "sm_90a"})
         except ValueError as err:
             logger.info("stitch: no kernel plans: %s", err)
             return mod
@@ -232,7 +238,7 @@ class StitchSchedule:
                 continue
             try:
                 plan = plan_pattern(func, hw)
-                mod[gv] = apply_plan(func, plan)
+                mod[gv] = apply_plan(func, plan, gpu=gpu)
             except IllegalPatternError as err:
                 logger.info("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
                 continue

@@ -84,9 +84,8 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
         if opts.stitch:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseOps")
             fusion.insert(at, passes.StitchFusion())
-            if target.kind.name == "cuda":
-                at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
-                fusion.insert(at, passes.StitchSchedule())
+            at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
+            fusion.insert(at, passes.StitchSchedule())
         if opts.mcfuser and target.kind.name == "cuda":
             fusion.insert(0, passes.FuseMBCI(families=tuple(opts.mcfuser)))
     elif kind != "default":

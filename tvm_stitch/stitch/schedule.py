@@ -19,8 +19,12 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from .plan import IllegalPatternError, KernelPlan
 
 
-def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
+def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> tvm.tirx.PrimFunc:
     """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step.
+
+    With ``gpu=False`` the same plan is lowered for a CPU (``llvm``): the same inlining,
+    sub-roots at the row loop and column splits, with the block loop parallel and the thread
+    loops serial, so CI checks the plan's index propagation numerically without a GPU.
 
     Several output blocks (independent patterns packed into one kernel, FusionStitching's
     kernel packing) share the row loop: their row loops are merged (``Schedule.merge``), so a
@@ -61,19 +65,20 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
     if len(extents) > 1:
         raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
     row = sch.merge(*rows) if len(rows) > 1 else rows[0]
+    bind = sch.bind if gpu else _cpu_bind(sch)
     if plan.composition == "warp":
         bx, ty = sch.split(row, [None, plan.rows_per_block])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
+        bind(bx, "blockIdx.x")
+        bind(ty, "threadIdx.y")
         anchor = ty
     else:
-        sch.bind(row, "blockIdx.x")
+        bind(row, "blockIdx.x")
         anchor = row
     for n in outputs:
         col = sch.get_loops(sch.get_sblock(n))[-1]
         c_o, tx = sch.split(col, [None, plan.threads])
         sch.reorder(tx, c_o)
-        sch.bind(tx, "threadIdx.x")
+        bind(tx, "threadIdx.x")
     anchor_loop = sch.get(anchor)
     first = sch.get_sblock(outputs[0])
     depth = [sch.get(lp).same_as(anchor_loop) for lp in sch.get_loops(first)].index(True) + 1
@@ -89,12 +94,23 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan) -> tvm.tirx.PrimFunc:
         fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
         o, t = sch.split(fused, [None, plan.threads])
         sch.reorder(t, o)
-        sch.bind(t, "threadIdx.x")
+        bind(t, "threadIdx.x")
         for i, _ in enumerate(sch.get(b).writes):
             # a sub-root's result, read by every thread of the row: with one warp per row the
             # shuffles leave a reduction's result in every lane's registers; otherwise it goes
             # through shared memory
             reduce = any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)
             warp = plan.composition == "warp" and reduce
-            sch.set_scope(b, i, "local" if warp else "shared")
+            if gpu:
+                sch.set_scope(b, i, "local" if warp else "shared")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _cpu_bind(sch):
+    """Thread bindings on a CPU: blocks run in parallel, threads become serial loops."""
+
+    def bind(loop, tag):
+        if tag == "blockIdx.x":
+            sch.parallel(loop)
+
+    return bind
