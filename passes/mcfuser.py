@@ -32,6 +32,7 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.codegen.embed import Param, View, can_embed, contiguous
+from tvm_stitch.graph.tdg import static_shape
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
 
@@ -40,13 +41,7 @@ _VIEW_OPS = ("relax.reshape", "relax.permute_dims")
 
 
 def _shape(expr):
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape.values)
-    except (TypeError, ValueError):
-        return None
+    return static_shape(expr.ty)
 
 
 def _reshape(expr, shape, have=None):

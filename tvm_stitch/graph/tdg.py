@@ -540,3 +540,13 @@ def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f") -> list[Node]:
         )
     _visit_prim_func(graph, func, buffer_names, name, name)
     return list(graph.nodes.values())
+
+
+def static_shape(ty) -> tuple[int, ...] | None:
+    """The static shape of a Relax tensor type, or None (not a tensor, or symbolic dims)."""
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except (TypeError, ValueError):
+        return None

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.graph.classify import OpKind
-from tvm_stitch.graph.tdg import prim_func_nodes
+from tvm_stitch.graph.tdg import prim_func_nodes, static_shape
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 STITCHABLE = {
@@ -46,13 +46,7 @@ class Group:
         return OpKind.ROW_REDUCE in self.kinds
 
 
-def _shape(ty):
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape.values)
-    except (TypeError, ValueError):
-        return None
+_shape = static_shape
 
 
 def binding_kinds(mod, binding) -> tuple[list[OpKind] | None, str]:
