@@ -59,6 +59,12 @@ class HardwareModel:
         SM clock used to convert cycles to seconds.
     launch_overhead : float
         Seconds one kernel launch costs on the device side (back-to-back launches in a graph).
+    cpi_light, cpi_expensive, cpi_shuffle, cpi_barrier, cpi_smem : float
+        Cycles per warp instruction by class, for FusionStitching's latency-evaluator: light
+        elementwise (add, mul, cast), expensive elementwise (exp, erf, rsqrt, divide), a warp
+        shuffle, a block barrier, a shared-memory access.  Estimates, not measurements.
+    mem_latency_cycles : float
+        Cycles of one global-memory round trip.
     """
 
     name: str
@@ -79,6 +85,12 @@ class HardwareModel:
     l2_bytes: int
     clock_hz: float
     launch_overhead: float
+    cpi_light: float = 4.0
+    cpi_expensive: float = 16.0
+    cpi_shuffle: float = 8.0
+    cpi_barrier: float = 40.0
+    cpi_smem: float = 6.0
+    mem_latency_cycles: float = 600.0
 
     @property
     def max_warps_per_sm(self) -> int:

@@ -34,11 +34,6 @@ from tvm_stitch.hardware import HardwareModel
 
 from .smem import SmemRequest, allocate
 
-#: cycles per instruction by op class (per warp-instruction, H100-like SM)
-CPI = {"light": 4.0, "expensive": 16.0, "shuffle": 8.0, "barrier": 40.0, "smem": 6.0}
-#: latency of one global-memory round trip (cycles), hidden by resident warps
-MEM_LATENCY = 600.0
-
 
 class IllegalPatternError(ValueError):
     """The pattern needs inter-block communication or has a shape the plans cannot cover."""
@@ -184,24 +179,31 @@ def evaluate(
     blocks = math.ceil(rows / rows_per_block)
     waves = math.ceil(blocks / (hw.num_sms * occ))
     # instructions one warp issues for its share of a row
+    cpi = {
+        "light": hw.cpi_light,
+        "expensive": hw.cpi_expensive,
+        "shuffle": hw.cpi_shuffle,
+        "barrier": hw.cpi_barrier,
+        "smem": hw.cpi_smem,
+    }
     cycles = 0.0
     for op in ops:
         per_row = op.elements / max(rows, 1)
         per_lane = math.ceil(per_row / threads)
         recompute = 1 if op.name in keep or op.kind is OpKind.ROW_REDUCE else _uses(op, ops)
         cls = "expensive" if op.kind is OpKind.EXPENSIVE_ELEMWISE else "light"
-        cycles += per_lane * CPI[cls] * recompute
+        cycles += per_lane * cpi[cls] * recompute
         if op.kind is OpKind.ROW_REDUCE:
-            cycles += math.log2(warp) * CPI["shuffle"]
+            cycles += math.log2(warp) * cpi["shuffle"]
             if composition == "block":
                 cycles += (
-                    2 * CPI["barrier"] + math.log2(max(2, block_threads // warp)) * CPI["smem"]
+                    2 * cpi["barrier"] + math.log2(max(2, block_threads // warp)) * cpi["smem"]
                 )
         if op.name in keep:
-            cycles += CPI["barrier"] + per_lane * CPI["smem"]
+            cycles += cpi["barrier"] + per_lane * cpi["smem"]
     # one global round trip per pass over the row (the row is re-read by every sub-root)
     passes = 1 + sum(1 for op in ops if op.kind is OpKind.ROW_REDUCE)
-    cycles += passes * MEM_LATENCY
+    cycles += passes * hw.mem_latency_cycles
     l_warp = cycles / hw.clock_hz
     # L = N_wave x L_warp; the wave's DRAM traffic at the device's bandwidth bounds it below
     wave_bytes = io_bytes / max(1, waves)
