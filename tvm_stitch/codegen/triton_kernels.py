@@ -6,7 +6,8 @@ search space (``tvm_stitch.explore.tiling``): the grid binds the output's spatia
 first operand's tile is loaded once per block, before the ``n`` loop — the extent-1 hoisting of
 MCFuser §III-B.  Candidates a template cannot express are refused by :func:`chain_legality`.
 
-Kernels are plain functions wrapped with ``triton.jit`` on first use.  With ``TRITON_INTERPRET=1``
+Kernels are plain functions wrapped with ``triton.jit`` on first use (the device function they
+share, ``_tile_product``, is jitted at import).  With ``TRITON_INTERPRET=1``
 in the environment *when Triton is imported*, they run on the CPU with torch tensors (CI checks
 their numerics that way, in a subprocess); otherwise they compile for the GPU, and
 :func:`compile_ptx` compiles them ahead of time without one.
@@ -20,6 +21,42 @@ import triton
 import triton.language as tl
 
 GELU_NONE, GELU_ERF, GELU_TANH = 0, 1, 2
+
+
+@triton.jit
+def _tile_product(
+    acc,
+    A,
+    B,
+    rm,
+    rn,
+    M,
+    N,
+    K,
+    s_am,
+    s_ak,
+    s_bk,
+    s_bn,
+    BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """``acc + A[rm, :K] @ B[:K, rn]``, the reduction over ``K`` in steps of ``BLOCK_K``
+    (masked at the edges).  Shared by the GEMM-chain and GEMM templates; inlined by Triton."""
+    rk = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(
+            A + rm[:, None] * s_am + kk[None, :] * s_ak,
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            B + kk[:, None] * s_bk + rn[None, :] * s_bn,
+            mask=(kk[:, None] < K) & (rn[None, :] < N),
+            other=0.0,
+        )
+        acc += tl.dot(a, b, input_precision=DOT_PREC)
+    return acc
 
 
 def _gemm_chain(
@@ -77,19 +114,7 @@ def _gemm_chain(
             )
             c += tl.dot(a_tile, b, input_precision=DOT_PREC)
         else:
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + rk
-                a = tl.load(
-                    A + rm[:, None] * s_am + kk[None, :] * s_ak,
-                    mask=(rm[:, None] < M) & (kk[None, :] < K),
-                    other=0.0,
-                )
-                b = tl.load(
-                    B + kk[:, None] * s_bk + rn[None, :] * s_bn,
-                    mask=(kk[:, None] < K) & (rn[None, :] < N),
-                    other=0.0,
-                )
-                c += tl.dot(a, b, input_precision=DOT_PREC)
+            c = _tile_product(c, A, B, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, BLOCK_K, DOT_PREC)
         d = tl.load(
             D + rn[:, None] * s_dn + rh[None, :] * s_dh,
             mask=(rn[:, None] < N) & (rh[None, :] < H),
@@ -145,21 +170,8 @@ def _gemm_epilogue(
     pid_n = (pid % per_group) // group_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        a = tl.load(
-            A + rm[:, None] * s_am + kk[None, :] * s_ak,
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
-        b = tl.load(
-            B + kk[:, None] * s_bk + rn[None, :] * s_bn,
-            mask=(kk[:, None] < K) & (rn[None, :] < N),
-            other=0.0,
-        )
-        acc += tl.dot(a, b, input_precision=DOT_PREC)
+    acc = _tile_product(acc, A, B, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, BLOCK_K, DOT_PREC)
     if HAS_BIAS:
         acc += tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if GELU == 1:  # erf form
