@@ -96,11 +96,11 @@ def _rewrite_block(builder, block, groups, func):
         if key[0] == "b":
             out.append(bindings[idxs[0]])
             continue
-        out.extend(_group_call(builder, bindings, idxs, used_later, index))
+        out.extend(_group_call(builder, bindings, idxs, used_later))
     return relax.DataflowBlock(out)
 
 
-def _group_call(builder, bindings, idxs, used_later, index):
+def _group_call(builder, bindings, idxs, used_later):
     inside = {bindings[i].var for i in idxs}
     params, seen = [], set()
     for i in idxs:
@@ -109,7 +109,7 @@ def _group_call(builder, bindings, idxs, used_later, index):
             if v not in inside and v not in seen:
                 seen.add(v)
                 params.append(v)
-    outputs = [bindings[i].var for i in idxs if used_later(bindings[i].var, set(idxs), index)]
+    outputs = [bindings[i].var for i in idxs if used_later(bindings[i].var, set(idxs))]
     new_params = [
         relax.Var(p.name if isinstance(p, relax.Var) else f"const{k}", p.ty)
         for k, p in enumerate(params)
@@ -127,11 +127,7 @@ def _group_call(builder, bindings, idxs, used_later, index):
         tup = relax.Var("gv", relax.TupleType([o.ty for o in outputs]))
         body.append(relax.VarBinding(tup, ret))
         ret = tup
-    fn = relax.Function(
-        new_params,
-        relax.SeqExpr([relax.DataflowBlock(body)], ret),
-        ret.ty if len(rets) == 1 else relax.TupleType([o.ty for o in outputs]),
-    )
+    fn = relax.Function(new_params, relax.SeqExpr([relax.DataflowBlock(body)], ret), ret.ty)
     names = []
     for i in idxs:
         callee = bindings[i].value.args[0].name_hint
@@ -150,7 +146,7 @@ def _group_call(builder, bindings, idxs, used_later, index):
 
 
 def _uses(block, func):
-    """``used_later(var, group, index)``: whether ``var`` is read outside its group."""
+    """``used_later(var, group)``: whether ``var`` is read outside its group."""
     readers: dict = {}
     for i, b in enumerate(block.bindings):
         for v in _free_vars(b.value):
@@ -160,7 +156,7 @@ def _uses(block, func):
         if not isinstance(b.var, relax.DataflowVar):
             escaping.add(b.var)
 
-    def used_later(var, group, _index):
+    def used_later(var, group):
         return var in escaping or bool(readers.get(var, set()) - group)
 
     return used_later

@@ -95,14 +95,14 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         o, t = sch.split(fused, [None, plan.threads])
         sch.reorder(t, o)
         bind(t, "threadIdx.x")
-        for i, _ in enumerate(sch.get(b).writes):
+        if gpu:
             # a sub-root's result, read by every thread of the row: with one warp per row the
             # shuffles leave a reduction's result in every lane's registers; otherwise it goes
             # through shared memory
-            reduce = any(iv.iter_type == 2 for iv in sch.get(b).iter_vars)
-            warp = plan.composition == "warp" and reduce
-            if gpu:
-                sch.set_scope(b, i, "local" if warp else "shared")
+            reduce = any(iv.iter_type == tvm.tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+            scope = "local" if plan.composition == "warp" and reduce else "shared"
+            for i, _ in enumerate(sch.get(b).writes):
+                sch.set_scope(b, i, scope)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
