@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | gemm-chains | attention | mcfuser[:FAMILY] | run
+# STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains | attention |
+#       mcfuser[:FAMILY] | run
 # Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -37,6 +38,11 @@ for step in "$@"; do
         memory:*)
             python3 -m tvm_stitch bench memory --target cuda --dtype "${step#memory:}" \
                 --json-out "$out/bench.jsonl" 2>&1 | tee "$out/${step/:/-}.log" || status=1
+            ;;
+        plans|plans:*)
+            dt=${step#plans}
+            python3 -m tvm_stitch.benchmarks.stitch_plans ${dt:+--dtype ${dt#:}} \
+                --json-out "$out/plans.jsonl" 2>&1 | tee "$out/${step/:/-}.log" || status=1
             ;;
         mcfuser|mcfuser:*)
             fam=${step#mcfuser}

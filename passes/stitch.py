@@ -204,6 +204,9 @@ def _substitute(expr, sub):
 class StitchSchedule:
     """Plan and schedule every ``stitched_*`` PrimFunc for the current target.
 
+    ``FuseOps`` groups made only of elementwise and broadcast ops (bias + GELU) get the thread
+    composition plan too: 128-bit loads and stores, several elements per thread.
+
     On CUDA the plan's schedule binds blocks and threads; on ``llvm`` the same plan (made for
     the default GPU) is lowered with parallel blocks and serial thread loops, so the CPU runs
     the plan's loop structure.
@@ -230,14 +233,23 @@ class StitchSchedule:
             logger.info("stitch: no kernel plans: %s", err)
             return mod
         for gv, func in list(mod.functions.items()):
-            if not gv.name_hint.startswith(PREFIX) or not isinstance(func, tvm.tirx.PrimFunc):
+            if not isinstance(func, tvm.tirx.PrimFunc) or _scheduled(func):
                 continue
+            stitched = gv.name_hint.startswith(PREFIX)
             try:
                 plan = plan_pattern(func, hw)
+                if not stitched and plan.composition != "thread":
+                    continue  # a row pattern the former did not form: TVM's schedule
                 mod[gv] = apply_plan(func, plan, gpu=gpu)
-            except IllegalPatternError as err:
-                logger.info("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
+            except Exception as err:  # noqa: BLE001 - any refusal leaves the function to TVM
+                why = err if isinstance(err, IllegalPatternError) else repr(err)
+                log = logger.info if stitched else logger.debug
+                log("stitch: %s left to TVM's schedule: %s", gv.name_hint, why)
                 continue
             self.plans[gv.name_hint] = plan
             logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
         return mod
+
+
+def _scheduled(func) -> bool:
+    return bool(func.attrs and func.attrs.get("tirx.is_scheduled", False))

@@ -28,3 +28,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def nvcc_compiles(tmp_path):
+    """``check(source)``: compile generated CUDA C for sm_90a with nvcc (TVM without a CUDA
+    runtime only generates the source); skipped where nvcc is missing."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+
+    def check(source: str) -> None:
+        path = tmp_path / "kernels.cu"
+        path.write_text(source)
+        res = subprocess.run(
+            [nvcc, "-arch=sm_90a", "-c", str(path), "-o", str(tmp_path / "kernels.o")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
+        assert res.returncode == 0, "\n".join(errors[:10])
+
+    return check

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm_stitch.passes import StitchFusion
+from tvm_stitch.passes import StitchFusion, StitchSchedule
 
 import tvm_stitch
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.report import cuda_source, fused_module, fusion_report
-from tvm_stitch.stitch.plan import IllegalPatternError, plan_pattern
+from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans, plan_pattern
+from tvm_stitch.stitch.schedule import apply_plan
 from tvm_stitch.stitch.smem import SmemRequest, allocate, dominators
 from tvm_stitch.workloads import get_workload
 from tvm_stitch.workloads.subgraphs import relax_function
@@ -63,6 +66,120 @@ def test_bert_shapes_numerics(name, rows, cols):
     np.testing.assert_allclose(_run(inst.mod, inst), inst.reference()[0], *inst.tolerance)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    ("name", "rows", "cols", "extra"),
+    [
+        ("layernorm-ops", 300, 768, {}),  # warp, row cached in registers, 128-bit accesses
+        ("add-layernorm", 37, 640, {}),  # two cached inputs; 640 = 32 lanes x 20
+        ("softmax-ops", 45, 128, {}),
+        ("rmsnorm", 3, 4096, {}),  # block composition, cached
+        ("bias-gelu", 37, 520, {"tanh": 1}),  # thread composition, vectors with a tail block
+    ],
+)
+def test_cached_and_vectorized_plans_numerics(name, rows, cols, extra, dtype):
+    """Row lengths the register cache and 128-bit accesses cover, lowered for llvm."""
+    inst = _instance(name, dtype, rows, cols, extra)
+    got = _run(inst.mod, inst)
+    np.testing.assert_allclose(got.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+def _plans(inst):
+    """The plans ``StitchSchedule`` picks for ``inst`` on the H100."""
+    p = StitchSchedule()
+    with CUDA:
+        p(_unscheduled(inst))
+    return p.plans
+
+
+def _unscheduled(inst):
+    return relax.transform.FuseTIR()(
+        relax.transform.FuseOps()(
+            StitchFusion()(
+                relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(inst.mod))
+            )
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "vector", "load"), [("float16", 8, "uint4"), ("float32", 4, "float4")]
+)
+def test_bert_layernorm_keeps_the_row_in_registers(dtype, vector, load, nvcc_compiles):
+    """768 columns, one warp per row: each lane loads its 24 elements once, 128 bits at a time,
+    into a register array that both reductions and the output read."""
+    inst = _instance("layernorm-ops", dtype, 4096, 768, {})
+    (plan,) = _plans(inst).values()
+    assert (plan.composition, plan.vector, plan.cached) == ("warp", vector, 24)
+    src = cuda_source(tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    ctype = "half" if dtype == "float16" else "float"
+    assert f"{ctype} x_local_ptr[24];" in src  # not the whole row: the thread's slice
+    assert src.count(f"*({load}*)(x_ptr") == 768 // (32 * vector)  # one load per vector
+    assert f"*({load}*)(T_" in src  # 128-bit stores of the output
+    nvcc_compiles(src)
+
+
+def test_unaligned_rows_are_streamed():
+    """781 columns: no 128-bit access fits, the row is streamed (no register cache)."""
+    inst = _instance("layernorm-ops", "float32", 1823, 781, {})
+    (plan,) = _plans(inst).values()
+    assert (plan.vector, plan.cached) == (1, 0)
+
+
+def test_elementwise_pattern_gets_thread_composition(nvcc_compiles):
+    """bias + GELU (one FuseOps kernel): 8 halves per thread, loaded and stored as 128 bits,
+    ``erf`` computed on registers."""
+    inst = _instance("bias-gelu", "float16", 4096, 3072, {"tanh": 0})
+    (plan,) = _plans(inst).values()
+    assert (plan.composition, plan.vector) == ("thread", 8) and plan.threads in (128, 256, 512)
+    src = cuda_source(tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    assert "*(uint4*)(x_local_ptr + 0) = *(uint4*)(x_ptr" in src
+    assert "*(uint4*)(T_multiply_intermediate_ptr" in src and "erff" in src
+    nvcc_compiles(src)
+
+
+#: the memory study's shapes on the GPU (benchmarks/studies.py), BERT's among them
+BENCH_SHAPES = [
+    ("layernorm", 4096, 768),
+    ("layernorm", 4096, 1024),
+    ("layernorm-ops", 4096, 768),
+    ("softmax", 49152, 128),
+    ("softmax", 65536, 512),
+    ("softmax-ops", 65536, 512),
+    ("add-layernorm", 4096, 768),
+    ("bias-gelu", 4096, 3072),
+    ("rmsnorm", 4096, 768),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize(("name", "rows", "cols"), BENCH_SHAPES)
+def test_benchmark_shapes_build_for_sm90(name, rows, cols, dtype, nvcc_compiles):
+    """Every plan the benchmark runs is valid CUDA (nvcc, sm_90a) and one kernel."""
+    inst = _instance(name, dtype, rows, cols, {})
+    assert _plans(inst), "the plan was not applied (TVM's schedule was used)"
+    src = cuda_source(tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+    assert len(kernels) == 1
+    nvcc_compiles(src)
+
+
+@pytest.mark.parametrize(("name", "rows", "cols"), BENCH_SHAPES)
+def test_every_candidate_plan_schedules(name, rows, cols):
+    """Whatever the latency-evaluator picks, TVM accepts the schedule (float16: the widest
+    vectors); the plan sweep on the GPU times all of them."""
+    inst = _instance(name, "float16", 64, cols, {})
+    (func,) = [
+        f
+        for gv, f in _unscheduled(inst).functions.items()
+        if gv.name_hint.startswith("stitched_") or gv.name_hint == "fused_add_gelu"
+    ]
+    plans = [p for p in candidate_plans(func, H100) if math.isfinite(p.latency_us)]
+    assert len({(p.composition, p.threads, p.rows_per_block, p.vector) for p in plans}) > 2
+    for plan in plans:
+        apply_plan(func, plan, gpu=True)
+
+
 def test_default_pipeline_needs_several_kernels_for_these_patterns():
     """TVM's FuseOps stops at reductions; the stitch pipeline does not."""
     counts = {
@@ -83,13 +200,7 @@ def _stitched(inst):
 )
 def test_latency_evaluator_picks_the_composition(rows, cols, composition):
     inst = _instance("layernorm-ops", "float32", rows, cols, {})
-    fused = relax.transform.FuseTIR()(
-        relax.transform.FuseOps()(
-            StitchFusion()(
-                relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(inst.mod))
-            )
-        )
-    )
+    fused = _unscheduled(inst)
     (func,) = [f for gv, f in fused.functions.items() if gv.name_hint.startswith("stitched_")]
     plan = plan_pattern(func, H100)
     assert plan.composition == composition
@@ -102,7 +213,7 @@ def test_latency_evaluator_picks_the_composition(rows, cols, composition):
 @pytest.mark.parametrize(
     ("cols", "marks"), [(781, ["__shfl"]), (4096, ["__shfl", "__syncthreads"])]
 )
-def test_cuda_source_shows_the_composition(cols, marks):
+def test_cuda_source_shows_the_composition(cols, marks, nvcc_compiles):
     """Built for sm_90a on the CPU: one kernel; shuffles (warp), shared memory, barriers (block)."""
     inst = _instance("layernorm-ops", "float32", 64, cols, {})
     ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
@@ -113,6 +224,7 @@ def test_cuda_source_shows_the_composition(cols, marks):
         assert mark in src, mark
     if "__syncthreads" in marks:
         assert "__shared__" in src
+    nvcc_compiles(src)
 
 
 def test_column_reduction_is_refused(caplog):
@@ -230,7 +342,7 @@ def test_packed_patterns_on_the_gpu():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize(("name", "extra"), PATTERNS)
 def test_patterns_on_the_gpu(name, extra, dtype):
-    for rows, cols in ((1823, 781), (64, 4096), (4096, 128)):
+    for rows, cols in ((1823, 781), (64, 4096), (4096, 128), (300, 768), (37, 520)):
         inst = _instance(name, dtype, rows, cols, extra)
         got = _run(inst.mod, inst, CUDA)
         np.testing.assert_allclose(got.astype("float32"), inst.reference()[0], *inst.tolerance)

@@ -65,6 +65,14 @@ class HardwareModel:
         shuffle, a block barrier, a shared-memory access.  Estimates, not measurements.
     mem_latency_cycles : float
         Cycles of one global-memory round trip.
+    l2_bandwidth_ratio : float
+        L2 hit bandwidth over DRAM bandwidth (re-reading data the kernel just loaded).
+        An estimate, not a measurement.
+    block_overhead_cycles : float
+        Cycles an SM spends per thread block it runs beyond the block's memory traffic
+        (scheduling, index set-up, the reduction tail).  Fitted to the H100 plan sweep
+        (``python -m tvm_stitch.benchmarks.stitch_plans``: 49152 one-warp blocks of a softmax
+        take ~32 µs where their bytes need 8 µs).
     """
 
     name: str
@@ -91,6 +99,8 @@ class HardwareModel:
     cpi_barrier: float = 40.0
     cpi_smem: float = 6.0
     mem_latency_cycles: float = 600.0
+    l2_bandwidth_ratio: float = 2.0
+    block_overhead_cycles: float = 150.0
 
     @property
     def max_warps_per_sm(self) -> int:

@@ -30,6 +30,7 @@ import tvm
 
 from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.graph.tdg import prim_func_nodes
+from tvm_stitch.graph.tir_walk import iter_sblocks
 from tvm_stitch.hardware import HardwareModel
 
 from .smem import SmemRequest, allocate
@@ -58,9 +59,10 @@ class KernelPlan:
 
     Attributes
     ----------
-    composition : {"warp", "block"}
+    composition : {"warp", "block", "thread"}
+        ``thread``: a pattern without reductions, every op inlined (thread composition only).
     threads : int
-        Threads per row (32 for ``warp``).
+        Threads per row (32 for ``warp``); threads per block for ``thread``.
     rows_per_block : int
     subroots : tuple of str
         Blocks kept as sub-roots (reductions, and expensive ops kept in shared memory).
@@ -72,6 +74,11 @@ class KernelPlan:
         Shared-memory bytes per block before and after reuse along the dominance tree.
     occupancy : int
         Resident blocks per SM.
+    vector : int
+        Elements per thread per access (``vector × bytes ≤ 16``: 128-bit loads and stores).
+    cached : int
+        Elements of row inputs each thread keeps in registers (0: the row is streamed from
+        global memory once per pass).
     """
 
     composition: str
@@ -85,12 +92,22 @@ class KernelPlan:
     occupancy: int
     rows: int
     cols: int
+    vector: int = 1
+    cached: int = 0
 
     def describe(self) -> str:
+        if self.composition == "thread":
+            return (
+                f"thread composition, {self.threads} threads/block, {len(self.inlined)} ops "
+                f"inlined, {self.vector} elements/thread ({self.vector}-wide accesses), "
+                f"{self.occupancy} blocks/SM, est {self.latency_us:.1f} us"
+            )
         return (
             f"{self.composition} composition, {self.threads} threads/row x "
             f"{self.rows_per_block} rows/block, sub-roots {list(self.subroots)}, "
-            f"{len(self.inlined)} ops inlined, smem {self.smem_allocated}/{self.smem_requested} B, "
+            f"{len(self.inlined)} ops inlined, {self.vector}-wide accesses, "
+            f"{self.cached} elements/thread in registers, "
+            f"smem {self.smem_allocated}/{self.smem_requested} B, "
             f"{self.occupancy} blocks/SM, est {self.latency_us:.1f} us"
         )
 
@@ -146,9 +163,25 @@ def _bytes(dtype: str) -> int:
 
 
 def evaluate(
-    ops, rows, cols, io_bytes, hw: HardwareModel, composition, threads, rows_per_block, keep
+    ops,
+    rows,
+    cols,
+    io_bytes,
+    hw: HardwareModel,
+    composition,
+    threads,
+    rows_per_block,
+    keep,
+    vector=1,
+    cached_regs=0,
+    reread_bytes=0,
 ) -> tuple[float, int, int, int]:
-    """Latency (µs), resident blocks per SM, smem requested and allocated, for one candidate."""
+    """Latency (µs), resident blocks per SM, smem requested and allocated, for one candidate.
+
+    ``vector`` is the elements per access; ``cached_regs`` the registers per thread that hold
+    the row inputs (0: the row is streamed from global memory once per pass, and each pass
+    after the first re-reads ``reread_bytes`` from L2).
+    """
     warp = hw.warp_size
     block_threads = threads * rows_per_block
     # shared memory: reduction partials (one slot per warp per row) and kept expensive results
@@ -165,9 +198,10 @@ def evaluate(
     allocated = allocate(requests).total
     if allocated > hw.smem_per_block_default:
         return math.inf, 0, requested, allocated
-    # registers: the passes stream over the row (nothing is cached per column): addresses,
-    # accumulators and the sub-roots' scalars
-    regs = min(hw.max_registers_per_thread, 32 + 2 * len(requests))
+    # registers: addresses, accumulators, the sub-roots' scalars and the cached row
+    regs = 32 + 2 * len(requests) + cached_regs
+    if regs > hw.max_registers_per_thread:
+        return math.inf, 0, requested, allocated
     occ = min(
         hw.max_blocks_per_sm,
         hw.max_threads_per_sm // block_threads,
@@ -194,21 +228,29 @@ def evaluate(
         cls = "expensive" if op.kind is OpKind.EXPENSIVE_ELEMWISE else "light"
         cycles += per_lane * cpi[cls] * recompute
         if op.kind is OpKind.ROW_REDUCE:
-            cycles += math.log2(warp) * cpi["shuffle"]
+            cycles += math.log2(min(warp, threads)) * cpi["shuffle"]
             if composition == "block":
                 cycles += (
                     2 * cpi["barrier"] + math.log2(max(2, block_threads // warp)) * cpi["smem"]
                 )
         if op.name in keep:
             cycles += cpi["barrier"] + per_lane * cpi["smem"]
-    # one global round trip per pass over the row (the row is re-read by every sub-root)
-    passes = 1 + sum(1 for op in ops if op.kind is OpKind.ROW_REDUCE)
-    cycles += passes * hw.mem_latency_cycles
+    # one global round trip per pass over the row (re-read by every sub-root unless cached),
+    # each pass issuing one load per vector
+    passes = 1 if cached_regs else 1 + sum(1 for op in ops if op.kind is OpKind.ROW_REDUCE)
+    cycles += passes * (hw.mem_latency_cycles + math.ceil(cols / (threads * vector)) * cpi["light"])
     l_warp = cycles / hw.clock_hz
-    # L = N_wave x L_warp; the wave's DRAM traffic at the device's bandwidth bounds it below
-    wave_bytes = io_bytes / max(1, waves)
-    l_wave = max(l_warp, wave_bytes / hw.mem_bandwidth)
-    return waves * l_wave * 1e6, occ, requested, allocated
+    traffic = io_bytes + (passes - 1) * reread_bytes / hw.l2_bandwidth_ratio
+    return _latency(hw, waves, l_warp, traffic, blocks) * 1e6, occ, requested, allocated
+
+
+def _latency(hw: HardwareModel, waves: int, l_warp: float, traffic: float, blocks: int) -> float:
+    """Seconds: ``L = N_wave × L_warp`` when the warps' dependent chain dominates; otherwise the
+    DRAM traffic at the device's bandwidth, combined (in quadrature: the two overlap only in
+    part) with the SMs' per-block overhead, which decides between plans of equal traffic."""
+    l_mem = traffic / hw.mem_bandwidth
+    l_blocks = math.ceil(blocks / hw.num_sms) * hw.block_overhead_cycles / hw.clock_hz
+    return max(waves * l_warp, math.hypot(l_mem, l_blocks))
 
 
 def last_use(ops, i: int) -> int:
@@ -228,8 +270,14 @@ def _uses(op, ops) -> int:
     return 1 + sum(1 for o in ops[idx + 1 :] if o.kind is OpKind.ROW_REDUCE and o is not op)
 
 
-def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
-    """Enumerate compositions, thread counts and sub-root choices; return the cheapest plan.
+def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPlan]:
+    """Every plan the latency-evaluator considers for ``func``, cheapest first.
+
+    The enumeration covers the composition (warp: 8/4/2/1 rows per block, or 16 lanes per row
+    for rows of at most 256 elements; block: 64–1024 threads per row), keeping an expensive
+    elementwise op in shared memory or recomputing it, and caching the row inputs in registers
+    or streaming them (with 128-bit accesses where the row length allows).  Candidates that
+    do not fit the SM get an infinite estimate.
 
     Raises
     ------
@@ -238,6 +286,12 @@ def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
     """
     ops, rows, cols = pattern_ops(func)
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
+    widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
+    if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
+        return _elementwise_plans(ops, rows, cols, io_bytes, widest, hw)
+    row_inputs, widths = _row_params(func, rows)
+    widths.add(cols)
+    reread = rows * sum(b * w for b, w in row_inputs)
     expensive = [
         o.name for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE and o.elements >= rows * cols
     ][:2]
@@ -247,17 +301,123 @@ def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
         for rpb in (8, 4, 2, 1):  # on a tie, more warps per block hide more latency
             if not keep:  # a kept (shared) result needs barriers: block composition only
                 candidates.append(("warp", 32, rpb, keep))
+        if not keep and cols <= 256:  # short rows: half a warp per row, two rows per warp
+            candidates += [("warp", 16, 16, keep), ("warp", 16, 8, keep)]
         for threads in (64, 128, 256, 512, 1024):
             if threads // 2 < cols or threads == 64:
                 candidates.append(("block", threads, 1, keep))
-    best = None
+    plans = []
+    subroots0 = tuple(o.name for o in ops if o.kind is OpKind.ROW_REDUCE)
     for comp, threads, rpb, keep in candidates:
-        lat, occ, req, alloc = evaluate(ops, rows, cols, io_bytes, hw, comp, threads, rpb, keep)
-        if best is None or lat < best[0]:
-            best = (lat, comp, threads, rpb, keep, occ, req, alloc)
-    lat, comp, threads, rpb, keep, occ, req, alloc = best
-    if not math.isfinite(lat):
+        vector = vector_width(widths, threads, widest)
+        for cache in (True, False) if vector and row_inputs else (False,):
+            regs = sum(math.ceil(w // threads * b / 4) for b, w in row_inputs) if cache else 0
+            lat, occ, req, alloc = evaluate(
+                ops, rows, cols, io_bytes, hw, comp, threads, rpb, keep, vector or 1, regs, reread
+            )
+            subroots = subroots0 + tuple(keep)
+            inlined = tuple(o.name for o in ops[:-1] if o.name not in subroots)
+            cached = sum(w // threads for _, w in row_inputs) if cache else 0
+            plans.append(
+                KernelPlan(
+                    comp,
+                    threads,
+                    rpb,
+                    subroots,
+                    inlined,
+                    lat,
+                    req,
+                    alloc,
+                    occ,
+                    rows,
+                    cols,
+                    vector or 1,
+                    cached,
+                )
+            )
+    # stable: on a tie the earlier candidate (more warps per block, cached rows) wins
+    return sorted(plans, key=lambda p: p.latency_us)
+
+
+def _elementwise_plans(ops, rows, cols, io_bytes, widest, hw: HardwareModel) -> list[KernelPlan]:
+    """Thread composition for a pattern without reductions: every op inlined into the output,
+    each thread computes ``vector`` consecutive elements (128-bit accesses), one element range
+    per thread over the flattened output."""
+    vector = next(v for v in (8, 4, 2, 1) if v * widest <= 16 and cols % v == 0)
+    total = rows * cols
+    per_element = sum(
+        (hw.cpi_expensive if o.kind is OpKind.EXPENSIVE_ELEMWISE else hw.cpi_light)
+        * o.elements
+        / total
+        for o in ops
+    )
+    regs = 32 + vector * max(1, widest // 2)
+    plans = []
+    for threads in (256, 128, 512):
+        occ = min(
+            hw.max_blocks_per_sm,
+            hw.max_threads_per_sm // threads,
+            hw.registers_per_sm // (regs * threads),
+        )
+        blocks = math.ceil(total / (threads * vector))
+        waves = math.ceil(blocks / (hw.num_sms * occ))
+        l_warp = (hw.mem_latency_cycles + vector * per_element) / hw.clock_hz
+        latency = _latency(hw, waves, l_warp, io_bytes, blocks)
+        inlined = tuple(o.name for o in ops[:-1])
+        plans.append(
+            KernelPlan(
+                "thread",
+                threads,
+                1,
+                (),
+                inlined,
+                latency * 1e6,
+                0,
+                0,
+                occ,
+                rows,
+                cols,
+                vector,
+                0,
+            )
+        )
+    return sorted(plans, key=lambda p: p.latency_us)
+
+
+def plan_pattern(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> KernelPlan:
+    """The cheapest of :func:`candidate_plans`.
+
+    Raises
+    ------
+    IllegalPatternError
+        See :func:`pattern_ops`, or when no candidate fits the SM.
+    """
+    best = candidate_plans(func, hw)[0]
+    if not math.isfinite(best.latency_us):
         raise IllegalPatternError("no candidate fits the SM's shared memory and registers")
-    subroots = tuple(o.name for o in ops if o.kind is OpKind.ROW_REDUCE) + tuple(keep)
-    inlined = tuple(o.name for o in ops[:-1] if o.name not in subroots)
-    return KernelPlan(comp, threads, rpb, subroots, inlined, lat, req, alloc, occ, rows, cols)
+    return best
+
+
+def vector_width(widths, threads: int, widest_bytes: int) -> int:
+    """Elements per access (≤ 16 bytes) such that ``threads`` threads cover every row width
+    exactly (no predicate); 0 when a width is not a multiple of ``threads``."""
+    for v in (8, 4, 2, 1):
+        if v * widest_bytes <= 16 and all(w % (threads * v) == 0 for w in widths):
+            return v
+    return 0
+
+
+def _row_params(func: tvm.tirx.PrimFunc, rows: int) -> tuple[list, set]:
+    """The parameters over the pattern's rows: ``(inputs, widths)`` where ``inputs`` lists
+    ``(element bytes, row width)`` of those only read (candidates for the register cache) and
+    ``widths`` the row widths of all of them (packed patterns may differ)."""
+    written = {r.source.name for block, _ in iter_sblocks(func.body) for r in block.writes}
+    inputs, widths = [], set()
+    for p in func.params:
+        shape = [int(d) for d in p.shape]
+        if len(shape) < 2 or math.prod(shape[:-1]) != rows:
+            continue
+        widths.add(shape[-1])
+        if p.name not in written:
+            inputs.append((_bytes(str(p.dtype)), shape[-1]))
+    return inputs, widths

@@ -8,6 +8,11 @@
   on ``threadIdx.x``: TVM lowers a reduction over ``threadIdx.x`` to warp shuffles, and — with
   more than one warp per row — to shared memory and barriers.  Sub-root results live in shared
   memory (read by other threads of the row).
+* Columns are split ``[passes, threadIdx.x, vector]`` the same way in every block, so a thread
+  touches the same columns in every pass: with ``plan.vector > 1`` the accesses are 128-bit,
+  and with ``plan.cached`` the row inputs that several passes read are loaded once into
+  registers (``cache_read`` to ``local``, laid out ``[pass, thread, vector]`` so each thread's
+  slice is dense; the pass loops are unrolled so the slice stays in registers).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from tvm_stitch.graph.tir_walk import buffer_loads
 
 from .plan import IllegalPatternError, KernelPlan
 
@@ -55,9 +62,18 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
                 inlined.add(name)
             except Exception:  # noqa: BLE001 - TVM refuses to inline it: it stays a sub-root
                 pass
+    bind = sch.bind if gpu else _cpu_bind(sch)
+    if plan.composition == "thread":
+        return _elementwise(sch, outputs, plan, bind, gpu)
+    # with 128-bit accesses an output is computed element by element into registers and
+    # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
+    stores = {}
+    if plan.vector > 1:
+        for n in outputs:
+            stores[n] = sch.get(sch.cache_write(sch.get_sblock(n), 0, "local")).name_hint
     rows = []
     for n in outputs:
-        loops = sch.get_loops(sch.get_sblock(n))
+        loops = sch.get_loops(sch.get_sblock(stores.get(n, n)))
         if len(loops) < 2:
             raise IllegalPatternError(f"{n} has no row dimension")
         rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
@@ -65,7 +81,6 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     if len(extents) > 1:
         raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
     row = sch.merge(*rows) if len(rows) > 1 else rows[0]
-    bind = sch.bind if gpu else _cpu_bind(sch)
     if plan.composition == "warp":
         bx, ty = sch.split(row, [None, plan.rows_per_block])
         bind(bx, "blockIdx.x")
@@ -74,13 +89,36 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     else:
         bind(row, "blockIdx.x")
         anchor = row
+    threads, vector = plan.threads, plan.vector
+
+    def columns(loop, vectorize):
+        """Split a row's columns [passes, threadIdx.x, vector]; the thread loop goes outside."""
+        if vector > 1:
+            o, t, v = sch.split(loop, [None, threads, vector])
+            sch.reorder(t, o, v)
+        else:
+            o, t = sch.split(loop, [None, threads])
+            sch.reorder(t, o)
+            v = None
+        bind(t, "threadIdx.x")
+        if plan.cached:
+            sch.unroll(o)  # constant indices into the cached slice: it stays in registers
+        if v is not None:
+            sch.vectorize(v) if vectorize else sch.unroll(v)
+        return o
+
     for n in outputs:
-        col = sch.get_loops(sch.get_sblock(n))[-1]
-        c_o, tx = sch.split(col, [None, plan.threads])
-        sch.reorder(tx, c_o)
-        bind(tx, "threadIdx.x")
+        o = columns(sch.get_loops(sch.get_sblock(stores.get(n, n)))[-1], vectorize=True)
+        if n in stores:
+            compute = sch.get_sblock(n)
+            sch.compute_at(compute, o, preserve_unit_loops=True)
+            sch.unroll(sch.get_loops(compute)[-1])
+            for buf in _per_column_params(sch, compute):  # LayerNorm's weight and bias
+                load = sch.cache_read(compute, buf.name, "local", consumer_blocks=[compute])
+                sch.compute_at(load, o, preserve_unit_loops=True)
+                sch.vectorize(sch.get_loops(load)[-1])
     anchor_loop = sch.get(anchor)
-    first = sch.get_sblock(outputs[0])
+    first = sch.get_sblock(stores.get(outputs[0], outputs[0]))
     depth = [sch.get(lp).same_as(anchor_loop) for lp in sch.get_loops(first)].index(True) + 1
     kept = [sch.get_sblock(n) for n in names if n not in inlined and n not in outputs]
     for b in reversed(kept):
@@ -91,10 +129,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         inner = sch.get_loops(b)[depth:]
         if not inner:
             raise IllegalPatternError(f"{sch.get(b).name_hint} has no column loop")
-        fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-        o, t = sch.split(fused, [None, plan.threads])
-        sch.reorder(t, o)
-        bind(t, "threadIdx.x")
+        columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=False)
         if gpu:
             # a sub-root's result, read by every thread of the row: with one warp per row the
             # shuffles leave a reduction's result in every lane's registers; otherwise it goes
@@ -103,7 +138,62 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
             scope = "local" if plan.composition == "warp" and reduce else "shared"
             for i, _ in enumerate(sch.get(b).writes):
                 sch.set_scope(b, i, scope)
+    if plan.cached:
+        readers = kept + [sch.get_sblock(n) for n in outputs]
+        for buf in _row_inputs(sch, func, readers):
+            users = [b for b in readers if _reads(sch, b, buf)]
+            cache = sch.cache_read(users[0], buf.name, "local", consumer_blocks=users)
+            sch.compute_at(cache, anchor, preserve_unit_loops=True)
+            inner = sch.get_loops(cache)[depth:]
+            columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=True)
+            if gpu:
+                # each thread's registers hold its own [pass, vector] slice: the thread index
+                # is dropped from the layout (a "local" buffer is private to its thread)
+                sch.transform_layout(
+                    cache,
+                    ("write", 0),
+                    _thread_slice(len(buf.shape), threads * vector, vector),
+                    assume_injective_transform=True,
+                )
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
+    """Thread composition: ``vector`` consecutive elements of a row per thread, threads over
+    (rows × column vectors), ``plan.threads`` per block.  On a GPU the output is computed into
+    registers and stored with one 128-bit store; full-size inputs are loaded the same way (an
+    op TVM cannot vectorize, such as ``erf``, then runs on registers, not on global memory)."""
+    if len(outputs) != 1:
+        raise IllegalPatternError(f"elementwise pattern with {len(outputs)} outputs")
+    out = sch.get_sblock(outputs[0])
+    store = sch.cache_write(out, 0, "local") if gpu else out
+    loops = sch.get_loops(store)
+    if len(loops) > 2:
+        loops = [sch.fuse(*loops[:-1]), loops[-1]]
+    c_o, vec = sch.split(loops[-1], [None, plan.vector])
+    flat = sch.fuse(loops[0], c_o) if len(loops) > 1 else c_o
+    bx, tx = sch.split(flat, [None, plan.threads])
+    bind(bx, "blockIdx.x")
+    bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+    if not gpu:
+        return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    sch.compute_at(out, tx, preserve_unit_loops=True)
+    sch.unroll(sch.get_loops(out)[-1])
+    shape = [int(d) for d in sch.get(store).writes[0].source.shape]
+    for buf in list(_full_size_inputs(sch, out, shape)):
+        load = sch.cache_read(out, buf.name, "local")
+        sch.compute_at(load, tx, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(load)[-1])
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _full_size_inputs(sch, block, shape):
+    """Inputs of ``block`` with the output's shape, read at the output's own position."""
+    for r in sch.get(block).reads:
+        buf = r.source
+        if [int(d) for d in buf.shape] == shape and _identity_loads(sch.get(block), buf):
+            yield buf
 
 
 def _cpu_bind(sch):
@@ -114,3 +204,59 @@ def _cpu_bind(sch):
             sch.parallel(loop)
 
     return bind
+
+
+def _thread_slice(ndim: int, span: int, vector: int) -> tvm.tirx.IndexMap:
+    """``(..., col) -> (..., col // span, col % vector)``: a thread's cached columns, dense."""
+    return tvm.tirx.IndexMap.from_func(
+        lambda *i: (*i[:-1], i[-1] // span, i[-1] % vector), ndim=ndim
+    )
+
+
+def _per_column_params(sch, block) -> list:
+    """1-D inputs of ``block`` indexed by its column (a weight or bias broadcast over rows)."""
+    block_ = sch.get(block)
+    col = block_.iter_vars[-1].var
+    if not isinstance(block_.body, tvm.tirx.BufferStore):
+        return []
+    found = []
+    for r in block_.reads:
+        buf = r.source
+        loads = [ld for ld in buffer_loads(block_.body.value) if ld.source.same_as(buf)]
+        if (
+            len(buf.shape) == 1
+            and loads
+            and all(len(ld.indices) == 1 and ld.indices[0].same_as(col) for ld in loads)
+        ):
+            found.append(buf)
+    return found
+
+
+def _reads(sch, block, buf) -> bool:
+    return any(r.source.same_as(buf) for r in sch.get(block).reads)
+
+
+def _row_inputs(sch, func, readers) -> list:
+    """Parameters that several passes read at their own (row, column) position: each thread
+    reads back only what it loaded, so a thread-local cache is exact."""
+    written = {w.source for b in readers for w in sch.get(b).writes}
+    found = []
+    for buf in func.params:
+        if buf in written:
+            continue
+        users = [b for b in readers if _reads(sch, b, buf)]
+        if len(users) > 1 and all(_identity_loads(sch.get(b), buf) for b in users):
+            found.append(buf)
+    return found
+
+
+def _identity_loads(block, buf) -> bool:
+    """Whether every load of ``buf`` in ``block`` is indexed by the block's iterators in order."""
+    ivs = [iv.var for iv in block.iter_vars]
+    if not isinstance(block.body, tvm.tirx.BufferStore):
+        return False
+    loads = [ld for ld in buffer_loads(block.body.value) if ld.source.same_as(buf)]
+    return all(
+        len(ld.indices) == len(ivs) and all(a.same_as(b) for a, b in zip(ld.indices, ivs))
+        for ld in loads
+    )

@@ -1,0 +1,156 @@
+"""FusionStitching's latency-evaluator against the GPU: every candidate plan of each memory
+pattern, built and timed as a bare kernel.
+
+    python -m tvm_stitch.benchmarks.stitch_plans [--dtype float16] [--top 8] [--json-out F]
+
+For each memory pattern of the benchmark study (``memory`` on CUDA) the stitched PrimFunc is
+taken after ``FuseTIR``; its candidate plans (:func:`tvm_stitch.stitch.plan.candidate_plans`,
+cheapest estimate first, at most ``--top``) are applied, built for the GPU in parallel and timed
+with the kernel's own ``time_evaluator`` (no VM, no Relax call).  Printed per pattern: estimate
+and measurement per plan; the measured time of the plan the evaluator picks over the best
+measured one; the rank correlation of estimates and measurements.  Needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+
+import numpy as np
+import tvm
+
+from tvm_stitch.hardware import HardwareModel
+from tvm_stitch.pipeline import phases
+from tvm_stitch.stitch.plan import candidate_plans
+from tvm_stitch.stitch.schedule import apply_plan
+from tvm_stitch.workloads import get_workload
+
+from .studies import _MEM_GPU
+
+TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def _label(plan) -> str:
+    if plan.composition == "thread":
+        return f"thread {plan.threads}t v{plan.vector}"
+    keep = [s for s in plan.subroots if "red" not in s and "sum" not in s and "max" not in s]
+    return (
+        f"{plan.composition} {plan.threads}t x{plan.rows_per_block} v{plan.vector}"
+        f"{' cached' if plan.cached else ''}{' keep ' + ','.join(keep) if keep else ''}"
+    )
+
+
+def pattern_funcs(inst):
+    """The stitched (or elementwise) PrimFuncs of a workload, unscheduled."""
+    seq = [
+        p
+        for name, group in phases(TARGET, "stitch")
+        if name in ("dispatch", "fusion")
+        for p in group
+        if p.info.name != "StitchSchedule"
+    ]
+    with TARGET:
+        mod = tvm.transform.Sequential(seq)(inst.mod)
+    out = []
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            out.append((gv.name_hint, func))
+    return out
+
+
+def _build(func, plan):
+    scheduled = apply_plan(func, plan, gpu=True).with_attr("global_symbol", "main")
+    return tvm.compile(tvm.IRModule({"main": scheduled}), target=TARGET)
+
+
+def _spearman(a, b) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    if len(a) < 3 or np.std(ra) == 0 or np.std(rb) == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    results = []
+    for name, kw in _MEM_GPU:
+        inst = get_workload(name).instance(dtype, **kw)
+        for fname, func in pattern_funcs(inst):
+            try:
+                plans = [p for p in candidate_plans(func, hw) if math.isfinite(p.latency_us)]
+            except Exception:  # noqa: BLE001 - not a pattern the planner handles
+                continue
+            if not fname.startswith("stitched_") and plans[0].composition != "thread":
+                continue
+            plans = plans[:top]
+            with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 4) as pool:
+                built = list(pool.map(lambda p, f=func: _try_build(f, p), plans))
+            args = [
+                tvm.runtime.tensor(
+                    rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)), dev
+                )
+                for p in func.params
+            ]
+            rows = []
+            for plan, rt in zip(plans, built):
+                if isinstance(rt, str):
+                    rows.append((plan, math.nan, rt))
+                    continue
+                timer = rt.mod.time_evaluator("main", dev, number=100, repeat=7)
+                rows.append((plan, timer(*args).median * 1e6, ""))
+            measured = [r[1] for r in rows if math.isfinite(r[1])]
+            best = min(measured) if measured else math.nan
+            est = [r[0].latency_us for r in rows if math.isfinite(r[1])]
+            rec = {
+                "workload": f"{name} {kw['rows']}x{kw['cols']} {dtype}",
+                "func": fname,
+                "chosen_us": rows[0][1],
+                "best_us": best,
+                "chosen_over_best": rows[0][1] / best if best else math.nan,
+                "spearman": _spearman(est, measured),
+                "plans": [
+                    {"plan": _label(p), "est_us": p.latency_us, "us": t, "error": e}
+                    for p, t, e in rows
+                ],
+            }
+            results.append(rec)
+            print(
+                f"\n{rec['workload']} ({fname}): chosen {rec['chosen_us']:.2f} us, best "
+                f"{best:.2f} us ({rec['chosen_over_best']:.2f}x), spearman {rec['spearman']:.2f}"
+            )
+            for p, t, e in rows:
+                print(f"  {_label(p):42s} est {p.latency_us:7.1f}  measured {t:7.2f}  {e}")
+    return results
+
+
+def _try_build(func, plan):
+    try:
+        return _build(func, plan)
+    except Exception as err:  # noqa: BLE001 - reported next to the plan
+        return f"build failed: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "float32"])
+    parser.add_argument("--top", type=int, default=8, help="plans per pattern, cheapest first")
+    parser.add_argument("--json-out", help="append one JSON line per pattern")
+    args = parser.parse_args(argv)
+    results = sweep(args.dtype, args.top, HardwareModel.from_target(TARGET))
+    ratios = [r["chosen_over_best"] for r in results if math.isfinite(r["chosen_over_best"])]
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        print(f"\nchosen plan over best measured plan: geomean {geo:.2f}x, max {max(ratios):.2f}x")
+    if args.json_out:
+        with open(args.json_out, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
