@@ -180,6 +180,51 @@ def test_every_candidate_plan_schedules(name, rows, cols):
         apply_plan(func, plan, gpu=True)
 
 
+def _layernorm_then_heads(batch, seq, dtype, also_plain=False):
+    """LayerNorm, then the attention head split: reshape to (B, S, 12, 64), transpose (0,2,1,3)."""
+    hidden = 768
+
+    def body(x, w, b):
+        ln = relax.op.nn.layer_norm(x, w, b, axes=[-1])
+        heads = relax.op.permute_dims(
+            relax.op.reshape(ln, (batch, seq, 12, hidden // 12)), [0, 2, 1, 3]
+        )
+        return [relax.Tuple([heads, relax.op.exp(ln)])] if also_plain else [heads]
+
+    shapes = [("x", (batch, seq, hidden)), ("w", (hidden,)), ("b", (hidden,))]
+    mod = relax_function([(n, sh, dtype) for n, sh in shapes], body)
+    rng = np.random.default_rng(0)
+    x, w, b = [rng.standard_normal(sh).astype(dtype) for _, sh in shapes]
+    xf = x.astype("float32")
+    ln = (xf - xf.mean(-1, keepdims=True)) / np.sqrt(xf.var(-1, keepdims=True) + 1e-5) * w + b
+    ref = ln.reshape(batch, seq, 12, hidden // 12).transpose(0, 2, 1, 3)
+    return mod, (x, w, b), ref
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 2e-2)])
+def test_transpose_after_a_pattern_is_written_through(dtype, tol, nvcc_compiles):
+    """The head split after a LayerNorm joins the pattern: one kernel that writes each element
+    straight to its (B, H, S, D) place (TVM's default: a LayerNorm and a transpose kernel)."""
+    mod, args, ref = _layernorm_then_heads(3, 37, dtype)
+    assert fusion_report(mod, "llvm", "default").kernels == 2
+    assert fusion_report(mod, "llvm", "stitch").kernels == 1
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=tol, atol=tol)
+    big, _, _ = _layernorm_then_heads(32, 128, dtype)
+    src = cuda_source(tvm.compile(big, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+    assert len(kernels) == 1 and "transpose" in kernels[0]
+    assert "T_transpose_intermediate_ptr" in src and "x_local_ptr" in src  # row in registers
+    nvcc_compiles(src)
+
+
+def test_transpose_is_not_joined_when_the_result_has_other_readers(caplog):
+    mod, _, _ = _layernorm_then_heads(2, 16, "float32", also_plain=True)
+    # the LayerNorm's result is also read by exp: the transpose stays TVM's
+    assert fusion_report(mod, "llvm", "stitch").kernels == 2
+
+
 def test_default_pipeline_needs_several_kernels_for_these_patterns():
     """TVM's FuseOps stops at reductions; the stitch pipeline does not."""
     counts = {
@@ -346,3 +391,15 @@ def test_patterns_on_the_gpu(name, extra, dtype):
         inst = _instance(name, dtype, rows, cols, extra)
         got = _run(inst.mod, inst, CUDA)
         np.testing.assert_allclose(got.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 2e-2)])
+def test_transpose_after_a_pattern_on_the_gpu(dtype, tol):
+    for batch, seq in ((32, 128), (3, 37)):
+        mod, args, ref = _layernorm_then_heads(batch, seq, dtype)
+        ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+        dev = tvm.cuda(0)
+        vm = relax.VirtualMachine(ex, dev)
+        got = vm["main"](*[tvm.runtime.tensor(a, device=dev) for a in args]).numpy()
+        np.testing.assert_allclose(got.astype("float32"), ref, rtol=tol, atol=tol)

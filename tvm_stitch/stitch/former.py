@@ -40,6 +40,7 @@ class Group:
     rows: tuple
     members: list = dataclasses.field(default_factory=list)
     kinds: list = dataclasses.field(default_factory=list)
+    tail: object = None  # the last layout op (reshape/transpose) the output goes through
 
     @property
     def has_reduce(self) -> bool:
@@ -86,6 +87,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     groups: list[Group] = []
     leaves: dict[int, list] = {}  # elementwise bindings on inputs only, not yet in a pattern
     refused = []
+    readers: dict = {}  # var -> how many bindings read it
+    for b in bindings:
+        for a in set(_call_args(b.value)):
+            if isinstance(a, relax.Var):
+                readers[a] = readers.get(a, 0) + 1
     for i, binding in enumerate(bindings):
         var = binding.var
         producer[var] = i
@@ -98,6 +104,14 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         kinds, why = binding_kinds(mod, binding)
         out = _shape(var.ty)
         chosen = None
+        g = _layout_tail_of(mod, binding, inputs, producer, group_of, readers)
+        if g is not None:
+            # a reshape/transpose of the pattern's result: the output is written through it
+            g.members.append(i)
+            g.tail = var
+            group_of[i] = g
+            upstream[var] = up - {g.gid}
+            continue
         if kinds is None and (
             "column-reduce" in why or any(producer.get(a, -1) in group_of for a in inputs)
         ):
@@ -106,6 +120,9 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             for a in reversed(inputs):
                 g = group_of.get(producer.get(a, -1))
                 if g is None or chosen is g:
+                    continue
+                if g.tail is not None:
+                    refused.append((var.name, "the pattern ends in a layout op"))
                     continue
                 if out[: len(g.rows)] != g.rows:
                     refused.append((var.name, f"output {out} is not in the row space {g.rows}"))
@@ -137,6 +154,33 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         if g not in kept and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
     return _pack(kept, bindings, upstream), refused
+
+
+def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
+    """The pattern a reshape/transpose binding ends, or None.
+
+    It qualifies when all its blocks are injective with as many elements out as in, its one
+    input is the result of a pattern with a row reduction (or of that pattern's last layout
+    op) and nothing else reads that result, so the pattern's output can be written through it.
+    """
+    value = binding.value
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(inputs) != 1:
+        return None
+    g = group_of.get(producer.get(inputs[0], -1))
+    if g is None or not g.has_reduce or readers.get(inputs[0], 0) != 1:
+        return None
+    if g.tail is not None and not inputs[0].same_as(g.tail):
+        return None
+    func = mod[value.args[0]]
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return None
+    nodes = prim_func_nodes(func, value.args[0].name_hint)
+    if not nodes or any(n.kind is not OpKind.INJECTIVE for n in nodes):
+        return None
+    shape, in_shape = _shape(binding.var.ty), _shape(inputs[0].ty)
+    if shape is None or in_shape is None or math.prod(shape) != math.prod(in_shape):
+        return None
+    return g
 
 
 def _pack(groups, bindings, upstream) -> list[Group]:

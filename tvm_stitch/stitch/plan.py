@@ -79,6 +79,8 @@ class KernelPlan:
     cached : int
         Elements of row inputs each thread keeps in registers (0: the row is streamed from
         global memory once per pass).
+    epilogue : tuple of str
+        Layout ops (reshape, transpose) the output is written through.
     """
 
     composition: str
@@ -94,6 +96,7 @@ class KernelPlan:
     cols: int
     vector: int = 1
     cached: int = 0
+    epilogue: tuple = ()
 
     def describe(self) -> str:
         if self.composition == "thread":
@@ -122,6 +125,8 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
         blocks do not share the leading (row) dimensions.
     """
     nodes = prim_func_nodes(func, "p")
+    epilogue = layout_epilogue(func)
+    nodes = nodes[: len(nodes) - len(epilogue)]
     if not nodes:
         raise IllegalPatternError("no analysable blocks")
     ops = []
@@ -156,6 +161,23 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
                 f"{n.name} writes {n.out_shape}, outside the row space {out[:-1]}"
             )
     return ops, rows, cols
+
+
+def layout_epilogue(func: tvm.tirx.PrimFunc) -> tuple:
+    """Names of the trailing layout ops (reshape, transpose: injective, as many elements out as
+    in) after the pattern's last row op.  The output is written through them: each element
+    goes straight to its place in the permuted tensor (``reverse_compute_inline``)."""
+    nodes = prim_func_nodes(func, "p")
+    tail = []
+    for n in reversed(nodes):
+        if n.kind is not OpKind.INJECTIVE or len(n.inputs) != 1:
+            break
+        if math.prod(n.out_shape) != math.prod(e for _, e in n.spatial):
+            break
+        tail.append(n.name.split("/")[-1])
+    if len(tail) == len(nodes):
+        return ()  # only layout ops: nothing to write through
+    return tuple(reversed(tail))
 
 
 def _bytes(dtype: str) -> int:
@@ -289,6 +311,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
         return _elementwise_plans(ops, rows, cols, io_bytes, widest, hw)
+    epilogue = layout_epilogue(func)
     row_inputs, widths = _row_params(func, rows)
     widths.add(cols)
     reread = rows * sum(b * w for b, w in row_inputs)
@@ -333,6 +356,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
                     cols,
                     vector or 1,
                     cached,
+                    epilogue,
                 )
             )
     # stable: on a tie the earlier candidate (more warps per block, cached rows) wins

@@ -38,6 +38,13 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     thread block computes the same rows of every packed pattern.
     """
     sch = s_tir.Schedule(func)
+    for name in plan.epilogue:
+        # the row op before a reshape/transpose writes its element straight to the permuted
+        # place: the layout op disappears into the pattern's output block
+        try:
+            sch.reverse_compute_inline(sch.get_sblock(name))
+        except Exception as err:  # TVM refuses: the pattern is left to TVM
+            raise IllegalPatternError(f"cannot write the output through {name}: {err}") from err
     infos = normalize_prim_func(sch)
     if not infos:
         raise IllegalPatternError("TVM could not normalise the pattern's loops")
@@ -68,7 +75,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
     stores = {}
-    if plan.vector > 1:
+    if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
             stores[n] = sch.get(sch.cache_write(sch.get_sblock(n), 0, "local")).name_hint
     rows = []
@@ -108,7 +115,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         return o
 
     for n in outputs:
-        o = columns(sch.get_loops(sch.get_sblock(stores.get(n, n)))[-1], vectorize=True)
+        o = columns(sch.get_loops(sch.get_sblock(stores.get(n, n)))[-1], vectorize=n in stores)
         if n in stores:
             compute = sch.get_sblock(n)
             sch.compute_at(compute, o, preserve_unit_loops=True)
