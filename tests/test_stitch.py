@@ -219,6 +219,20 @@ def test_transpose_after_a_pattern_is_written_through(dtype, tol, nvcc_compiles)
     nvcc_compiles(src)
 
 
+def test_elementwise_group_with_a_layout_op_stays_on_the_device():
+    """add + reshape + transpose (one FuseOps group): not a thread-composition pattern; every
+    block of the kernel runs on the GPU (regression: the add was once left on the host)."""
+
+    def body(x, b):
+        y = relax.op.reshape(relax.op.add(x, b), (2, 67, 2, 64))
+        return [relax.op.permute_dims(y, [0, 2, 1, 3])]
+
+    mod = relax_function([("x", (2, 67, 128), "float16"), ("b", (128,), "float16")], body)
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    (kernel,) = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+    assert "x_ptr" in kernel and "b_ptr" in kernel  # the kernel reads the inputs itself
+
+
 def test_transpose_is_not_joined_when_the_result_has_other_readers(caplog):
     mod, _, _ = _layernorm_then_heads(2, 16, "float32", also_plain=True)
     # the LayerNorm's result is also read by exp: the transpose stays TVM's

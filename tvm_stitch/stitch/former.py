@@ -41,6 +41,7 @@ class Group:
     members: list = dataclasses.field(default_factory=list)
     kinds: list = dataclasses.field(default_factory=list)
     tail: object = None  # the last layout op (reshape/transpose) the output goes through
+    layout: list = dataclasses.field(default_factory=list)  # those layout ops, in order
 
     @property
     def has_reduce(self) -> bool:
@@ -108,6 +109,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         if g is not None:
             # a reshape/transpose of the pattern's result: the output is written through it
             g.members.append(i)
+            g.layout.append(i)
             g.tail = var
             group_of[i] = g
             upstream[var] = up - {g.gid}
@@ -148,12 +150,23 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             up.discard(chosen.gid)
             _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
         upstream[var] = up
+    for g in groups:
+        _drop_trailing_reshapes(g, bindings, group_of)
     # a single op counts when its PrimFunc is itself a pattern (nn.layer_norm, nn.softmax)
     kept = [g for g in groups if g.has_reduce and len(g.kinds) > 1]
     for g in groups:
         if g not in kept and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
     return _pack(kept, bindings, upstream), refused
+
+
+def _drop_trailing_reshapes(group, bindings, group_of) -> None:
+    """A reshape at the end of a pattern stays out: TVM makes it a free view of the result."""
+    while group.layout and "reshape" in bindings[group.layout[-1]].value.args[0].name_hint:
+        i = group.layout.pop()
+        group.members.remove(i)
+        del group_of[i]
+        group.tail = bindings[group.layout[-1]].var if group.layout else None
 
 
 def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):

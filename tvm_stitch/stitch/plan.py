@@ -115,8 +115,9 @@ class KernelPlan:
         )
 
 
-def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
-    """The ops of a stitched PrimFunc and its row space ``(rows, cols)``.
+def pattern_ops(func: tvm.tirx.PrimFunc, epilogue: bool = True) -> tuple[list[Op], int, int]:
+    """The ops of a stitched PrimFunc and its row space ``(rows, cols)``; with ``epilogue``
+    the trailing layout ops (:func:`layout_epilogue`) are left out.
 
     Raises
     ------
@@ -125,8 +126,7 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
         blocks do not share the leading (row) dimensions.
     """
     nodes = prim_func_nodes(func, "p")
-    epilogue = layout_epilogue(func)
-    nodes = nodes[: len(nodes) - len(epilogue)]
+    nodes = nodes[: len(nodes) - len(layout_epilogue(func) if epilogue else ())]
     if not nodes:
         raise IllegalPatternError("no analysable blocks")
     ops = []
@@ -310,6 +310,8 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
+        # thread composition: every block elementwise (a layout op is TVM's business)
+        ops, rows, cols = pattern_ops(func, epilogue=False)
         return _elementwise_plans(ops, rows, cols, io_bytes, widest, hw)
     epilogue = layout_epilogue(func)
     row_inputs, widths = _row_params(func, rows)

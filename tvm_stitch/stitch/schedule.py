@@ -21,7 +21,7 @@ import tvm
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from tvm_stitch.graph.tir_walk import buffer_loads
+from tvm_stitch.graph.tir_walk import buffer_loads, iter_sblocks
 
 from .plan import IllegalPatternError, KernelPlan
 
@@ -162,6 +162,19 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
                     _thread_slice(len(buf.shape), threads * vector, vector),
                     assume_injective_transform=True,
                 )
+    return _finish(sch, gpu)
+
+
+def _finish(sch, gpu: bool) -> tvm.tirx.PrimFunc:
+    """The scheduled function; on a GPU every block must run under ``blockIdx`` (a block left
+    outside would run on the host, over device memory)."""
+    if gpu:
+        for block, loops in iter_sblocks(sch.mod["main"].body):
+            tags = {
+                str(lp.thread_binding.thread_tag) for lp in loops if lp.thread_binding is not None
+            }
+            if not any(t.startswith("blockIdx") for t in tags):
+                raise IllegalPatternError(f"{block.name_hint} is not bound to thread blocks")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -184,7 +197,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
     bind(tx, "threadIdx.x")
     sch.vectorize(vec)
     if not gpu:
-        return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        return _finish(sch, gpu)
     sch.compute_at(out, tx, preserve_unit_loops=True)
     sch.unroll(sch.get_loops(out)[-1])
     shape = [int(d) for d in sch.get(store).writes[0].source.shape]
@@ -192,7 +205,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
         load = sch.cache_read(out, buf.name, "local")
         sch.compute_at(load, tx, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(load)[-1])
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return _finish(sch, gpu)
 
 
 def _full_size_inputs(sch, block, shape):
