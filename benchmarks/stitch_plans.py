@@ -22,9 +22,10 @@ import os
 import numpy as np
 import tvm
 
+from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.pipeline import phases
-from tvm_stitch.stitch.plan import candidate_plans
+from tvm_stitch.stitch.plan import candidate_plans, pattern_ops
 from tvm_stitch.stitch.schedule import apply_plan
 from tvm_stitch.workloads import get_workload
 
@@ -33,10 +34,11 @@ from .studies import _MEM_GPU
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
-def _label(plan) -> str:
+def _label(plan, reductions=frozenset()) -> str:
+    """Short form of a plan; ``keep`` names the sub-roots that are not ``reductions``."""
     if plan.composition == "thread":
         return f"thread {plan.threads}t v{plan.vector}"
-    keep = [s for s in plan.subroots if "red" not in s and "sum" not in s and "max" not in s]
+    keep = [s for s in plan.subroots if s not in reductions]
     return (
         f"{plan.composition} {plan.threads}t x{plan.rows_per_block} v{plan.vector}"
         f"{' cached' if plan.cached else ''}{' keep ' + ','.join(keep) if keep else ''}"
@@ -86,6 +88,7 @@ def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
                 continue
             if not fname.startswith("stitched_") and plans[0].composition != "thread":
                 continue
+            reductions = {o.name for o in pattern_ops(func)[0] if o.kind is OpKind.ROW_REDUCE}
             plans = plans[:top]
             with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 4) as pool:
                 built = list(pool.map(lambda p, f=func: _try_build(f, p), plans))
@@ -113,7 +116,7 @@ def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
                 "chosen_over_best": rows[0][1] / best if best else math.nan,
                 "spearman": _spearman(est, measured),
                 "plans": [
-                    {"plan": _label(p), "est_us": p.latency_us, "us": t, "error": e}
+                    {"plan": _label(p, reductions), "est_us": p.latency_us, "us": t, "error": e}
                     for p, t, e in rows
                 ],
             }
@@ -123,7 +126,8 @@ def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
                 f"{best:.2f} us ({rec['chosen_over_best']:.2f}x), spearman {rec['spearman']:.2f}"
             )
             for p, t, e in rows:
-                print(f"  {_label(p):42s} est {p.latency_us:7.1f}  measured {t:7.2f}  {e}")
+                label = _label(p, reductions)
+                print(f"  {label:42s} est {p.latency_us:7.1f}  measured {t:7.2f}  {e}")
     return results
 
 

@@ -40,8 +40,7 @@ class Group:
     rows: tuple
     members: list = dataclasses.field(default_factory=list)
     kinds: list = dataclasses.field(default_factory=list)
-    tail: object = None  # the last layout op (reshape/transpose) the output goes through
-    layout: list = dataclasses.field(default_factory=list)  # those layout ops, in order
+    layout: list = dataclasses.field(default_factory=list)  # layout ops the output goes through
 
     @property
     def has_reduce(self) -> bool:
@@ -110,7 +109,6 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             # a reshape/transpose of the pattern's result: the output is written through it
             g.members.append(i)
             g.layout.append(i)
-            g.tail = var
             group_of[i] = g
             upstream[var] = up - {g.gid}
             continue
@@ -123,7 +121,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 g = group_of.get(producer.get(a, -1))
                 if g is None or chosen is g:
                     continue
-                if g.tail is not None:
+                if g.layout:
                     refused.append((var.name, "the pattern ends in a layout op"))
                     continue
                 if out[: len(g.rows)] != g.rows:
@@ -166,7 +164,6 @@ def _drop_trailing_reshapes(group, bindings, group_of) -> None:
         i = group.layout.pop()
         group.members.remove(i)
         del group_of[i]
-        group.tail = bindings[group.layout[-1]].var if group.layout else None
 
 
 def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
@@ -182,7 +179,7 @@ def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
     g = group_of.get(producer.get(inputs[0], -1))
     if g is None or not g.has_reduce or readers.get(inputs[0], 0) != 1:
         return None
-    if g.tail is not None and not inputs[0].same_as(g.tail):
+    if g.layout and producer[inputs[0]] != g.layout[-1]:
         return None
     func = mod[value.args[0]]
     if not isinstance(func, tvm.tirx.PrimFunc):

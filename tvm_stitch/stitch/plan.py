@@ -115,9 +115,9 @@ class KernelPlan:
         )
 
 
-def pattern_ops(func: tvm.tirx.PrimFunc, epilogue: bool = True) -> tuple[list[Op], int, int]:
-    """The ops of a stitched PrimFunc and its row space ``(rows, cols)``; with ``epilogue``
-    the trailing layout ops (:func:`layout_epilogue`) are left out.
+def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
+    """The ops of a stitched PrimFunc and its row space ``(rows, cols)``; the trailing layout
+    ops (:func:`layout_epilogue`) are left out.
 
     Raises
     ------
@@ -126,7 +126,7 @@ def pattern_ops(func: tvm.tirx.PrimFunc, epilogue: bool = True) -> tuple[list[Op
         blocks do not share the leading (row) dimensions.
     """
     nodes = prim_func_nodes(func, "p")
-    nodes = nodes[: len(nodes) - len(layout_epilogue(func) if epilogue else ())]
+    nodes = nodes[: len(nodes) - len(_epilogue(nodes))]
     if not nodes:
         raise IllegalPatternError("no analysable blocks")
     ops = []
@@ -167,7 +167,10 @@ def layout_epilogue(func: tvm.tirx.PrimFunc) -> tuple:
     """Names of the trailing layout ops (reshape, transpose: injective, as many elements out as
     in) after the pattern's last row op.  The output is written through them: each element
     goes straight to its place in the permuted tensor (``reverse_compute_inline``)."""
-    nodes = prim_func_nodes(func, "p")
+    return _epilogue(prim_func_nodes(func, "p"))
+
+
+def _epilogue(nodes) -> tuple:
     tail = []
     for n in reversed(nodes):
         if n.kind is not OpKind.INJECTIVE or len(n.inputs) != 1:
@@ -307,13 +310,14 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         See :func:`pattern_ops`.
     """
     ops, rows, cols = pattern_ops(func)
+    epilogue = layout_epilogue(func)
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
         # thread composition: every block elementwise (a layout op is TVM's business)
-        ops, rows, cols = pattern_ops(func, epilogue=False)
+        if epilogue:
+            raise IllegalPatternError(f"{epilogue[-1]} is a layout op after elementwise ops")
         return _elementwise_plans(ops, rows, cols, io_bytes, widest, hw)
-    epilogue = layout_epilogue(func)
     row_inputs, widths = _row_params(func, rows)
     widths.add(cols)
     reread = rows * sum(b * w for b, w in row_inputs)
@@ -369,7 +373,7 @@ def _elementwise_plans(ops, rows, cols, io_bytes, widest, hw: HardwareModel) -> 
     """Thread composition for a pattern without reductions: every op inlined into the output,
     each thread computes ``vector`` consecutive elements (128-bit accesses), one element range
     per thread over the flattened output."""
-    vector = next(v for v in (8, 4, 2, 1) if v * widest <= 16 and cols % v == 0)
+    vector = vector_width([cols], 1, widest)
     total = rows * cols
     per_element = sum(
         (hw.cpi_expensive if o.kind is OpKind.EXPENSIVE_ELEMWISE else hw.cpi_light)

@@ -237,18 +237,15 @@ def _per_column_params(sch, block) -> list:
     """1-D inputs of ``block`` indexed by its column (a weight or bias broadcast over rows)."""
     block_ = sch.get(block)
     col = block_.iter_vars[-1].var
-    if not isinstance(block_.body, tvm.tirx.BufferStore):
-        return []
     found = []
     for r in block_.reads:
-        buf = r.source
-        loads = [ld for ld in buffer_loads(block_.body.value) if ld.source.same_as(buf)]
+        loads = _loads(block_, r.source)
         if (
-            len(buf.shape) == 1
+            len(r.source.shape) == 1
             and loads
             and all(len(ld.indices) == 1 and ld.indices[0].same_as(col) for ld in loads)
         ):
-            found.append(buf)
+            found.append(r.source)
     return found
 
 
@@ -273,10 +270,15 @@ def _row_inputs(sch, func, readers) -> list:
 def _identity_loads(block, buf) -> bool:
     """Whether every load of ``buf`` in ``block`` is indexed by the block's iterators in order."""
     ivs = [iv.var for iv in block.iter_vars]
-    if not isinstance(block.body, tvm.tirx.BufferStore):
-        return False
-    loads = [ld for ld in buffer_loads(block.body.value) if ld.source.same_as(buf)]
-    return all(
+    loads = _loads(block, buf)
+    return loads is not None and all(
         len(ld.indices) == len(ivs) and all(a.same_as(b) for a, b in zip(ld.indices, ivs))
         for ld in loads
     )
+
+
+def _loads(block, buf) -> list | None:
+    """The loads of ``buf`` in ``block``'s stored value (None: the body is not one store)."""
+    if not isinstance(block.body, tvm.tirx.BufferStore):
+        return None
+    return [ld for ld in buffer_loads(block.body.value) if ld.source.same_as(buf)]
