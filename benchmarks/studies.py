@@ -27,6 +27,7 @@ from .harness import (
     run_tvm,
     time_torch,
     time_tvm,
+    time_tvm_graph,
     torch_outputs,
     tvm_device,
 )
@@ -181,6 +182,8 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
             args, outs = run_tvm(vm, inst, dev)
             rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
             rec.time_us = time_tvm(vm, inst.func, args, dev)
+            if kind == "cuda":
+                rec.graph_us = _graph_time(vm, inst, args, rec)
         except Exception as err:
             logger.exception("%s %s failed", inst.name, rec.impl)
             rec.note = f"failed: {type(err).__name__}: {err}"[:200]
@@ -188,6 +191,16 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
     if torch_baselines:
         records.extend(_torch_records(study, inst, device, limits, refs, base))
     return records
+
+
+def _graph_time(vm, inst, args, rec) -> float | None:
+    """The TVM call timed as CUDA-graph replays; None (with a note) when it cannot be captured."""
+    try:
+        return time_tvm_graph(vm, inst.func, args)
+    except Exception as err:  # noqa: BLE001 - the VM figure stands alone then
+        logger.warning("%s %s: no CUDA-graph timing: %s", inst.name, rec.impl, err)
+        rec.note = "; ".join(filter(None, [rec.note, f"no graph timing ({type(err).__name__})"]))
+        return None
 
 
 def _torch_records(study, inst, device, limits, refs, base):
@@ -214,6 +227,8 @@ def _torch_records(study, inst, device, limits, refs, base):
             args = inst.torch_args(device, tdtype)
             rec.max_err, rec.correct = compare(torch_outputs(fn, args), refs, inst.tolerance)
             rec.time_us = time_torch(fn, args, device)
+            if device == "cuda":
+                rec.graph_us = rec.time_us  # PyTorch is timed as CUDA-graph replays already
         except Exception as err:
             logger.exception("%s %s failed", inst.name, label)
             rec.note = f"failed: {type(err).__name__}: {err}"[:200]

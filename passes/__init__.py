@@ -6,6 +6,14 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .mcfuser import FuseMBCI
+from .precision import AccumulateFloat32
 from .stitch import StitchFusion, StitchSchedule
 
-__all__ = ["AnalyzeTensorGraph", "FuseMBCI", "ReportFusion", "StitchFusion", "StitchSchedule"]
+__all__ = [
+    "AccumulateFloat32",
+    "AnalyzeTensorGraph",
+    "FuseMBCI",
+    "ReportFusion",
+    "StitchFusion",
+    "StitchSchedule",
+]

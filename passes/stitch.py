@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 
 import tvm
 from tvm import relax
@@ -24,6 +25,8 @@ from tvm_stitch.stitch.former import form_groups
 logger = logging.getLogger("tvm_stitch.stitch")
 
 PREFIX = "stitched_"
+#: Plans tried per pattern, cheapest first, before it is left to TVM's schedule.
+FALLBACK_PLANS = 4
 
 
 @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
@@ -211,8 +214,9 @@ class StitchSchedule:
     the default GPU) is lowered with parallel blocks and serial thread loops, so the CPU runs
     the plan's loop structure.
 
-    A pattern the plan refuses (inter-block communication, a step TVM's schedule rejects) is
-    left to TVM's default schedule, with the reason logged.  The chosen plans are kept in
+    When TVM's schedule rejects a step of the cheapest plan, the next plans are tried (up to
+    :data:`FALLBACK_PLANS`); a pattern no plan covers (inter-block communication) is left to
+    TVM's default schedule.  Every refusal is logged with its reason.  The chosen plans are kept in
     :attr:`plans` (name -> :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
     """
 
@@ -221,7 +225,7 @@ class StitchSchedule:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
-        from tvm_stitch.stitch.plan import IllegalPatternError, plan_pattern
+        from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans
         from tvm_stitch.stitch.schedule import apply_plan
 
         target = tvm.target.Target.current(allow_none=True)
@@ -236,18 +240,29 @@ class StitchSchedule:
             if not isinstance(func, tvm.tirx.PrimFunc) or _scheduled(func):
                 continue
             stitched = gv.name_hint.startswith(PREFIX)
+            log = logger.info if stitched else logger.debug
             try:
-                plan = plan_pattern(func, hw)
-                if not stitched and plan.composition != "thread":
-                    continue  # a row pattern the former did not form: TVM's schedule
-                mod[gv] = apply_plan(func, plan, gpu=gpu)
-            except Exception as err:  # noqa: BLE001 - any refusal leaves the function to TVM
-                why = err if isinstance(err, IllegalPatternError) else repr(err)
-                log = logger.info if stitched else logger.debug
-                log("stitch: %s left to TVM's schedule: %s", gv.name_hint, why)
+                plans = candidate_plans(func, hw)
+            except IllegalPatternError as err:
+                log("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
                 continue
-            self.plans[gv.name_hint] = plan
-            logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
+            if not stitched and plans[0].composition != "thread":
+                continue  # a row pattern the former did not form: TVM's schedule
+            plans = [p for p in plans[:FALLBACK_PLANS] if math.isfinite(p.latency_us)]
+            if not plans:
+                log("stitch: %s left to TVM's schedule: no plan fits the SM", gv.name_hint)
+            for plan in plans:
+                try:
+                    mod[gv] = apply_plan(func, plan, gpu=gpu)
+                except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
+                    why = err if isinstance(err, IllegalPatternError) else repr(err)
+                    log("stitch: %s: plan refused (%s): %s", gv.name_hint, plan.describe(), why)
+                    continue
+                self.plans[gv.name_hint] = plan
+                logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
+                break
+            else:
+                log("stitch: %s left to TVM's schedule: no plan applies", gv.name_hint)
         return mod
 
 

@@ -32,8 +32,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def nvcc_compiles(tmp_path):
-    """``check(source)``: compile generated CUDA C for sm_90a with nvcc (TVM without a CUDA
-    runtime only generates the source); skipped where nvcc is missing."""
+    """``check(source) -> ptx``: compile generated CUDA C for sm_90a with nvcc (TVM without a
+    CUDA runtime only generates the source) and return its PTX; skipped where nvcc is missing."""
     import shutil
     import subprocess
 
@@ -41,16 +41,20 @@ def nvcc_compiles(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc not found")
 
-    def check(source: str) -> None:
+    def check(source: str) -> str:
+        """Compile ``source``; returns the PTX nvcc made of it."""
         path = tmp_path / "kernels.cu"
         path.write_text(source)
-        res = subprocess.run(
-            [nvcc, "-arch=sm_90a", "-c", str(path), "-o", str(tmp_path / "kernels.o")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
-        assert res.returncode == 0, "\n".join(errors[:10])
+        ptx = tmp_path / "kernels.ptx"
+        for what in (["-c", "-o", str(tmp_path / "kernels.o")], ["-ptx", "-o", str(ptx)]):
+            res = subprocess.run(
+                [nvcc, "-arch=sm_90a", str(path), *what],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
+            assert res.returncode == 0, "\n".join(errors[:10])
+        return ptx.read_text()
 
     return check

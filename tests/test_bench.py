@@ -73,3 +73,16 @@ def test_rates_flag_l2_resident_working_sets():
     chain = get_workload("G1").instance("float16")
     rec = fill_rates(Record("s", "w", "tvm", "cuda", "gpu", "f", time_us=10.0), chain, limits)
     assert rec.tflops == chain.flops / 10.0 / 1e6 and rec.gbps is None and rec.note == ""
+
+
+def test_rates_use_the_cuda_graph_time_when_there_is_one():
+    from tvm_stitch.benchmarks.harness import DeviceLimits, fill_rates
+
+    from tvm_stitch.workloads import get_workload
+
+    inst = get_workload("softmax").instance("float32", rows=100, cols=10)
+    limits = DeviceLimits(copy_gbps=2000.0, name="gpu")
+    rec = Record("s", "w", "tvm", "cuda", "gpu", "float32", time_us=4.0, graph_us=2.5)
+    rec = fill_rates(rec, inst, limits)
+    assert rec.gbps == 8000 / 2.5 / 1e3
+    assert "graph us" in format_table([rec]) and "2.5" in format_table([rec])

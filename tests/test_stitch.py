@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm_stitch.passes import StitchFusion, StitchSchedule
+from tvm_stitch.passes import AccumulateFloat32, StitchFusion, StitchSchedule
 
 import tvm_stitch
 from tvm_stitch.hardware import HardwareModel
@@ -96,7 +96,9 @@ def _unscheduled(inst):
     return relax.transform.FuseTIR()(
         relax.transform.FuseOps()(
             StitchFusion()(
-                relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(inst.mod))
+                relax.transform.AnnotateTIROpPattern()(
+                    relax.transform.LegalizeOps()(AccumulateFloat32()(inst.mod))
+                )
             )
         )
     )
@@ -417,3 +419,87 @@ def test_transpose_after_a_pattern_on_the_gpu(dtype, tol):
         vm = relax.VirtualMachine(ex, dev)
         got = vm["main"](*[tvm.runtime.tensor(a, device=dev) for a in args]).numpy()
         np.testing.assert_allclose(got.astype("float32"), ref, rtol=tol, atol=tol)
+
+
+def test_division_by_a_row_value_becomes_a_reciprocal():
+    from tvm import s_tir
+    from tvm.script import tirx as T
+
+    from tvm_stitch.stitch.schedule import hoist_row_reciprocals
+
+    @T.prim_func(private=True, s_tir=True)
+    def before(
+        x: T.Buffer((4, 8), "float32"),
+        s: T.Buffer((4, 1), "float32"),
+        y: T.Buffer((4, 8), "float32"),
+    ):
+        for i, j in T.grid(4, 8):
+            with T.sblock("norm"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                # by a row value: rewritten; by a constant or by a column value: kept
+                y[vi, vj] = (
+                    T.Cast("float32", x[vi, vj] / s[vi, 0])
+                    + x[vi, vj] / T.float32(3)
+                    + (s[vi, 0] / x[vi, vj])
+                )
+
+    @T.prim_func(private=True, s_tir=True)
+    def expected(
+        x: T.Buffer((4, 8), "float32"),
+        s: T.Buffer((4, 1), "float32"),
+        y: T.Buffer((4, 8), "float32"),
+    ):
+        for i, j in T.grid(4, 8):
+            with T.sblock("norm"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = (
+                    T.Cast("float32", x[vi, vj] * (T.float32(1) / s[vi, 0]))
+                    + (x[vi, vj] / T.float32(3))
+                    + s[vi, 0] / x[vi, vj]
+                )
+
+    sch = s_tir.Schedule(before)
+    hoist_row_reciprocals(sch)
+    tvm.ir.assert_structural_equal(sch.mod["main"], expected)
+
+
+@pytest.mark.parametrize("name", ["softmax", "softmax-ops"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_softmax_evaluates_each_exponential_once(name, dtype, nvcc_compiles):
+    """128 columns, 16 lanes per row, 8 elements per lane: the exponentials are computed once
+    into the lane's registers (read by the sum and the output), and the normalisation is one
+    reciprocal per row, not a division per element."""
+    inst = _instance(name, dtype, 49152, 128, {})
+    (plan,) = _plans(inst).values()
+    assert (plan.composition, plan.threads, plan.cached) == ("warp", 16, 8)
+    assert len(plan.registers) == 1 and plan.registers[0] in plan.subroots
+    src = cuda_source(tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    assert src.count("expf(") == 8  # not 16: the sum and the output share them
+    ptx = nvcc_compiles(src)
+    assert ptx.count("ex2.approx") == 8 and ptx.count("rcp.rn.f32") == 1
+    assert "div.rn.f32" not in ptx  # exp * (1 / sum): one reciprocal per lane
+
+
+def test_a_refused_plan_falls_back_to_the_next_one(monkeypatch, caplog):
+    from tvm_stitch.stitch import schedule
+
+    original, calls = schedule.apply_plan, []
+
+    def refuse_first(func, plan, gpu=True):
+        calls.append(plan)
+        if len(calls) == 1:
+            raise IllegalPatternError("refused for the test")
+        return original(func, plan, gpu)
+
+    monkeypatch.setattr(schedule, "apply_plan", refuse_first)
+    inst = _instance("layernorm", "float16", 4096, 768, {})
+    mod = _unscheduled(inst)
+    (gv,) = [gv for gv in mod.functions if gv.name_hint.startswith("stitched_")]
+    expected = candidate_plans(mod[gv], H100)
+    stitch = StitchSchedule()
+    with CUDA, caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        out = stitch(mod)
+    assert calls == expected[:2]
+    assert stitch.plans[gv.name_hint] == expected[1]
+    assert out[gv].attrs["tirx.is_scheduled"]
+    assert "plan refused" in caplog.text and "refused for the test" in caplog.text

@@ -24,6 +24,10 @@ class PipelineOptions:
         Form FusionStitching patterns over memory-intensive regions (row reductions in the
         middle) so each becomes one kernel; on CUDA each pattern is planned by the
         latency-evaluator and scheduled with warp or block composition.
+    accumulate_fp32 : bool
+        Half-precision sums, means, variances and softmaxes accumulate in float32 (their input
+        cast to float32, the result cast back), as PyTorch does; TVM's legalization accumulates
+        them in float16.  The casts are elementwise: fused, no extra bytes.
     mcfuser : tuple of str
         Which MBCI families run as searched Triton kernels (MCFuser): ``"attention"``,
         ``"chain"`` (GEMM chains), ``"linear"`` (Linear layers + GELU or + residual).  ``()``
@@ -34,6 +38,7 @@ class PipelineOptions:
     analyze: bool = True
     report: bool = True
     stitch: bool = True
+    accumulate_fp32: bool = True
     mcfuser: tuple = ("attention", "chain", "linear")
 
     def __post_init__(self):

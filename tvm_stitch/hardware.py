@@ -68,6 +68,10 @@ class HardwareModel:
     l2_bandwidth_ratio : float
         L2 hit bandwidth over DRAM bandwidth (re-reading data the kernel just loaded).
         An estimate, not a measurement.
+    sfu_per_sm : int
+        Results per clock of the special-function units of one SM (exp2, reciprocal, reciprocal
+        square root): 16 on sm_80 and sm_90 (CUDA C++ Programming Guide, arithmetic instruction
+        throughput).  Bounds patterns that evaluate an expensive op per element.
     block_overhead_cycles : float
         Cycles an SM spends per thread block it runs beyond the block's memory traffic
         (scheduling, index set-up, the reduction tail).  Fitted to the H100 plan sweep
@@ -100,6 +104,7 @@ class HardwareModel:
     cpi_smem: float = 6.0
     mem_latency_cycles: float = 600.0
     l2_bandwidth_ratio: float = 2.0
+    sfu_per_sm: int = 16
     block_overhead_cycles: float = 150.0
 
     @property

@@ -3,15 +3,17 @@
 Phases (each a list of passes, so reports can stop after fusion):
 
 ``dispatch``   TVM's library dispatch (sampling, sort/scan)
-``fusion``     [Triton GEMMs], LegalizeOps, [tensor-graph analysis], AnnotateTIROpPattern,
-               FoldConstant, FuseOps, FuseTIR, [fusion report]
+``fusion``     [MCFuser Triton kernels], [float32 accumulation], LegalizeOps, [tensor-graph
+               analysis], AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
+               [StitchSchedule], [fusion report]
 ``schedule``   dlight's default GPU schedules (none on CPU)
 ``lower``      dataflow lowering
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
-The stitch passes so far: Linear layers as searched Triton kernels (MCFuser, GPU only), the
-tensor-graph analysis and the fusion report.  The ``default`` phases are exactly TVM's
-``relax.get_default_pipeline(target)``.
+The stitch passes: GEMM chains, attention and Linear layers as searched Triton kernels (MCFuser,
+GPU only), float32 accumulation of half-precision reductions, the tensor-graph analysis,
+FusionStitching (pattern former + kernel plans) and the fusion report.  The ``default`` phases
+are exactly TVM's ``relax.get_default_pipeline(target)``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
             fusion.insert(at, passes.StitchFusion())
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
             fusion.insert(at, passes.StitchSchedule())
+        if opts.accumulate_fp32:
+            at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
+            fusion.insert(at, passes.AccumulateFloat32())
         if opts.mcfuser and target.kind.name == "cuda":
             fusion.insert(0, passes.FuseMBCI(families=tuple(opts.mcfuser)))
     elif kind != "default":

@@ -3,7 +3,9 @@
 A pattern is one PrimFunc (``FuseTIR`` merged its ops) whose blocks all live in one row space.
 Its ops are light elementwise, expensive elementwise or row reductions.  **Sub-roots** are the
 reductions (always) and, when the plan says so, expensive elementwise ops whose result several
-threads read (kept in shared memory instead of being recomputed).  Every other op is inlined
+passes read, computed once instead of once per pass: kept in shared memory (block composition),
+or — when each thread reads back only the columns it computed (rows cached in registers) — in
+the thread's registers.  Every other op is inlined
 into its consumers: **thread composition**, values stay in registers, schedules derived from the
 sub-root's by index propagation (``compute_inline``).  Between a sub-root and its consumers the
 plan picks one composition for the whole kernel:
@@ -81,6 +83,8 @@ class KernelPlan:
         global memory once per pass).
     epilogue : tuple of str
         Layout ops (reshape, transpose) the output is written through.
+    registers : tuple of str
+        Expensive elementwise sub-roots kept in each thread's registers (its own columns).
     """
 
     composition: str
@@ -97,6 +101,7 @@ class KernelPlan:
     vector: int = 1
     cached: int = 0
     epilogue: tuple = ()
+    registers: tuple = ()
 
     def describe(self) -> str:
         if self.composition == "thread":
@@ -110,7 +115,8 @@ class KernelPlan:
             f"{self.rows_per_block} rows/block, sub-roots {list(self.subroots)}, "
             f"{len(self.inlined)} ops inlined, {self.vector}-wide accesses, "
             f"{self.cached} elements/thread in registers, "
-            f"smem {self.smem_allocated}/{self.smem_requested} B, "
+            + (f"{list(self.registers)} kept in registers, " if self.registers else "")
+            + f"smem {self.smem_allocated}/{self.smem_requested} B, "
             f"{self.occupancy} blocks/SM, est {self.latency_us:.1f} us"
         )
 
@@ -200,12 +206,14 @@ def evaluate(
     vector=1,
     cached_regs=0,
     reread_bytes=0,
+    registers=(),
 ) -> tuple[float, int, int, int]:
     """Latency (µs), resident blocks per SM, smem requested and allocated, for one candidate.
 
     ``vector`` is the elements per access; ``cached_regs`` the registers per thread that hold
     the row inputs (0: the row is streamed from global memory once per pass, and each pass
-    after the first re-reads ``reread_bytes`` from L2).
+    after the first re-reads ``reread_bytes`` from L2); ``registers`` the expensive ops whose
+    results each thread keeps (computed once, one float32 register per element).
     """
     warp = hw.warp_size
     block_threads = threads * rows_per_block
@@ -225,6 +233,9 @@ def evaluate(
         return math.inf, 0, requested, allocated
     # registers: addresses, accumulators, the sub-roots' scalars and the cached row
     regs = 32 + 2 * len(requests) + cached_regs
+    regs += sum(
+        math.ceil(op.elements / max(rows, 1) / threads) for op in ops if op.name in registers
+    )
     if regs > hw.max_registers_per_thread:
         return math.inf, 0, requested, allocated
     occ = min(
@@ -246,12 +257,16 @@ def evaluate(
         "smem": hw.cpi_smem,
     }
     cycles = 0.0
+    special = 0  # expensive evaluations, each a special-function-unit result
     for op in ops:
         per_row = op.elements / max(rows, 1)
         per_lane = math.ceil(per_row / threads)
-        recompute = 1 if op.name in keep or op.kind is OpKind.ROW_REDUCE else _uses(op, ops)
+        once = op.name in keep or op.name in registers or op.kind is OpKind.ROW_REDUCE
+        recompute = 1 if once else _uses(op, ops)
         cls = "expensive" if op.kind is OpKind.EXPENSIVE_ELEMWISE else "light"
         cycles += per_lane * cpi[cls] * recompute
+        if cls == "expensive":
+            special += op.elements * recompute
         if op.kind is OpKind.ROW_REDUCE:
             cycles += math.log2(min(warp, threads)) * cpi["shuffle"]
             if composition == "block":
@@ -266,16 +281,21 @@ def evaluate(
     cycles += passes * (hw.mem_latency_cycles + math.ceil(cols / (threads * vector)) * cpi["light"])
     l_warp = cycles / hw.clock_hz
     traffic = io_bytes + (passes - 1) * reread_bytes / hw.l2_bandwidth_ratio
-    return _latency(hw, waves, l_warp, traffic, blocks) * 1e6, occ, requested, allocated
+    lat = _latency(hw, waves, l_warp, traffic, blocks, special)
+    return lat * 1e6, occ, requested, allocated
 
 
-def _latency(hw: HardwareModel, waves: int, l_warp: float, traffic: float, blocks: int) -> float:
+def _latency(
+    hw: HardwareModel, waves: int, l_warp: float, traffic: float, blocks: int, special: float = 0
+) -> float:
     """Seconds: ``L = N_wave × L_warp`` when the warps' dependent chain dominates; otherwise the
-    DRAM traffic at the device's bandwidth, combined (in quadrature: the two overlap only in
-    part) with the SMs' per-block overhead, which decides between plans of equal traffic."""
+    DRAM traffic at the device's bandwidth, combined (in quadrature: they overlap only in part)
+    with the SMs' per-block overhead and the special-function units' time for ``special``
+    expensive evaluations — the terms that decide between plans of equal traffic."""
     l_mem = traffic / hw.mem_bandwidth
     l_blocks = math.ceil(blocks / hw.num_sms) * hw.block_overhead_cycles / hw.clock_hz
-    return max(waves * l_warp, math.hypot(l_mem, l_blocks))
+    l_sfu = special / (hw.num_sms * hw.sfu_per_sm * hw.clock_hz)
+    return max(waves * l_warp, math.hypot(l_mem, l_blocks, l_sfu))
 
 
 def last_use(ops, i: int) -> int:
@@ -325,6 +345,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         o.name for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE and o.elements >= rows * cols
     ][:2]
     keeps = [()] + [(e,) for e in expensive]
+    by_name = {o.name: o for o in ops}
     candidates = []
     for keep in keeps:
         for rpb in (8, 4, 2, 1):  # on a tie, more warps per block hide more latency
@@ -339,12 +360,30 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
     subroots0 = tuple(o.name for o in ops if o.kind is OpKind.ROW_REDUCE)
     for comp, threads, rpb, keep in candidates:
         vector = vector_width(widths, threads, widest)
-        for cache in (True, False) if vector and row_inputs else (False,):
+        variants = [(False, ())]
+        if vector and row_inputs:
+            # rows cached in registers; then an expensive op may also stay in registers
+            reused = tuple(e for e in expensive if _uses(by_name[e], ops) > 1)
+            variants = [(True, ())] + ([(True, reused)] if reused and not keep else [])
+            variants.append((False, ()))
+        for cache, in_regs in variants:
             regs = sum(math.ceil(w // threads * b / 4) for b, w in row_inputs) if cache else 0
             lat, occ, req, alloc = evaluate(
-                ops, rows, cols, io_bytes, hw, comp, threads, rpb, keep, vector or 1, regs, reread
+                ops,
+                rows,
+                cols,
+                io_bytes,
+                hw,
+                comp,
+                threads,
+                rpb,
+                keep,
+                vector or 1,
+                regs,
+                reread,
+                in_regs,
             )
-            subroots = subroots0 + tuple(keep)
+            subroots = subroots0 + tuple(keep) + in_regs
             inlined = tuple(o.name for o in ops[:-1] if o.name not in subroots)
             cached = sum(w // threads for _, w in row_inputs) if cache else 0
             plans.append(
@@ -363,6 +402,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
                     vector or 1,
                     cached,
                     epilogue,
+                    in_regs,
                 )
             )
     # stable: on a tie the earlier candidate (more warps per block, cached rows) wins
@@ -392,7 +432,8 @@ def _elementwise_plans(ops, rows, cols, io_bytes, widest, hw: HardwareModel) -> 
         blocks = math.ceil(total / (threads * vector))
         waves = math.ceil(blocks / (hw.num_sms * occ))
         l_warp = (hw.mem_latency_cycles + vector * per_element) / hw.clock_hz
-        latency = _latency(hw, waves, l_warp, io_bytes, blocks)
+        special = sum(o.elements for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE)
+        latency = _latency(hw, waves, l_warp, io_bytes, blocks, special)
         inlined = tuple(o.name for o in ops[:-1])
         plans.append(
             KernelPlan(

@@ -21,7 +21,7 @@ import tvm
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from tvm_stitch.graph.tir_walk import buffer_loads, iter_sblocks
+from tvm_stitch.graph.tir_walk import buffer_loads, iter_exprs, iter_sblocks
 
 from .plan import IllegalPatternError, KernelPlan
 
@@ -38,6 +38,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     thread block computes the same rows of every packed pattern.
     """
     sch = s_tir.Schedule(func)
+    hoist_row_reciprocals(sch)
     for name in plan.epilogue:
         # the row op before a reshape/transpose writes its element straight to the permuted
         # place: the layout op disappears into the pattern's output block
@@ -137,7 +138,10 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         if not inner:
             raise IllegalPatternError(f"{sch.get(b).name_hint} has no column loop")
         columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=False)
-        if gpu:
+        name = sch.get(b).name_hint
+        if name in plan.registers:
+            _keep_in_registers(sch, b, func, threads * vector, vector, gpu)
+        elif gpu:
             # a sub-root's result, read by every thread of the row: with one warp per row the
             # shuffles leave a reduction's result in every lane's registers; otherwise it goes
             # through shared memory
@@ -163,6 +167,82 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
                     assume_injective_transform=True,
                 )
     return _finish(sch, gpu)
+
+
+def _keep_in_registers(sch, block, func, span: int, vector: int, gpu: bool) -> None:
+    """An expensive op's result in each thread's registers: legal when every reader loads it at
+    its own (row, column), which the shared column split makes the computing thread's."""
+    buf = sch.get(block).writes[0].source
+    readers = [b for b in sch.get_consumers(block)]
+    for r in readers:
+        if not _identity_loads(sch.get(r), buf):
+            raise IllegalPatternError(
+                f"{sch.get(r).name_hint} reads {buf.name} at other columns: not thread-local"
+            )
+    if gpu:
+        sch.set_scope(block, 0, "local")
+        sch.transform_layout(
+            block,
+            ("write", 0),
+            _thread_slice(len(buf.shape), span, vector),
+            assume_injective_transform=True,
+        )
+
+
+def hoist_row_reciprocals(sch) -> None:
+    """``a / s`` with ``s`` the same for the whole row (a sub-root's result) becomes
+    ``a * (1 / s)``: the reciprocal is one division per row (the compiler hoists the common
+    ``1 / s``) instead of an IEEE division per element — softmax's normalisation."""
+    for block, _ in list(iter_sblocks(sch.mod["main"].body)):
+        store = block.body
+        if not isinstance(store, tvm.tirx.BufferStore) or not block.iter_vars:
+            continue
+        col = block.iter_vars[-1].var
+        value = _row_reciprocal(store.value, col)
+        if value.same_as(store.value):
+            continue
+        new = s_tir.SBlock(
+            block.iter_vars,
+            block.reads,
+            block.writes,
+            block.name_hint,
+            tvm.tirx.BufferStore(store.buffer, value, store.indices),
+            block.init,
+            block.alloc_buffers,
+            block.match_buffers,
+            block.annotations,
+        )
+        sch.state.replace(sch.get_sref(sch.get_sblock(block.name_hint)), new, {block: new})
+
+
+def _row_reciprocal(expr, col):
+    """``expr`` with each float ``a / s`` (``s`` a load that does not depend on ``col``)
+    written ``a * (1 / s)``; descends through arithmetic and casts only."""
+    if isinstance(expr, tvm.tirx.Cast):
+        value = _row_reciprocal(expr.value, col)
+        return expr if value.same_as(expr.value) else tvm.tirx.Cast(str(expr.ty.dtype), value)
+    if not isinstance(expr, tvm.ir.prim.expr.BinaryOpExpr):
+        return expr
+    a, b = _row_reciprocal(expr.a, col), _row_reciprocal(expr.b, col)
+    if (
+        isinstance(expr, tvm.tirx.Div)
+        and str(expr.ty.dtype).startswith(("float", "bfloat"))
+        and any(isinstance(e, tvm.ir.expr.TensorLoad) for e in _all_exprs(b))
+        and not any(e.same_as(col) for e in _all_exprs(b))
+    ):
+        return tvm.tirx.Mul(a, tvm.tirx.Div(tvm.tirx.const(1, str(expr.ty.dtype)), b))
+    if a.same_as(expr.a) and b.same_as(expr.b):
+        return expr
+    return type(expr)(a, b)
+
+
+def _all_exprs(expr):
+    """``expr``'s sub-expressions, buffer indices included."""
+    for e in iter_exprs(expr):
+        yield e
+        if isinstance(e, tvm.ir.expr.TensorLoad):
+            for i in e.indices:
+                yield from _all_exprs(i)
 
 
 def _finish(sch, gpu: bool) -> tvm.tirx.PrimFunc:
@@ -234,17 +314,22 @@ def _thread_slice(ndim: int, span: int, vector: int) -> tvm.tirx.IndexMap:
 
 
 def _per_column_params(sch, block) -> list:
-    """1-D inputs of ``block`` indexed by its column (a weight or bias broadcast over rows)."""
+    """Inputs of ``block`` that are one row indexed by its column (a weight, a bias or an
+    additive mask broadcast over rows: shape ``(cols,)`` or ``(1, ..., cols)``)."""
     block_ = sch.get(block)
     col = block_.iter_vars[-1].var
+
+    def by_column(ld):
+        *lead, last = ld.indices
+        return last.same_as(col) and all(
+            isinstance(i, tvm.tirx.IntImm) and int(i) == 0 for i in lead
+        )
+
     found = []
     for r in block_.reads:
         loads = _loads(block_, r.source)
-        if (
-            len(r.source.shape) == 1
-            and loads
-            and all(len(ld.indices) == 1 and ld.indices[0].same_as(col) for ld in loads)
-        ):
+        shape = [int(d) for d in r.source.shape]
+        if all(d == 1 for d in shape[:-1]) and loads and all(by_column(ld) for ld in loads):
             found.append(r.source)
     return found
 

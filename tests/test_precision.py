@@ -1,0 +1,101 @@
+"""Half-precision reductions accumulate in float32 (``passes.AccumulateFloat32``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm_stitch.passes import AccumulateFloat32
+
+import tvm_stitch
+from tvm_stitch.report import fusion_report
+from tvm_stitch.workloads.subgraphs import relax_function
+
+
+def test_half_reductions_are_promoted_and_others_kept():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 130), "float16"), y: R.Tensor((4, 130), "float32")):
+            with R.dataflow():
+                a = R.nn.softmax(x, axis=-1)
+                b = R.mean(x, axis=[-1], keepdims=True)
+                c = R.sum(y, axis=[-1])
+                d = R.max(x, axis=[-1])
+                R.output(a, b, c, d)
+            return (a, b, c, d)
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 130), "float16"), y: R.Tensor((4, 130), "float32")):
+            with R.dataflow():
+                lv = R.astype(x, "float32")
+                lv1 = R.nn.softmax(lv, axis=-1)
+                a = R.astype(lv1, "float16")
+                lv2 = R.astype(x, "float32")
+                lv3 = R.mean(lv2, axis=[-1], keepdims=True)
+                b = R.astype(lv3, "float16")
+                c = R.sum(y, axis=[-1])  # already float32
+                d = R.max(x, axis=[-1])  # exact in any precision
+                R.output(a, b, c, d)
+            return (a, b, c, d)
+
+    tvm.ir.assert_structural_equal(AccumulateFloat32()(Before), Expected)
+
+
+def test_module_without_half_reductions_is_returned_unchanged():
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((8, 3), "float32")):
+            with R.dataflow():
+                y = R.variance(x, axis=[1])
+                R.output(y)
+            return y
+
+    assert AccumulateFloat32()(Mod).same_as(Mod)
+
+
+def _sum_and_softmax(rows, cols):
+    return relax_function(
+        [("x", (rows, cols), "float16")],
+        lambda x: [
+            relax.Tuple(
+                [relax.op.sum(x, axis=[-1], keepdims=True), relax.op.nn.softmax(x, axis=-1)]
+            )
+        ],
+    )
+
+
+def _run(mod, x, **options):
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm", **options))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return [o.numpy().astype("float64") for o in out]
+
+
+@pytest.mark.parametrize("stitch", [True, False])
+def test_float16_sum_of_a_long_row_is_accurate(stitch):
+    # 4099 values near 1: a float16 accumulator stops growing at 2048 (its spacing there is 2)
+    rows, cols = 3, 4099
+    x = (1.0 + np.random.default_rng(0).random((rows, cols)) / 64).astype("float16")
+    mod = _sum_and_softmax(rows, cols)
+    exact = x.astype("float64").sum(-1, keepdims=True)
+    e = np.exp(x - x.max(-1, keepdims=True).astype("float64"))
+    softmax = e / e.sum(-1, keepdims=True)
+    got_sum, got_softmax = _run(mod, x, stitch=stitch)
+    # float32 accumulation: only the final rounding to float16 (spacing 4 above 4096)
+    np.testing.assert_allclose(got_sum, exact, rtol=1e-3)
+    np.testing.assert_allclose(got_softmax, softmax, rtol=2e-3, atol=1e-7)
+    if not stitch:
+        # the same module with TVM's float16 accumulation misses that tolerance (0.9% off)
+        off_sum, _ = _run(mod, x, stitch=False, accumulate_fp32=False)
+        assert not np.allclose(off_sum, exact, rtol=1e-3)
+
+
+def test_promotion_keeps_one_kernel_per_stitched_pattern():
+    mod = _sum_and_softmax(64, 781)
+    assert fusion_report(mod, "llvm", "stitch").kernels == 1
