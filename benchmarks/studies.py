@@ -44,6 +44,7 @@ _MEM_GPU = [
     ("softmax-ops", {"rows": 49152, "cols": 128}),
     ("softmax-ops", {"rows": 65536, "cols": 512}),
     ("add-layernorm", {"rows": 4096, "cols": 768}),
+    ("transpose-layernorm", {"rows": 4096, "cols": 768}),
     ("bias-gelu", {"rows": 4096, "cols": 3072}),
     ("rmsnorm", {"rows": 4096, "cols": 768}),
 ]
@@ -53,6 +54,7 @@ _MEM_CPU = [
         "layernorm",
         "layernorm-ops",
         "add-layernorm",
+        "transpose-layernorm",
         "softmax",
         "softmax-ops",
         "bias-gelu",

@@ -27,6 +27,7 @@ PATTERNS = [
     ("layernorm-ops", {}),
     ("layernorm", {}),
     ("add-layernorm", {}),
+    ("transpose-layernorm", {}),
     ("softmax-ops", {}),
     ("softmax", {}),
     ("rmsnorm", {}),
@@ -149,6 +150,7 @@ BENCH_SHAPES = [
     ("softmax", 65536, 512),
     ("softmax-ops", 65536, 512),
     ("add-layernorm", 4096, 768),
+    ("transpose-layernorm", 4096, 768),
     ("bias-gelu", 4096, 3072),
     ("rmsnorm", 4096, 768),
 ]
@@ -245,9 +247,38 @@ def test_default_pipeline_needs_several_kernels_for_these_patterns():
     """TVM's FuseOps stops at reductions; the stitch pipeline does not."""
     counts = {
         name: fusion_report(_instance(name, "float32", 64, 96, {}).mod, "llvm", "default").kernels
-        for name in ("layernorm-ops", "softmax-ops", "add-layernorm")
+        for name in ("layernorm-ops", "softmax-ops", "add-layernorm", "transpose-layernorm")
     }
-    assert counts == {"layernorm-ops": 3, "softmax-ops": 5, "add-layernorm": 2}
+    assert counts == {
+        "layernorm-ops": 3,
+        "softmax-ops": 5,
+        "add-layernorm": 2,
+        "transpose-layernorm": 2,
+    }
+
+
+def test_transposed_input_is_read_through_the_transpose(nvcc_compiles):
+    """A channels-first input: the LayerNorm reads x[c, r] itself (no transpose kernel, no
+    register cache: the loads are not at the pattern's own (row, column))."""
+    inst = _instance("transpose-layernorm", "float16", 4096, 768, {})
+    (plan,) = _plans(inst).values()
+    assert plan.cached == 0 and any("transpose" in n for n in plan.inlined)
+    src = cuda_source(tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.endswith("{")]
+    assert len(kernels) == 1 and "T_transpose" not in src
+    nvcc_compiles(src)
+
+
+def test_transpose_with_other_readers_stays_out_of_the_pattern():
+    def body(x, w, b):
+        t = relax.op.permute_dims(x, [1, 0])
+        return [t, relax.op.add(relax.op.nn.layer_norm(t, w, b, axes=[-1]), t)]
+
+    mod = relax_function(
+        [("x", (96, 64), "float32"), ("w", (96,), "float32"), ("b", (96,), "float32")], body
+    )
+    # the transpose is read by the LayerNorm and the add: it stays a kernel of its own
+    assert fusion_report(mod, "llvm", "stitch").kernels == 2
 
 
 def _stitched(inst):

@@ -112,6 +112,12 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             group_of[i] = g
             upstream[var] = up - {g.gid}
             continue
+        if kinds is None and not up and _input_transpose(mod, binding, inputs, readers):
+            # a transpose of a function input read only by one consumer: if that consumer is
+            # stitched, the pattern reads the input through it (index propagation)
+            leaves[i] = [OpKind.INJECTIVE]
+            upstream[var] = up
+            continue
         if kinds is None and (
             "column-reduce" in why or any(producer.get(a, -1) in group_of for a in inputs)
         ):
@@ -191,6 +197,23 @@ def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
     if shape is None or in_shape is None or math.prod(shape) != math.prod(in_shape):
         return None
     return g
+
+
+def _input_transpose(mod, binding, inputs, readers) -> bool:
+    """Whether ``binding`` is a transpose (every block a permutation of the axes) of one value,
+    read by one binding only (the caller checks that no pattern produced the value)."""
+    value = binding.value
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(inputs) != 1:
+        return False
+    if readers.get(binding.var, 0) != 1:
+        return False
+    func = mod[value.args[0]]
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return False
+    nodes = prim_func_nodes(func, value.args[0].name_hint)
+    return bool(nodes) and all(
+        n.kind is OpKind.INJECTIVE and n.detail == "transpose" for n in nodes
+    )
 
 
 def _pack(groups, bindings, upstream) -> list[Group]:

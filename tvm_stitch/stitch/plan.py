@@ -136,12 +136,18 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
     if not nodes:
         raise IllegalPatternError("no analysable blocks")
     ops = []
+    produced = {n.output for n in nodes}
     for n in nodes:
-        if n.kind is OpKind.COLUMN_REDUCE:
+        kind = n.kind
+        if _input_transpose(n, produced):
+            # an input read through a transpose: inlined into its readers (index propagation);
+            # the loads follow the permutation (not coalesced, not cached in registers)
+            kind = OpKind.LIGHT_ELEMWISE
+        elif n.kind is OpKind.COLUMN_REDUCE:
             raise IllegalPatternError(
                 f"{n.name} is a column reduction: rows would span thread blocks"
             )
-        if n.kind not in (
+        if kind not in (
             OpKind.LIGHT_ELEMWISE,
             OpKind.EXPENSIVE_ELEMWISE,
             OpKind.ROW_REDUCE,
@@ -150,9 +156,7 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
             raise IllegalPatternError(f"{n.name} is {n.kind.value} ({n.detail})")
         elements = math.prod(e for _, e in n.spatial + n.reduction) or 1
         reads = tuple(m.tensor for m in n.inputs)
-        ops.append(
-            Op(n.name.split("/")[-1], n.kind, elements, n.flops, n.out_dtype, n.output, reads)
-        )
+        ops.append(Op(n.name.split("/")[-1], kind, elements, n.flops, n.out_dtype, n.output, reads))
     out = nodes[-1].out_shape
     if len(out) < 1:
         raise IllegalPatternError("scalar output")
@@ -167,6 +171,15 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
                 f"{n.name} writes {n.out_shape}, outside the row space {out[:-1]}"
             )
     return ops, rows, cols
+
+
+def _input_transpose(node, produced) -> bool:
+    """A transpose of the function's inputs (nothing in the pattern produces what it reads)."""
+    return (
+        node.kind is OpKind.INJECTIVE
+        and node.detail == "transpose"
+        and all(m.tensor not in produced for m in node.inputs)
+    )
 
 
 def layout_epilogue(func: tvm.tirx.PrimFunc) -> tuple:

@@ -74,6 +74,38 @@ def _layernorm(dtype, rng, rows, cols):
     )
 
 
+def _transpose_layernorm(dtype, rng, rows, cols):
+    """LayerNorm of a transposed input: ``x`` is (cols, rows) (channels first), the pattern reads
+    it through the transpose (TVM's default: a transpose kernel, then the LayerNorm)."""
+    x = _rand(rng, (cols, rows), dtype)
+    w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
+
+    def body(x_, w_, b_):
+        t = relax.op.permute_dims(x_, [1, 0])
+        return [t, relax.op.nn.layer_norm(t, w_, b_, axes=[-1], epsilon=LN_EPS)]
+
+    mod = relax_function(
+        [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)], body
+    )
+
+    def eager(device, tdtype):
+        import torch.nn.functional as F
+
+        return lambda x_, w_, b_: F.layer_norm(x_.t(), (cols,), w_, b_, LN_EPS)
+
+    io = _nbytes((x.shape, dtype), (x.shape, dtype), (w.shape, dtype), (b.shape, dtype))
+    return Instance(
+        f"transpose-layernorm {rows}x{cols} {dtype}",
+        mod,
+        "main",
+        [x, w, b],
+        {"eager": eager},
+        0,
+        io,
+        dtype,
+    )
+
+
 def _layernorm_ops(dtype, rng, rows, cols):
     """LayerNorm written as separate ops: mean, subtract, square, mean, rsqrt, scale, shift."""
     x = _rand(rng, (rows, cols), dtype)
@@ -374,6 +406,13 @@ def subgraph_workloads() -> list[Workload]:
         ),
         Workload(
             "add-layernorm", "memory", "bias + residual add + LayerNorm", bert, _add_layernorm
+        ),
+        Workload(
+            "transpose-layernorm",
+            "memory",
+            "LayerNorm of a transposed (channels-first) input",
+            bert,
+            _transpose_layernorm,
         ),
         Workload(
             "softmax",
