@@ -8,6 +8,7 @@ the same meaning.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -55,54 +56,33 @@ def _rand(rng, shape, dtype, scale=1.0, offset=0.0):
 
 
 # -- memory-intensive patterns ---------------------------------------------------------------------
-def _layernorm(dtype, rng, rows, cols):
-    x = _rand(rng, (rows, cols), dtype)
-    w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
-    mod = relax_function(
-        [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)],
-        lambda x_, w_, b_: [relax.op.nn.layer_norm(x_, w_, b_, axes=[-1], epsilon=LN_EPS)],
-    )
-
-    def eager(device, tdtype):
-        import torch.nn.functional as F
-
-        return lambda x_, w_, b_: F.layer_norm(x_, (cols,), w_, b_, LN_EPS)
-
-    io = _nbytes((x.shape, dtype), (x.shape, dtype), (w.shape, dtype), (b.shape, dtype))
-    return Instance(
-        f"layernorm {rows}x{cols} {dtype}", mod, "main", [x, w, b], {"eager": eager}, 0, io, dtype
-    )
-
-
-def _transpose_layernorm(dtype, rng, rows, cols):
-    """LayerNorm of a transposed input: ``x`` is (cols, rows) (channels first), the pattern reads
-    it through the transpose (TVM's default: a transpose kernel, then the LayerNorm)."""
-    x = _rand(rng, (cols, rows), dtype)
+def _layernorm(dtype, rng, rows, cols, transposed=False):
+    """``relax.nn.layer_norm`` over the last axis; with ``transposed`` the input is (cols, rows)
+    (channels first) and the LayerNorm reads it through a transpose (TVM's default: a transpose
+    kernel, then the LayerNorm)."""
+    x = _rand(rng, (cols, rows) if transposed else (rows, cols), dtype)
     w, b = _rand(rng, (cols,), dtype, 0.1, 1.0), _rand(rng, (cols,), dtype, 0.1)
 
     def body(x_, w_, b_):
-        t = relax.op.permute_dims(x_, [1, 0])
-        return [t, relax.op.nn.layer_norm(t, w_, b_, axes=[-1], epsilon=LN_EPS)]
+        t = relax.op.permute_dims(x_, [1, 0]) if transposed else x_
+        ln = relax.op.nn.layer_norm(t, w_, b_, axes=[-1], epsilon=LN_EPS)
+        return [t, ln] if transposed else [ln]
 
-    mod = relax_function(
-        [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)], body
-    )
+    params = [("x", x.shape, dtype), ("w", w.shape, dtype), ("b", b.shape, dtype)]
+    mod = relax_function(params, body)
 
     def eager(device, tdtype):
         import torch.nn.functional as F
 
-        return lambda x_, w_, b_: F.layer_norm(x_.t(), (cols,), w_, b_, LN_EPS)
+        def fn(x_, w_, b_):
+            return F.layer_norm(x_.t() if transposed else x_, (cols,), w_, b_, LN_EPS)
+
+        return fn
 
     io = _nbytes((x.shape, dtype), (x.shape, dtype), (w.shape, dtype), (b.shape, dtype))
+    name = "transpose-layernorm" if transposed else "layernorm"
     return Instance(
-        f"transpose-layernorm {rows}x{cols} {dtype}",
-        mod,
-        "main",
-        [x, w, b],
-        {"eager": eager},
-        0,
-        io,
-        dtype,
+        f"{name} {rows}x{cols} {dtype}", mod, "main", [x, w, b], {"eager": eager}, 0, io, dtype
     )
 
 
@@ -412,7 +392,7 @@ def subgraph_workloads() -> list[Workload]:
             "memory",
             "LayerNorm of a transposed (channels-first) input",
             bert,
-            _transpose_layernorm,
+            functools.partial(_layernorm, transposed=True),
         ),
         Workload(
             "softmax",
