@@ -280,6 +280,16 @@ def test_transpose_with_other_readers_stays_out_of_the_pattern():
     # the transpose is read by the LayerNorm and the add: it stays a kernel of its own
     assert fusion_report(mod, "llvm", "stitch").kernels == 2
 
+    def returned(x, w, b):
+        t = relax.op.permute_dims(x, [1, 0])
+        return [relax.Tuple([t, relax.op.nn.layer_norm(t, w, b, axes=[-1])])]
+
+    mod = relax_function(
+        [("x", (96, 64), "float32"), ("w", (96,), "float32"), ("b", (96,), "float32")], returned
+    )
+    # the transpose is also returned: written by its own kernel, the LayerNorm reads it
+    assert fusion_report(mod, "llvm", "stitch").kernels == 2
+
 
 def _stitched(inst):
     fused = fused_module(inst.mod, CUDA, "stitch")

@@ -87,11 +87,10 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     groups: list[Group] = []
     leaves: dict[int, list] = {}  # elementwise bindings on inputs only, not yet in a pattern
     refused = []
-    readers: dict = {}  # var -> how many bindings read it
+    readers: dict = {}  # var -> how many bindings read it (calls, tuples, anything)
     for b in bindings:
-        for a in set(_call_args(b.value)):
-            if isinstance(a, relax.Var):
-                readers[a] = readers.get(a, 0) + 1
+        for a in relax.analysis.free_vars(b.value):
+            readers[a] = readers.get(a, 0) + 1
     for i, binding in enumerate(bindings):
         var = binding.var
         producer[var] = i
@@ -201,12 +200,13 @@ def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
 
 def _input_transpose(mod, binding, inputs, readers) -> bool:
     """Whether ``binding`` is a transpose (every block a permutation of the axes) of one value,
-    read by one binding only (the caller checks that no pattern produced the value)."""
+    read by one binding only and not an output of the block (the caller checks that no pattern
+    produced the value)."""
     value = binding.value
     if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(inputs) != 1:
         return False
-    if readers.get(binding.var, 0) != 1:
-        return False
+    if readers.get(binding.var, 0) != 1 or not isinstance(binding.var, relax.DataflowVar):
+        return False  # read elsewhere too, or an output of the block
     func = mod[value.args[0]]
     if not isinstance(func, tvm.tirx.PrimFunc):
         return False
