@@ -544,3 +544,16 @@ def test_a_refused_plan_falls_back_to_the_next_one(monkeypatch, caplog):
     assert stitch.plans[gv.name_hint] == expected[1]
     assert out[gv].attrs["tirx.is_scheduled"]
     assert "plan refused" in caplog.text and "refused for the test" in caplog.text
+
+
+def test_a_transpose_alone_is_left_to_tvm():
+    """Only a transpose inside a row pattern is read through; a transpose kernel of its own
+    keeps TVM's schedule (BERT's head merge: a thread plan would make its loads strided)."""
+
+    class Inst:
+        mod = relax_function(
+            [("x", (4, 128, 12, 64), "float16")],
+            lambda x: [relax.op.permute_dims(x, [0, 2, 1, 3])],
+        )
+
+    assert _plans(Inst) == {}

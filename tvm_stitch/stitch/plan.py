@@ -137,11 +137,13 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
         raise IllegalPatternError("no analysable blocks")
     ops = []
     produced = {n.output for n in nodes}
+    reduces = any(n.kind is OpKind.ROW_REDUCE for n in nodes)
     for n in nodes:
         kind = n.kind
-        if _input_transpose(n, produced):
+        if reduces and _input_transpose(n, produced):
             # an input read through a transpose: inlined into its readers (index propagation);
-            # the loads follow the permutation (not coalesced, not cached in registers)
+            # the loads follow the permutation (not coalesced, not cached in registers).  A
+            # transpose without a reduction stays TVM's (its schedule tiles it in shared memory)
             kind = OpKind.LIGHT_ELEMWISE
         elif n.kind is OpKind.COLUMN_REDUCE:
             raise IllegalPatternError(
