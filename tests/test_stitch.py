@@ -557,3 +557,17 @@ def test_a_transpose_alone_is_left_to_tvm():
         )
 
     assert _plans(Inst) == {}
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_batched_layernorm_keeps_the_row_in_registers(batch, nvcc_compiles):
+    """(batch, 128, 768): TVM's loop normalisation drops a batch of one from the iterators, the
+    loads keep an index 0; the row is still recognised as the lane's own and cached."""
+    mod = relax_function(
+        [("x", (batch, 128, 768), "float16"), ("w", (768,), "float16"), ("b", (768,), "float16")],
+        lambda x, w, b: [relax.op.nn.layer_norm(x, w, b, axes=[-1])],
+    )
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    reads = [ln for ln in src.splitlines() if "x_ptr +" in ln or "x_ptr[" in ln]
+    assert reads and all("x_local_ptr" in ln.split("=")[0] for ln in reads)  # only into registers
+    nvcc_compiles(src)

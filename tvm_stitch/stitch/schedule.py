@@ -353,13 +353,31 @@ def _row_inputs(sch, func, readers) -> list:
 
 
 def _identity_loads(block, buf) -> bool:
-    """Whether every load of ``buf`` in ``block`` is indexed by the block's iterators in order."""
-    ivs = [iv.var for iv in block.iter_vars]
+    """Whether every load of ``buf`` in ``block`` is indexed by the block's iterators in order.
+
+    Unit axes do not count: an index 0 into an axis of extent 1 (a batch of one, which TVM's
+    loop normalisation leaves out of the iterators) and an iterator of extent 1 are skipped."""
+    ivs = [iv.var for iv in block.iter_vars if not _is_one(iv.dom.extent)]
     loads = _loads(block, buf)
-    return loads is not None and all(
-        len(ld.indices) == len(ivs) and all(a.same_as(b) for a, b in zip(ld.indices, ivs))
-        for ld in loads
-    )
+
+    def own(ld) -> bool:
+        idx = [
+            i
+            for i, d in zip(ld.indices, buf.shape)
+            if not (_is_one(d) and isinstance(i, tvm.tirx.IntImm) and int(i) == 0)
+        ]
+        idx = [
+            i
+            for i in idx
+            if not any(i.same_as(iv.var) and _is_one(iv.dom.extent) for iv in block.iter_vars)
+        ]
+        return len(idx) == len(ivs) and all(a.same_as(b) for a, b in zip(idx, ivs))
+
+    return loads is not None and all(own(ld) for ld in loads)
+
+
+def _is_one(extent) -> bool:
+    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _loads(block, buf) -> list | None:
