@@ -50,8 +50,22 @@ class Group:
 _shape = static_shape
 
 
-def binding_kinds(mod, binding) -> tuple[list[OpKind] | None, str]:
-    """Op kinds of a ``call_tir`` binding's blocks, or ``(None, why)`` if it cannot be stitched."""
+def callee_nodes(mod, binding) -> list | None:
+    """The tensor-graph nodes (one per TIR block) of the PrimFunc a ``call_tir`` binding calls,
+    or None when the binding is not a ``call_tir`` of a PrimFunc."""
+    value = binding.value
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+        return None
+    func = mod[value.args[0]]
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return None
+    return prim_func_nodes(func, value.args[0].name_hint)
+
+
+def binding_kinds(mod, binding, nodes=None) -> tuple[list[OpKind] | None, str]:
+    """Op kinds of a ``call_tir`` binding's blocks, or ``(None, why)`` if it cannot be stitched.
+
+    ``nodes``: the binding's :func:`callee_nodes` when the caller has them already."""
     value = binding.value
     if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
         return None, "not a call_tir"
@@ -62,7 +76,9 @@ def binding_kinds(mod, binding) -> tuple[list[OpKind] | None, str]:
         return None, "dynamic or tuple output"
     if int(func.attrs.get("op_pattern", 0) if func.attrs else 0) == 8:
         return None, "opaque kernel"
-    kinds = [n.kind for n in prim_func_nodes(func, value.args[0].name_hint)]
+    if nodes is None:
+        nodes = callee_nodes(mod, binding)
+    kinds = [n.kind for n in nodes]
     if not kinds:
         return None, "no analysable blocks"
     bad = sorted({k.value for k in kinds} - {k.value for k in STITCHABLE})
@@ -100,10 +116,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             up |= upstream.get(a, set())
             if a in producer and producer[a] in group_of:
                 up.add(group_of[producer[a]].gid)
-        kinds, why = binding_kinds(mod, binding)
+        nodes = callee_nodes(mod, binding)
+        kinds, why = binding_kinds(mod, binding, nodes)
         out = _shape(var.ty)
         chosen = None
-        g = _layout_tail_of(mod, binding, inputs, producer, group_of, readers)
+        g = _layout_tail_of(binding, nodes, inputs, producer, group_of, readers)
         if g is not None:
             # a reshape/transpose of the pattern's result: the output is written through it
             g.members.append(i)
@@ -111,7 +128,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             group_of[i] = g
             upstream[var] = up - {g.gid}
             continue
-        if kinds is None and not up and _input_transpose(mod, binding, inputs, readers):
+        if kinds is None and not up and _input_transpose(binding, nodes, inputs, readers):
             # a transpose of a function input read only by one consumer: if that consumer is
             # stitched, the pattern reads the input through it (index propagation)
             leaves[i] = [OpKind.INJECTIVE]
@@ -171,26 +188,20 @@ def _drop_trailing_reshapes(group, bindings, group_of) -> None:
         del group_of[i]
 
 
-def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
+def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers):
     """The pattern a reshape/transpose binding ends, or None.
 
-    It qualifies when all its blocks are injective with as many elements out as in, its one
-    input is the result of a pattern with a row reduction (or of that pattern's last layout
-    op) and nothing else reads that result, so the pattern's output can be written through it.
+    It qualifies when all its blocks (``nodes``) are injective with as many elements out as in,
+    its one input is the result of a pattern with a row reduction (or of that pattern's last
+    layout op) and nothing else reads that result, so the pattern's output can be written
+    through it.
     """
-    value = binding.value
-    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(inputs) != 1:
+    if not _layout_op(nodes, inputs):
         return None
     g = group_of.get(producer.get(inputs[0], -1))
     if g is None or not g.has_reduce or readers.get(inputs[0], 0) != 1:
         return None
     if g.layout and producer[inputs[0]] != g.layout[-1]:
-        return None
-    func = mod[value.args[0]]
-    if not isinstance(func, tvm.tirx.PrimFunc):
-        return None
-    nodes = prim_func_nodes(func, value.args[0].name_hint)
-    if not nodes or any(n.kind is not OpKind.INJECTIVE for n in nodes):
         return None
     shape, in_shape = _shape(binding.var.ty), _shape(inputs[0].ty)
     if shape is None or in_shape is None or math.prod(shape) != math.prod(in_shape):
@@ -198,22 +209,19 @@ def _layout_tail_of(mod, binding, inputs, producer, group_of, readers):
     return g
 
 
-def _input_transpose(mod, binding, inputs, readers) -> bool:
+def _input_transpose(binding, nodes, inputs, readers) -> bool:
     """Whether ``binding`` is a transpose (every block a permutation of the axes) of one value,
     read by one binding only and not an output of the block (the caller checks that no pattern
     produced the value)."""
-    value = binding.value
-    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(inputs) != 1:
+    if not _layout_op(nodes, inputs) or any(n.detail != "transpose" for n in nodes):
         return False
-    if readers.get(binding.var, 0) != 1 or not isinstance(binding.var, relax.DataflowVar):
-        return False  # read elsewhere too, or an output of the block
-    func = mod[value.args[0]]
-    if not isinstance(func, tvm.tirx.PrimFunc):
-        return False
-    nodes = prim_func_nodes(func, value.args[0].name_hint)
-    return bool(nodes) and all(
-        n.kind is OpKind.INJECTIVE and n.detail == "transpose" for n in nodes
-    )
+    # read elsewhere too, or an output of the block: it stays a kernel of its own
+    return readers.get(binding.var, 0) == 1 and isinstance(binding.var, relax.DataflowVar)
+
+
+def _layout_op(nodes, inputs) -> bool:
+    """A ``call_tir`` of one input whose blocks are all injective (reshape, transpose)."""
+    return bool(nodes) and len(inputs) == 1 and all(n.kind is OpKind.INJECTIVE for n in nodes)
 
 
 def _pack(groups, bindings, upstream) -> list[Group]:
