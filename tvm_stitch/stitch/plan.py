@@ -123,7 +123,7 @@ class KernelPlan:
 
 def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
     """The ops of a stitched PrimFunc and its row space ``(rows, cols)``; the trailing layout
-    ops (:func:`layout_epilogue`) are left out.
+    ops (reshape, transpose: the plan's ``epilogue``) are left out.
 
     Raises
     ------
@@ -131,7 +131,11 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
         When a block is a column reduction, a transpose/gather or compute-intensive, or when
         blocks do not share the leading (row) dimensions.
     """
-    nodes = prim_func_nodes(func, "p")
+    return _pattern(prim_func_nodes(func, "p"))
+
+
+def _pattern(nodes) -> tuple[list[Op], int, int]:
+    """:func:`pattern_ops` of a PrimFunc's tensor-graph nodes."""
     nodes = nodes[: len(nodes) - len(_epilogue(nodes))]
     if not nodes:
         raise IllegalPatternError("no analysable blocks")
@@ -184,14 +188,10 @@ def _input_transpose(node, produced) -> bool:
     )
 
 
-def layout_epilogue(func: tvm.tirx.PrimFunc) -> tuple:
+def _epilogue(nodes) -> tuple:
     """Names of the trailing layout ops (reshape, transpose: injective, as many elements out as
     in) after the pattern's last row op.  The output is written through them: each element
     goes straight to its place in the permuted tensor (``reverse_compute_inline``)."""
-    return _epilogue(prim_func_nodes(func, "p"))
-
-
-def _epilogue(nodes) -> tuple:
     tail = []
     for n in reversed(nodes):
         if n.kind is not OpKind.INJECTIVE or len(n.inputs) != 1:
@@ -344,8 +344,9 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
     IllegalPatternError
         See :func:`pattern_ops`.
     """
-    ops, rows, cols = pattern_ops(func)
-    epilogue = layout_epilogue(func)
+    nodes = prim_func_nodes(func, "p")
+    ops, rows, cols = _pattern(nodes)
+    epilogue = _epilogue(nodes)
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
@@ -360,7 +361,9 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         o.name for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE and o.elements >= rows * cols
     ][:2]
     keeps = [()] + [(e,) for e in expensive]
+    # expensive ops that several passes read: with the row cached they may stay in registers
     by_name = {o.name: o for o in ops}
+    reused = tuple(e for e in expensive if _uses(by_name[e], ops) > 1)
     candidates = []
     for keep in keeps:
         for rpb in (8, 4, 2, 1):  # on a tie, more warps per block hide more latency
@@ -377,8 +380,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         vector = vector_width(widths, threads, widest)
         variants = [(False, ())]
         if vector and row_inputs:
-            # rows cached in registers; then an expensive op may also stay in registers
-            reused = tuple(e for e in expensive if _uses(by_name[e], ops) > 1)
+            # rows cached in registers; then the reused expensive ops may stay there too
             variants = [(True, ())] + ([(True, reused)] if reused and not keep else [])
             variants.append((False, ()))
         for cache, in_regs in variants:

@@ -140,7 +140,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=False)
         name = sch.get(b).name_hint
         if name in plan.registers:
-            _keep_in_registers(sch, b, func, threads * vector, vector, gpu)
+            _keep_in_registers(sch, b, threads * vector, vector, gpu)
         elif gpu:
             # a sub-root's result, read by every thread of the row: with one warp per row the
             # shuffles leave a reduction's result in every lane's registers; otherwise it goes
@@ -158,35 +158,31 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
             inner = sch.get_loops(cache)[depth:]
             columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=True)
             if gpu:
-                # each thread's registers hold its own [pass, vector] slice: the thread index
-                # is dropped from the layout (a "local" buffer is private to its thread)
-                sch.transform_layout(
-                    cache,
-                    ("write", 0),
-                    _thread_slice(len(buf.shape), threads * vector, vector),
-                    assume_injective_transform=True,
-                )
+                _thread_private(sch, cache, threads * vector, vector)
     return _finish(sch, gpu)
 
 
-def _keep_in_registers(sch, block, func, span: int, vector: int, gpu: bool) -> None:
+def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
     """An expensive op's result in each thread's registers: legal when every reader loads it at
     its own (row, column), which the shared column split makes the computing thread's."""
     buf = sch.get(block).writes[0].source
-    readers = [b for b in sch.get_consumers(block)]
-    for r in readers:
+    for r in sch.get_consumers(block):
         if not _identity_loads(sch.get(r), buf):
             raise IllegalPatternError(
                 f"{sch.get(r).name_hint} reads {buf.name} at other columns: not thread-local"
             )
     if gpu:
         sch.set_scope(block, 0, "local")
-        sch.transform_layout(
-            block,
-            ("write", 0),
-            _thread_slice(len(buf.shape), span, vector),
-            assume_injective_transform=True,
-        )
+        _thread_private(sch, block, span, vector)
+
+
+def _thread_private(sch, block, span: int, vector: int) -> None:
+    """``block``'s local result laid out as each thread's own ``[pass, vector]`` slice: the
+    thread index is dropped from the layout (a "local" buffer is private to its thread)."""
+    ndim = len(sch.get(block).writes[0].source.shape)
+    sch.transform_layout(
+        block, ("write", 0), _thread_slice(ndim, span, vector), assume_injective_transform=True
+    )
 
 
 def hoist_row_reciprocals(sch) -> None:
