@@ -5,6 +5,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 """
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
+from .canonicalize import FoldStaticShapes
 from .mcfuser import FuseMBCI
 from .precision import AccumulateFloat32
 from .stitch import StitchFusion, StitchSchedule
@@ -12,6 +13,7 @@ from .stitch import StitchFusion, StitchSchedule
 __all__ = [
     "AccumulateFloat32",
     "AnalyzeTensorGraph",
+    "FoldStaticShapes",
     "FuseMBCI",
     "ReportFusion",
     "StitchFusion",

@@ -45,13 +45,18 @@ class StitchFusion:
                 if not isinstance(block, relax.DataflowBlock):
                     new_blocks.append(block)
                     continue
-                groups, refused = form_groups(mod, block)
-                for name, why in refused:
-                    logger.info("stitch: %s not joined: %s", name, why)
-                if not groups:
+                try:
+                    groups, refused = form_groups(mod, block)
+                    for name, why in refused:
+                        logger.info("stitch: %s not joined: %s", name, why)
+                    rewritten = _rewrite_block(builder, block, groups, func) if groups else None
+                except Exception as err:  # noqa: BLE001 - never break a build: TVM's fusion
+                    logger.warning("stitch: %s: block left to TVM's fusion: %r", gv.name_hint, err)
+                    rewritten = None
+                if rewritten is None:
                     new_blocks.append(block)
                     continue
-                new_blocks.append(_rewrite_block(builder, block, groups, func))
+                new_blocks.append(rewritten)
                 count += len(groups)
                 changed = True
             if changed:
@@ -245,6 +250,9 @@ class StitchSchedule:
                 plans = candidate_plans(func, hw)
             except IllegalPatternError as err:
                 log("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
+                continue
+            except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
+                logger.warning("stitch: %s left to TVM's schedule: %r", gv.name_hint, err)
                 continue
             if not stitched and plans[0].composition != "thread":
                 continue  # a row pattern the former did not form: TVM's schedule

@@ -77,7 +77,8 @@ def test_workload_errors():
         get_workload("softmax").instance("bfloat8")
     with pytest.raises(KeyError, match="known"):
         get_workload("gpt")
-    assert {w.family for w in WORKLOADS.values()} == {"bert", "memory", "gemm-chain", "attention"}
+    families = {w.family for w in WORKLOADS.values()}
+    assert families == {"bert", "memory", "gemm-chain", "attention", "zoo"}
 
 
 @pytest.mark.parametrize("name, params", [("G1", {}), ("S4", {}), ("bert-tiny", {"seq": 16})])

@@ -4,6 +4,7 @@
 >>> ex = tvm.compile(mod, target, relax_pipeline=tvm_stitch.pipeline(target))
 >>> ex = tvm.compile(mod, target, relax_pipeline="stitch")      # the same, by name
 >>> tvm_stitch.fusion_report(mod, target).kernels
+>>> fn = tvm_stitch.from_torch(model, example_inputs, target="cuda")   # from PyTorch
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _attach_source_subpackage(name: str, folder: str) -> None:
     spec.loader.exec_module(module)
 
 
+from .frontend import from_torch  # noqa: E402
 from .hardware import HardwareModel, UnsupportedTargetError  # noqa: E402
 from .pipeline import default_pipeline, phases, pipeline, register  # noqa: E402
 from .report import FusionReport, compare_pipelines, fusion_report  # noqa: E402
@@ -52,6 +54,7 @@ __all__ = [
     "UnsupportedTargetError",
     "compare_pipelines",
     "default_pipeline",
+    "from_torch",
     "fusion_report",
     "passes",
     "phases",

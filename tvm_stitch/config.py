@@ -15,6 +15,11 @@ class PipelineOptions:
 
     Attributes
     ----------
+    fold : bool
+        Evaluate at compile time every value that depends on no input (causal and padding masks
+        built from ``arange``/``full``/comparisons, position ids, rotary tables) and use it as a
+        constant; boolean scans that remain accumulate in ``int32``.  Runs before TVM's library
+        dispatch.
     analyze : bool
         Build the tensor dependency graph after legalization and log its summary (INFO level on
         the ``tvm_stitch`` logger).  Costs a walk over every TIR block; off for the fastest builds.
@@ -35,6 +40,7 @@ class PipelineOptions:
         keeps every operator.
     """
 
+    fold: bool = True
     analyze: bool = True
     report: bool = True
     stitch: bool = True

@@ -2,7 +2,8 @@
 
 Phases (each a list of passes, so reports can stop after fusion):
 
-``dispatch``   TVM's library dispatch (sampling, sort/scan)
+``dispatch``   [input-independent values folded into constants], TVM's library dispatch
+               (sampling, sort/scan)
 ``fusion``     [MCFuser Triton kernels], [float32 accumulation], LegalizeOps, [tensor-graph
                analysis], AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
                [StitchSchedule], [fusion report]
@@ -52,7 +53,7 @@ def as_target(target) -> tvm.target.Target:
         return target
     if isinstance(target, tvm.target.Target):
         return target
-    if target in SHORT_TARGETS:
+    if isinstance(target, str) and target in SHORT_TARGETS:
         target = SHORT_TARGETS[target]
     return tvm.target.Target(target)
 
@@ -74,6 +75,7 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
     target = as_target(target)
     opts = PipelineOptions.from_kwargs(**options)
     backend = _backend(target)
+    dispatch = list(backend.library_dispatch_passes(target))
     legalize = list(backend.legalize_passes(target))
     schedule = [p for p in legalize if p.info.name == "ApplyDefaultSchedule"]
     fusion = [p for p in legalize if p.info.name != "ApplyDefaultSchedule"]
@@ -93,12 +95,14 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
             fusion.insert(at, passes.AccumulateFloat32())
         if opts.mcfuser and target.kind.name == "cuda":
             fusion.insert(0, passes.FuseMBCI(families=tuple(opts.mcfuser)))
+        if opts.fold:
+            dispatch.insert(0, passes.FoldStaticShapes())
     elif kind != "default":
         raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
     elif options:
         raise TypeError("the default pipeline takes no options")
     return [
-        ("dispatch", list(backend.library_dispatch_passes(target))),
+        ("dispatch", dispatch),
         ("fusion", fusion),
         ("schedule", schedule),
         ("lower", list(backend.dataflow_lower_passes(target))),

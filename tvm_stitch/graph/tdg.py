@@ -87,6 +87,10 @@ class Node:
         Arithmetic operations over the whole iteration domain.
     bytes_read, bytes_written : int
         Footprints of the inputs and of the output, in bytes.
+    block : tvm.s_tir.SBlock or None
+        The TIR block itself (None for an opaque kernel), for analyses that read its expression.
+    tensor_of : dict
+        Graph tensor name of each buffer the block touches (its loads and its store).
     """
 
     name: str
@@ -104,6 +108,8 @@ class Node:
     bytes_read: int
     bytes_written: int
     elements_accessed: int
+    block: object = dataclasses.field(default=None, repr=False, compare=False)
+    tensor_of: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def compute_memory_ratio(self) -> float:
@@ -158,6 +164,10 @@ class TensorDependencyGraph:
         self.nodes: dict[str, Node] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self.skipped: list[tuple[str, str]] = []
+        #: graph tensor name -> the Relax expression holding it (a Var, Constant or tuple item)
+        self.values: dict = {}
+        #: tensors something other than a call_tir reads: returned, block outputs, tuple reads
+        self.pinned: set[str] = set()
         self._consumers: dict[str, list[str]] = defaultdict(list)
 
     # -- construction ---------------------------------------------------------------------------
@@ -264,10 +274,25 @@ def build_graph(
     names = _Namer()
     for param in func.params:
         _add_relax_tensor(graph, names.name(param), param.ty, "input")
+        graph.values[names.name(param)] = param
     for block in func.body.blocks:
         for binding in block.bindings:
             _visit_binding(graph, mod, names, binding)
+            if not isinstance(binding.var, relax.DataflowVar):
+                _pin(graph, names, binding.var)
+            value = binding.value
+            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+                for var in relax.analysis.free_vars(value):
+                    _pin(graph, names, var)
+    for var in relax.analysis.free_vars(func.body.body):
+        _pin(graph, names, var)
     return graph
+
+
+def _pin(graph, names, var) -> None:
+    name = names.name(var)
+    for n in name if isinstance(name, list) else [name]:
+        graph.pinned.add(n)
 
 
 # -- Relax level -----------------------------------------------------------------------------------
@@ -333,10 +358,42 @@ def _entry_name(mod, func_name) -> str:
 
 
 def _add_relax_tensor(graph, name, ty, scope) -> None:
-    shape = getattr(ty, "shape", None)
-    if isinstance(ty, relax.TensorType) and isinstance(shape, relax.ShapeExpr):
-        dims = tuple(int(d) for d in shape.values)
+    dims = static_shape(ty)
+    if dims is not None:
         graph.add_tensor(TensorInfo(name, dims, str(ty.dtype), scope))
+
+
+def static_dims(dims) -> tuple[int, ...] | None:
+    """``dims`` as Python ints, or None when one of them is symbolic."""
+    out = []
+    for d in dims:
+        if not isinstance(d, (int, tirx.IntImm)):
+            return None
+        out.append(int(d))
+    return tuple(out)
+
+
+def _unanalysable(func) -> str | None:
+    """Why the graph cannot have nodes for ``func`` (not a PrimFunc, symbolic shapes), or None.
+
+    Such a call stays in the graph as an opaque binding (``skipped``): the passes that read the
+    graph leave it to TVM.
+    """
+    if not isinstance(func, tirx.PrimFunc):
+        return f"not a PrimFunc ({type(func).__name__})"
+    if any(static_dims(p.shape) is None for p in func.params if hasattr(p, "shape")):
+        return "symbolic or dynamic shapes"
+    if any(not hasattr(p, "shape") for p in func.params):
+        return "takes non-buffer parameters"
+    root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
+    buffers = list(root.alloc_buffers) if root is not None else []
+    for block, _ in iter_sblocks(func.body):
+        buffers.extend(block.alloc_buffers)
+        if any(static_dims([iv.dom.extent, iv.dom.min]) is None for iv in block.iter_vars):
+            return "symbolic loop extents"
+    if any(static_dims(b.shape) is None for b in buffers):
+        return "symbolic buffer shapes"
+    return None
 
 
 def _visit_binding(graph, mod, names, binding) -> None:
@@ -359,6 +416,7 @@ def _visit_binding(graph, mod, names, binding) -> None:
     if isinstance(value, relax.Call):
         reason = f"opaque call {getattr(value.op, 'name', value.op)}"
     _add_relax_tensor(graph, names.name(var), var.ty, "global")
+    graph.values[names.name(var)] = var
     graph.skipped.append((var.name, reason))
     logger.debug("tensor graph: %s left out (%s)", var.name, reason)
 
@@ -366,11 +424,19 @@ def _visit_binding(graph, mod, names, binding) -> None:
 def _visit_call_tir(graph, mod, names, var, call) -> None:
     gvar, args = call.args[0], call.args[1]
     func = mod[gvar]
+    why = _unanalysable(func)
+    if why:
+        _add_relax_tensor(graph, names.name(var), var.ty, "global")
+        graph.values[names.name(var)] = var
+        graph.skipped.append((var.name, f"{gvar.name_hint}: {why}"))
+        logger.debug("tensor graph: %s left out (%s)", var.name, why)
+        return
     arg_names = []
     for arg in args.fields:
         name = names.name(arg)
         if isinstance(arg, tvm.ir.expr.Constant):
             _add_relax_tensor(graph, name, arg.ty, "const")
+            graph.values[name] = arg
         arg_names.append(name)
     out_sinfo = call.ty_args[0]
     call_name = names.name(var)
@@ -378,11 +444,13 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
         base = call_name
         out_names = [f"{base}.{i}" for i in range(len(out_sinfo.fields))]
         names.aliases[var] = out_names
-        for n, s in zip(out_names, out_sinfo.fields):
+        for i, (n, s) in enumerate(zip(out_names, out_sinfo.fields)):
             _add_relax_tensor(graph, n, s, "global")
+            graph.values[n] = relax.TupleGetItem(var, i)
     else:
         out_names = [names.name(var)]
         _add_relax_tensor(graph, out_names[0], out_sinfo, "global")
+        graph.values[out_names[0]] = var
     buffer_names = dict(zip(func.params, arg_names + out_names))
     _visit_prim_func(graph, func, buffer_names, call_name, gvar.name_hint)
 
@@ -394,7 +462,11 @@ def _visit_prim_func(graph, func, buffer_names, call, func_name) -> None:
     for block, _ in iter_sblocks(func.body):
         local_buffers.extend(block.alloc_buffers)
     for buf in local_buffers:
-        name = f"{call}.{buf.name}"
+        # TVM may give several buffers of one PrimFunc the same name (GELU's "compute"s)
+        name, i = f"{call}.{buf.name}", 0
+        while name in graph.tensors:
+            i += 1
+            name = f"{call}.{buf.name}_{i}"
         buffer_names[buf] = name
         graph.add_tensor(
             TensorInfo(name, tuple(int(d) for d in buf.shape), str(buf.dtype), "local")
@@ -525,11 +597,18 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
         bytes_read=bytes_read,
         bytes_written=write.footprint * dtype_bytes(out_info.dtype),
         elements_accessed=elements,
+        block=block,
+        tensor_of=buffer_names,
     )
 
 
 def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f") -> list[Node]:
-    """The tensor-graph nodes (one per TIR block) of a single PrimFunc, parameters as globals."""
+    """The tensor-graph nodes (one per TIR block) of a single PrimFunc, parameters as globals.
+
+    A PrimFunc the graph cannot analyse (symbolic shapes, non-buffer parameters) has none.
+    """
+    if _unanalysable(func):
+        return []
     graph = TensorDependencyGraph()
     buffer_names = {}
     for i, param in enumerate(func.params):
@@ -546,7 +625,4 @@ def static_shape(ty) -> tuple[int, ...] | None:
     """The static shape of a Relax tensor type, or None (not a tensor, or symbolic dims)."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    try:
-        return tuple(int(d) for d in ty.shape.values)
-    except (TypeError, ValueError):
-        return None
+    return static_dims(ty.shape.values)

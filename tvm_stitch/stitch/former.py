@@ -112,7 +112,8 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         producer[var] = i
         inputs = [a for a in _call_args(binding.value) if isinstance(a, relax.Var)]
         up = set()
-        for a in inputs:
+        # every value read counts for dependences, tuples and their items included
+        for a in relax.analysis.free_vars(binding.value):
             up |= upstream.get(a, set())
             if a in producer and producer[a] in group_of:
                 up.add(group_of[producer[a]].gid)

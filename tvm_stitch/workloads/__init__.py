@@ -11,6 +11,7 @@ from .base import TOLERANCES, Instance, Workload
 from .bert import BERT_CONFIGS, BertConfig, BertModel, bert_workload
 from .hf_bert import hf_bert_workload, import_hf_bert
 from .subgraphs import ATTENTION, GEMM_CHAINS, subgraph_workloads
+from .zoo import MODELS, zoo_workloads
 
 WORKLOADS: dict[str, Workload] = {
     w.name: w
@@ -18,6 +19,7 @@ WORKLOADS: dict[str, Workload] = {
         *(bert_workload(size) for size in BERT_CONFIGS),
         *(hf_bert_workload(size) for size in BERT_CONFIGS),
         *subgraph_workloads(),
+        *zoo_workloads(),
     ]
 }
 
@@ -34,6 +36,7 @@ __all__ = [
     "ATTENTION",
     "BERT_CONFIGS",
     "GEMM_CHAINS",
+    "MODELS",
     "TOLERANCES",
     "WORKLOADS",
     "BertConfig",

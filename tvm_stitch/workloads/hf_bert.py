@@ -1,8 +1,7 @@
 """Hugging Face ``BertModel`` imported from PyTorch.
 
-TVM 0.27's ``from_exported_program`` cannot import BERT exported in float16 (mixed dtypes in the
-linear layers), so the model is exported in float32 and, for float16, converted afterwards with
-``relax.transform.ToMixedPrecision``: float16 operands, float32 accumulation, float16 weights.
+Imported as :func:`tvm_stitch.from_torch` imports (:func:`tvm_stitch.frontend.import_torch`):
+exported in float32 and, for float16, converted afterwards with ``ToMixedPrecision``.
 """
 
 from __future__ import annotations
@@ -39,37 +38,26 @@ def import_hf_bert(model, batch: int, seq: int, dtype: str = "float32"):
         The weights in ``main``'s parameter order (float16 for a float16 module).
     """
     import torch
-    from tvm import relax
-    from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.torch import from_exported_program
 
-    class _LastHidden(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
+    from tvm_stitch.frontend import import_torch
 
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    from .zoo import last_hidden
 
     example = (
         torch.zeros((batch, seq), dtype=torch.int64),
         torch.ones((batch, seq), dtype=torch.int64),
     )
-    with torch.no_grad():
-        exported = torch.export.export(_LastHidden(model.float().eval()), example)
-    mod = from_exported_program(exported, keep_params_as_input=True, unwrap_unit_return_tuple=True)
-    mod, params = detach_params(mod)
-    weights = [p.numpy() for p in params["main"]]
-    if dtype == "float16":
-        # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
-        # "float16" the result drifts ~0.1 from PyTorch's on BERT-base); weights become float16
-        # parameters instead of float32 ones cast on every call
-        names = [v.name for v in mod["main"].params[2:]]
-        mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
-        weights = [w.astype("float16") for w in weights]
-    elif dtype != "float32":
-        raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
-    return mod, weights
+
+    class _Keywords(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    imported = import_torch(last_hidden(_Keywords(), {}), example, dtype)
+    return imported.mod, imported.weights
 
 
 def hf_bert_workload(size: str) -> Workload:

@@ -1,0 +1,159 @@
+"""Canonicalization before fusion: compile-time values and scans TVM cannot build.
+
+``FoldStaticShapes`` runs first in the stitch pipeline, before TVM's library dispatch: every value
+that depends on no input (:func:`tvm_stitch.analysis.static.static_values` — causal and padding
+masks built from ``arange``/``full``/comparisons, position ids, rotary tables) is evaluated once
+on the CPU and becomes a constant.  Importers build these with ``cumsum`` over ``bool`` and
+``index_tensor``, which TVM's ``llvm`` code generator cannot compile (``CreateAdd`` on a boolean)
+and its CUDA dispatch turns into scan kernels with symbolic shapes; folded, they are gone.
+
+Boolean arithmetic that stays (it depends on an input) is rewritten into integers, which TVM's
+``llvm`` backend compiles (it emits float compares and float adds for ``bool``): a scan over
+``bool`` accumulates in ``int32`` and is cast back (what TVM's type for it, ``bool``, says it
+computes), and comparisons of ``bool`` tensors compare them as ``int8``.
+
+Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+from tvm_stitch.analysis.static import static_values
+
+logger = logging.getLogger("tvm_stitch.canonicalize")
+
+_KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
+
+
+@tvm.transform.module_pass(opt_level=0, name="StitchFoldStaticShapes")
+class FoldStaticShapes:
+    """Fold values that depend on no input into constants; make boolean scans buildable."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or any(
+                k in (func.attrs or {}) for k in _KERNEL_ATTRS
+            ):
+                continue
+            try:
+                new = _fold(mod, gv.name_hint, _promote_bool_arith(func))
+            except Exception as err:  # noqa: BLE001 - never break a build: nothing folded
+                logger.warning("fold: %s left as it is: %r", gv.name_hint, err)
+                continue
+            if not new.same_as(func):
+                updates[gv] = new
+        if not updates:
+            return mod
+        out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
+        for gv, func in updates.items():
+            out[gv] = func
+        out = relax.transform.DeadCodeElimination()(out)
+        return out
+
+
+def _fold(mod, name, func):
+    """``func`` with its input-independent values replaced by constants."""
+    blocks, folded = [], 0
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        static = static_values(func, block)
+        for var, why in static.skipped:
+            logger.info("fold: %s left as a computation: %s", var, why)
+        if not static.frontier:
+            blocks.append(block)
+            continue
+        try:
+            values = _evaluate(mod, static)
+        except Exception as err:  # noqa: BLE001 - any failure: keep the computation
+            logger.info("fold: %s: %d values left as computations: %s", name, len(static.frontier),
+                        str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+            blocks.append(block)
+            continue
+        consts = dict(zip(static.frontier, values))
+        new = []
+        for binding in block.bindings:
+            if binding.var in consts:
+                const = relax.const(consts[binding.var], str(binding.var.ty.dtype))
+                new.append(relax.VarBinding(binding.var, const))
+            else:
+                new.append(binding)
+        blocks.append(relax.DataflowBlock(new))
+        folded += len(static.frontier)
+    if not folded:
+        return func
+    logger.info("fold: %s: %d input-independent values folded into constants", name, folded)
+    return relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
+    )
+
+
+def _evaluate(mod, static) -> list:
+    """Run the static bindings once on the CPU; return the frontier's values (numpy arrays)."""
+    out = relax.Var("folded", relax.TupleType([v.ty for v in static.frontier]))
+    body = [*static.bindings, relax.VarBinding(out, relax.Tuple(static.frontier))]
+    func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(body)], out), out.ty)
+    func = _promote_bool_arith(func).with_attr("global_symbol", "fold")
+    funcs = {"fold": func}
+    for gv in _global_vars(func):
+        funcs[gv.name_hint] = mod[gv]
+    sub = tvm.IRModule(funcs)
+    with tvm.target.Target("llvm"):
+        ex = tvm.compile(sub, target="llvm")
+    result = relax.VirtualMachine(ex, tvm.cpu())["fold"]()
+    return [result[i].numpy() for i in range(len(static.frontier))]
+
+
+def _global_vars(expr) -> list:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.GlobalVar) and e not in found:
+            found.append(e)
+
+    relax.analysis.post_order_visit(expr, visit)
+    return found
+
+
+_COMPARISONS = ("relax.equal", "relax.not_equal", "relax.less", "relax.less_equal",
+                "relax.greater", "relax.greater_equal")
+
+
+def _is_bool(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "bool"
+
+
+def _promote_bool_arith(func):
+    """Scans over ``bool`` accumulate in ``int32`` and comparisons of ``bool`` compare ``int8``."""
+    x, y = wildcard(), wildcard()
+
+    def scan(expr, matches):
+        arg = matches[x]
+        if not _is_bool(arg) or not _is_bool(expr):
+            return expr
+        op = relax.op.cumsum if expr.op.name == "relax.cumsum" else relax.op.cumprod
+        attrs = expr.attrs
+        out = op(relax.op.astype(arg, "int32"), axis=attrs.axis, dtype="int32",
+                 exclusive=attrs.exclusive)
+        logger.info("canonicalize: %s over bool accumulates in int32", expr.op.name)
+        return relax.op.astype(out, "bool")
+
+    def compare(expr, matches):
+        a, b = matches[x], matches[y]
+        if not (_is_bool(a) and _is_bool(b)):
+            return expr
+        return relax.Call(expr.op, [relax.op.astype(a, "int8"), relax.op.astype(b, "int8")])
+
+    for name in ("relax.cumsum", "relax.cumprod"):
+        func = rewrite_call(is_op(name)(x), scan, func)
+    for name in _COMPARISONS:
+        func = rewrite_call(is_op(name)(x, y), compare, func)
+    return func

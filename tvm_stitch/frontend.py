@@ -1,0 +1,191 @@
+"""PyTorch models in one line: export, import, mixed precision, stitch compile.
+
+>>> fn = tvm_stitch.from_torch(model, (input_ids,), target="cuda", dtype="float16")
+>>> out = fn(input_ids)            # torch tensors in, the model's output structure out
+
+The model is exported with ``torch.export`` in float32 and imported with TVM's
+``from_exported_program``.  For ``float16``, ``relax.transform.ToMixedPrecision`` converts the
+module afterwards (float16 operands, float32 accumulation, float16 weights): TVM 0.27 cannot import
+a model exported in float16 (mixed dtypes in its linear layers).  Tensors cross between PyTorch and
+TVM through DLPack, without copies, on PyTorch's current CUDA stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax
+
+logger = logging.getLogger("tvm_stitch.frontend")
+
+DTYPES = ("float32", "float16")
+
+
+@dataclasses.dataclass
+class Imported:
+    """A PyTorch module imported into Relax.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        ``main(*inputs, *weights)``: inputs first, then every parameter and buffer.
+    weights : list of numpy.ndarray
+        The weights in ``main``'s order (float16 for a float16 module).
+    num_inputs : int
+        How many of ``main``'s parameters are inputs.
+    out_spec : object
+        The pytree spec of the module's output (``torch.utils._pytree``), to rebuild it.
+    dtype : str
+    """
+
+    mod: tvm.IRModule
+    weights: list
+    num_inputs: int
+    out_spec: object
+    dtype: str
+
+
+def import_torch(module, example_args, dtype: str = "float32", example_kwargs=None) -> Imported:
+    """Export ``module`` with ``torch.export`` and import it into Relax.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Put in eval mode and float32 for the export (a copy is not made: the module's dtype is
+        changed in place when it is not float32).
+    example_args : tuple of torch.Tensor
+        Inputs of the static shapes the compiled model will take.
+    dtype : {"float32", "float16"}
+        Compute dtype of the imported module.
+    example_kwargs : dict, optional
+        Keyword inputs (exported as inputs after the positional ones).
+
+    Returns
+    -------
+    Imported
+    """
+    import torch
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    module = module.float().eval()
+    args = tuple(a.float() if a.is_floating_point() else a for a in example_args)
+    with torch.no_grad():
+        exported = torch.export.export(module, args, kwargs=example_kwargs or {})
+    try:
+        mod = from_exported_program(
+            exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
+        )
+    except Exception as err:
+        raise RuntimeError(
+            "TVM's from_exported_program could not import the exported model "
+            f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}). Models that keep a "
+            "KV cache must be exported without it (e.g. use_cache=False)."
+        ) from err
+    mod, params = detach_params(mod)
+    weights = [p.numpy() for p in params["main"]]
+    num_inputs = len(mod["main"].params) - len(weights)
+    if dtype == "float16":
+        # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
+        # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
+        # parameters instead of float32 ones cast on every call
+        names = [v.name for v in mod["main"].params[num_inputs:]]
+        mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
+        weights = [w.astype("float16") if w.dtype == np.float32 else w for w in weights]
+    return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
+
+
+class StitchModule:
+    """A compiled model called like the PyTorch module it came from.
+
+    Built by :func:`from_torch`.  Calling it takes torch tensors of the example inputs' shapes
+    (floating ones are cast to the compiled dtype when they differ) on the target's device and
+    returns the module's output structure with torch tensors that share TVM's memory.
+
+    Attributes
+    ----------
+    imported : Imported
+    executable : tvm.relax.VMExecutable
+    """
+
+    def __init__(self, imported: Imported, executable, device):
+        self.imported = imported
+        self.executable = executable
+        self.device = device
+        self.vm = relax.VirtualMachine(executable, device)
+        self._cuda = device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
+        self.params = [tvm.runtime.tensor(w, device=device) for w in imported.weights]
+        main = imported.mod["main"]
+        self.inputs = [
+            (p.name, tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
+            for p in main.params[: imported.num_inputs]
+        ]
+
+    def __call__(self, *args):
+        import torch
+        import tvm_ffi
+        from torch.utils import _pytree
+
+        if len(args) != len(self.inputs):
+            raise TypeError(f"expected {len(self.inputs)} inputs {self.inputs}, got {len(args)}")
+        tensors = []
+        for arg, (name, shape, dtype) in zip(args, self.inputs):
+            if tuple(arg.shape) != shape:
+                raise ValueError(f"input {name}: shape {tuple(arg.shape)}, compiled for {shape}")
+            if (arg.device.type == "cuda") != self._cuda:
+                raise ValueError(f"input {name} is on {arg.device}, the model on {self.device}")
+            want = getattr(torch, dtype)
+            if arg.dtype != want and not (arg.is_floating_point() and want.is_floating_point):
+                raise TypeError(f"input {name}: dtype {arg.dtype}, compiled for {dtype}")
+            tensors.append(tvm.runtime.from_dlpack(arg.to(want).contiguous()))
+        if self._cuda:
+            with tvm_ffi.use_torch_stream():
+                out = self.vm["main"](*tensors, *self.params)
+        else:
+            out = self.vm["main"](*tensors, *self.params)
+        flat = list(out) if type(out).__name__ in ("Array", "list", "tuple") else [out]
+        flat = [torch.from_dlpack(o) for o in flat]
+        try:
+            return _pytree.tree_unflatten(flat, self.imported.out_spec)
+        except (ValueError, TypeError):
+            return flat[0] if len(flat) == 1 else tuple(flat)
+
+
+def from_torch(
+    module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None, **options
+) -> StitchModule:
+    """Compile a PyTorch module with the stitch pipeline; call the result like the module.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        A model (Hugging Face or not) without a KV cache in its forward pass.
+    example_args : tuple of torch.Tensor
+        Inputs with the static shapes to compile for.
+    target : str or dict or tvm.target.Target
+        ``"cuda"`` (the H100, sm_90a) or ``"llvm"``.
+    dtype : {"float32", "float16"}, optional
+        Default: float16 on CUDA, float32 on the CPU.
+    example_kwargs : dict, optional
+        Keyword inputs.
+    **options
+        :func:`tvm_stitch.pipeline` options.
+
+    Returns
+    -------
+    StitchModule
+    """
+    import tvm_stitch
+    from tvm_stitch.pipeline import as_target
+
+    target = as_target(target)
+    cuda = target.kind.name == "cuda"
+    dtype = dtype or ("float16" if cuda else "float32")
+    imported = import_torch(module, example_args, dtype, example_kwargs)
+    ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
+    return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0))

@@ -1,0 +1,261 @@
+"""The model zoo: Hugging Face models as users bring them, built from configs with random weights.
+
+Each model is exported with ``torch.export`` and imported with ``from_exported_program`` through
+:func:`tvm_stitch.frontend.import_torch` (float16 through ``ToMixedPrecision``), exactly as
+``tvm_stitch.from_torch`` does for a user.  Nothing is downloaded: ``transformers`` builds the
+models from the configs below, initialised by its own ``_init_weights`` from a seeded generator,
+with every one-dimensional parameter (biases, norm scales) then perturbed so that a lost bias or
+scale shows in the numerics.
+
+``-tiny`` sizes are for CI (two layers, irregular widths: head dims 32 and 80, grouped K/V heads,
+17 image tokens); ``-base`` sizes are the benchmarks' (GPT-2 small, ViT-B/16, and a LLaMA-style
+model with TinyLlama's layer shapes and 4 layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .base import Instance, Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooModel:
+    """A ``transformers`` model family of the zoo.
+
+    Attributes
+    ----------
+    name : str
+        Workload prefix (``gpt2`` gives ``gpt2-tiny``, ``gpt2-base``).
+    model_class : str
+        ``transformers`` class built from the config.
+    configs : dict
+        Size -> config keyword arguments.
+    inputs : callable
+        ``inputs(config, batch, seq, rng) -> list of numpy arrays`` in ``forward``'s order.
+    defaults : dict
+        Default shape parameters.
+    flops : callable
+        ``flops(config, batch, seq) -> int``: matrix-product FLOPs of one forward pass.
+    """
+
+    name: str
+    model_class: str
+    config_class: str
+    configs: dict
+    inputs: Callable
+    defaults: dict
+    flops: Callable
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def _token_ids(cfg, batch, seq, rng):
+    return [rng.integers(0, cfg.vocab_size, (batch, seq)).astype("int64")]
+
+
+def _pixels(cfg, batch, _seq, rng):
+    size = cfg.image_size
+    return [rng.standard_normal((batch, cfg.num_channels, size, size)).astype("float32")]
+
+
+def _decoder_flops(batch, seq, hidden, inter, heads, kv_heads, gated, layers):
+    tokens, dim = batch * seq, hidden // heads
+    proj = 2 * tokens * hidden * (hidden + 2 * kv_heads * dim + hidden)
+    mlp = 2 * tokens * hidden * inter * (3 if gated else 2)
+    attn = 4 * batch * heads * seq * seq * dim
+    return layers * (proj + mlp + attn)
+
+
+MODELS = {
+    m.name: m
+    for m in [
+        ZooModel(
+            name="gpt2",
+            model_class="GPT2Model",
+            config_class="GPT2Config",
+            configs={
+                "tiny": dict(n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=1000),
+                "base": dict(n_embd=768, n_layer=12, n_head=12, n_inner=3072, vocab_size=50257),
+            },
+            inputs=_token_ids,
+            defaults={"batch": 1, "seq": 256},
+            flops=lambda c, b, s: _decoder_flops(
+                b, s, c.n_embd, c.n_inner, c.n_head, c.n_head, False, c.n_layer
+            ),
+            kwargs={"use_cache": False},
+        ),
+        ZooModel(
+            name="llama",
+            model_class="LlamaModel",
+            config_class="LlamaConfig",
+            configs={
+                "tiny": dict(
+                    hidden_size=160,
+                    intermediate_size=320,
+                    num_hidden_layers=2,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                    vocab_size=1000,
+                ),
+                "base": dict(
+                    hidden_size=2048,
+                    intermediate_size=5632,
+                    num_hidden_layers=4,
+                    num_attention_heads=32,
+                    num_key_value_heads=4,
+                    vocab_size=32000,
+                ),
+            },
+            inputs=_token_ids,
+            defaults={"batch": 1, "seq": 256},
+            flops=lambda c, b, s: _decoder_flops(
+                b,
+                s,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                True,
+                c.num_hidden_layers,
+            ),
+            kwargs={"use_cache": False},
+        ),
+        ZooModel(
+            name="vit",
+            model_class="ViTModel",
+            config_class="ViTConfig",
+            configs={
+                "tiny": dict(
+                    hidden_size=96,
+                    num_hidden_layers=2,
+                    num_attention_heads=3,
+                    intermediate_size=192,
+                    image_size=32,
+                    patch_size=8,
+                ),
+                "base": dict(
+                    hidden_size=768,
+                    num_hidden_layers=12,
+                    num_attention_heads=12,
+                    intermediate_size=3072,
+                    image_size=224,
+                    patch_size=16,
+                ),
+            },
+            inputs=_pixels,
+            defaults={"batch": 1},
+            flops=lambda c, b, _s: _decoder_flops(
+                b,
+                (c.image_size // c.patch_size) ** 2 + 1,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_attention_heads,
+                c.num_attention_heads,
+                False,
+                c.num_hidden_layers,
+            ),
+        ),
+    ]
+}
+
+
+def make_model(model: ZooModel, size: str, attn_implementation: str = "eager", seed: int = 0):
+    """The ``transformers`` model of ``model`` at ``size`` (seeded init, 1-D parameters
+    perturbed)."""
+    import torch
+    import transformers
+
+    cfg = getattr(transformers, model.config_class)(
+        **model.configs[size], attn_implementation=attn_implementation
+    )
+    torch.manual_seed(seed)
+    cls = getattr(transformers, model.model_class)
+    net = cls(cfg, add_pooling_layer=False) if model.name == "vit" else cls(cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 1:
+                p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    return net.eval()
+
+
+def last_hidden(inner, kwargs: dict):
+    """A torch module ``forward(*inputs) -> inner(*inputs, **kwargs).last_hidden_state``."""
+    import torch
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *inputs):
+            return self.inner(*inputs, **kwargs).last_hidden_state
+
+    return LastHidden()
+
+
+def _torch_fns(model: ZooModel, size: str, seed: int, n_inputs: int) -> dict:
+    """``eager`` and ``sdpa`` attention baselines: ``make(device, dtype) -> fn(*inputs, ...)``;
+    the functions take the instance's arguments and ignore the weights after the inputs."""
+
+    def factory(impl):
+        def make(device, dtype):
+            net = last_hidden(make_model(model, size, impl, seed), model.kwargs)
+            net = net.to(device=device, dtype=dtype)
+
+            def fn(*args):
+                inputs = [a.to(dtype) if a.is_floating_point() else a for a in args[:n_inputs]]
+                return net(*inputs)
+
+            return fn
+
+        return make
+
+    return {impl: factory(impl) for impl in ("eager", "sdpa")}
+
+
+def zoo_workload(model: ZooModel, size: str) -> Workload:
+    """The ``<model>-<size>`` workload."""
+    import functools
+
+    @functools.cache
+    def _config():
+        import transformers
+
+        return getattr(transformers, model.config_class)(**model.configs[size])
+
+    def build(dtype, rng, batch, seq=None):
+        import torch
+
+        from tvm_stitch.frontend import import_torch
+
+        seed = int(rng.integers(0, 2**31))
+        cfg = _config()
+        inputs = model.inputs(cfg, batch, seq, rng)
+        net = last_hidden(make_model(model, size, "eager", seed), model.kwargs)
+        imported = import_torch(net, tuple(torch.from_numpy(a) for a in inputs), dtype)
+        return Instance(
+            f"{model.name}-{size} {batch}x{seq or ''} {dtype}".replace("x ", " "),
+            imported.mod,
+            "main",
+            [*inputs, *imported.weights],
+            _torch_fns(model, size, seed, len(inputs)),
+            model.flops(cfg, batch, seq),
+            0,
+            dtype,
+        )
+
+    cfg_text = ", ".join(f"{k}={v}" for k, v in model.configs[size].items())
+    return Workload(
+        f"{model.name}-{size}",
+        "zoo",
+        f"transformers {model.model_class} ({cfg_text})",
+        dict(model.defaults),
+        build,
+    )
+
+
+def zoo_workloads() -> list[Workload]:
+    """Every model of the zoo at every size."""
+    return [zoo_workload(m, size) for m in MODELS.values() for size in m.configs]
