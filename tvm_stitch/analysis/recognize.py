@@ -1,0 +1,1198 @@
+"""Recognition of MCFuser's kernel families on the tensor dependency graph.
+
+Everything here reads what blocks compute — multiply-accumulate contractions, access maps, element
+expressions composed through producers (:mod:`.elem`) — never op names, so the nn BERT, an
+imported Hugging Face model and a hand-written attention give the same matches.
+
+Families (one vocabulary, from recognition to template to tuning key):
+
+``gemm``
+    A contraction ``C[.., m, n] = Σ_k A[.., m, k] · B[.., k, n]`` with its epilogue: the chain of
+    elementwise ops after it that nothing else reads (bias, GELU however written, SiLU, residual,
+    casts, scaling), written in place through any reshape/transpose at its end.  Contractions that
+    share ``A`` become one kernel: side by side in ``n`` when independent (Q, K, V — SOUFFLE's
+    horizontal transformation), or computed together when one's epilogue reads the other's result
+    at the same position (SwiGLU's gate × up).
+``attention``
+    Two contractions with a row softmax between: ``O = softmax(g(Q·Kᵀ)) · V`` where ``g`` is any
+    elementwise function of the score and of tensors indexed by (batch, head, query, key) — a
+    scale, an additive or boolean mask, a causal mask folded to a constant or computed from
+    indices.  K and V may be shared by several query heads.
+``chain``
+    Two contractions where the second reads the first's result through casts only.
+
+Each match lists the graph nodes it replaces and every tensor it reads or writes as an access
+``(tensor, index)`` over the kernel's coordinates; :func:`finalize` turns those into strided views
+(offset, strides) once the coordinates are collapsed.  A candidate that does not qualify is
+rejected with its reason (``rejected``); nothing is ever guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+from tvm import ir, sym, tirx
+from tvm.ir.prim import expr as P
+
+from tvm_stitch.graph import Node, OpKind, TensorDependencyGraph
+
+from .elem import (
+    Composer,
+    CompositionError,
+    Const,
+    Elem,
+    Leaf,
+    Op,
+    Policy,
+    Reduce,
+    data_movement,
+    elementwise,
+    format_elem,
+    leaves,
+    replace,
+)
+from .indexing import (
+    Strided,
+    UnsupportedExprError,
+    bind,
+    dtype_of,
+    new_var,
+    strided,
+    substitute,
+)
+
+logger = logging.getLogger("tvm_stitch.recognize")
+
+FAMILIES = ("attention", "chain", "gemm")
+_FLOATS = ("float16", "bfloat16", "float32")
+
+
+class NotRecognizedError(ValueError):
+    """A candidate that is not one of the families (the message says why)."""
+
+
+# -- coordinates -----------------------------------------------------------------------------------
+class Frame:
+    """The coordinate variables of one kernel (named axes with extents) and an analyzer."""
+
+    def __init__(self):
+        self.vars: dict[str, object] = {}
+        self.extents: dict[str, int] = {}
+        self.analyzer = sym.Analyzer()
+
+    def axis(self, name: str, extent: int):
+        var = new_var(name)
+        bind(self.analyzer, var, extent)
+        self.vars[name], self.extents[name] = var, int(extent)
+        return var
+
+    def simplify(self, expr):
+        return self.analyzer.simplify(expr)
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """``tensor[index]`` with the index over a frame's coordinates."""
+
+    tensor: str
+    index: tuple
+
+    def key(self):
+        return (self.tensor, tuple(str(i) for i in self.index))
+
+
+# -- contractions ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Contraction:
+    """A multiply-accumulate block ``out[s] += cast(A[ia]) · cast(B[ib])`` over one axis.
+
+    ``batch``/``m``/``n`` are the block's spatial variables (in output order) indexing both
+    operands / only ``A`` / only ``B``; variables of extent 1 indexing neither are dropped.
+    """
+
+    node: Node
+    a: tuple  # (tensor, index over the block's variables)
+    b: tuple
+    batch: list
+    m: list
+    n: list
+    k: object  # the reduction IterVar
+    acc_dtype: str
+    operand_dtype: str  # what the operands are cast to before multiplying
+
+    @property
+    def out(self) -> str:
+        return self.node.output
+
+
+def contraction(node: Node) -> Contraction:
+    """The :class:`Contraction` of a compute-intensive node, or :class:`NotRecognizedError`."""
+    block = node.block
+    if block is None or node.kind is not OpKind.COMPUTE_INTENSIVE:
+        raise NotRecognizedError(f"{node.name} is not a contraction")
+    store = block.body
+    spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reduce) != 1:
+        raise NotRecognizedError(f"{node.name} reduces over {len(reduce)} axes")
+    if len(store.indices) != len(spatial) or not all(
+        i.same_as(iv.var) for i, iv in zip(store.indices, spatial)
+    ):
+        raise NotRecognizedError(f"{node.name} does not write its own coordinates")
+    value = store.value
+    if not isinstance(value, P.Add):
+        raise NotRecognizedError(f"{node.name} is not a multiply-accumulate")
+    acc, prod = value.a, value.b
+    if not (isinstance(acc, ir.expr.TensorLoad) and acc.source.same_as(store.buffer)):
+        acc, prod = prod, acc
+    if not (isinstance(acc, ir.expr.TensorLoad) and acc.source.same_as(store.buffer)):
+        raise NotRecognizedError(f"{node.name} does not accumulate into its output")
+    if not isinstance(prod, P.Mul):
+        raise NotRecognizedError(f"{node.name} accumulates something else than a product")
+    loads, casts = [], set()
+    for operand in (prod.a, prod.b):
+        side = operand
+        if isinstance(side, P.Cast):
+            casts.add(dtype_of(side))
+            side = side.value
+        if not isinstance(side, ir.expr.TensorLoad):
+            raise NotRecognizedError(f"{node.name} multiplies computed values, not loads")
+        tensor = node.tensor_of.get(side.source)
+        if tensor is None:
+            raise NotRecognizedError(f"{node.name} reads an unknown buffer")
+        loads.append((tensor, tuple(side.indices), dtype_of(side)))
+    if len(casts) > 1 or len({d for _, _, d in loads}) != 1:
+        raise NotRecognizedError(f"{node.name} multiplies mixed dtypes")
+    uses = [_vars_of(index) for _, index, _ in loads]
+    k = reduce[0]
+    if not all(k.var.name in u for u in uses):
+        raise NotRecognizedError(f"{node.name}: the reduction does not index both operands")
+    batch, only = [], [[], []]
+    for iv in spatial:
+        inside = [iv.var.name in u for u in uses]
+        if all(inside):
+            batch.append(iv)
+        elif inside[0]:
+            only[0].append(iv)
+        elif inside[1]:
+            only[1].append(iv)
+        elif int(iv.dom.extent) != 1:
+            raise NotRecognizedError(f"{node.name}: output axis {iv.var.name} indexes no operand")
+    if not only[0] or not only[1]:
+        raise NotRecognizedError(f"{node.name} is not a matrix product (no row or column axis)")
+    first = next(iv for iv in spatial if iv in only[0] or iv in only[1])
+    ia, ib = (0, 1) if first in only[0] else (1, 0)
+    return Contraction(
+        node=node,
+        a=loads[ia][:2],
+        b=loads[ib][:2],
+        batch=batch,
+        m=only[ia],
+        n=only[ib],
+        k=k,
+        acc_dtype=str(store.buffer.dtype),
+        operand_dtype=casts.pop() if casts else loads[0][2],
+    )
+
+
+def _vars_of(index) -> set[str]:
+    names, stack = set(), list(index)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.expr.Var):
+            names.add(e.name)
+        for field in ("a", "b", "value"):
+            child = getattr(e, field, None)
+            if isinstance(child, ir.expr.Expr):
+                stack.append(child)
+    return names
+
+
+# -- matches ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Output:
+    """A tensor the kernel writes: ``tensor`` (a graph tensor, one Relax binding) at ``access``,
+    holding ``elem`` over the frame, in which leaves of the ``accumulators`` tensors stand for
+    the kernel's accumulators (the products' results) at the current position."""
+
+    tensor: str
+    access: Access
+    elem: Elem
+    accumulators: tuple = ()
+
+
+@dataclasses.dataclass
+class Segment:
+    """A band of ``n`` columns of a GEMM kernel: the products computed together in it (sharing
+    ``A``) and the outputs written from their accumulators."""
+
+    n: int
+    products: list  # [(contraction node name, Access of B over (batch, k, n))]
+    outputs: list[Output]
+    covered: list[str]
+    views: list = dataclasses.field(default_factory=list)  # B views, after finalize
+
+    @property
+    def accumulators(self) -> list[str]:
+        """Graph tensors standing for the accumulators (the products' outputs), in order."""
+        return [name for name, _ in self.products]
+
+
+@dataclasses.dataclass
+class Match:
+    """A recognized kernel (see the module docstring for the families).
+
+    Attributes
+    ----------
+    family : str
+    frame : Frame
+        Kernel coordinates: ``b`` (batch), ``m``, ``n``, ``k`` for ``gemm``; ``b``, ``h``,
+        ``m``, ``n``, ``k``, ``d`` for ``attention`` and ``chain``.
+    accesses : dict
+        Role -> :class:`Access` of each operand read in place (``a``; ``q``/``k``/``v``; ...).
+    segments : list of Segment
+        ``gemm`` only.
+    score : Elem or None
+        ``attention``: the logits ``g(s)`` over (b, h, m, n); the leaf of ``score_tensor`` is
+        the product ``Q·Kᵀ``.
+    outputs : list of Output
+        ``attention``/``chain``: the written tensors (one).
+    covered : list of str
+        Graph nodes the kernel replaces.
+    group : int
+        ``attention``: query heads per K/V head.
+    """
+
+    family: str
+    frame: Frame
+    accesses: dict
+    dtype: str
+    covered: list
+    segments: list = dataclasses.field(default_factory=list)
+    outputs: list = dataclasses.field(default_factory=list)
+    score: Elem | None = None
+    score_tensor: str | None = None
+    acc_dtype: str = "float32"
+    group: int = 1
+    views: dict = dataclasses.field(default_factory=dict)
+    extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
+
+    @property
+    def all_outputs(self) -> list[Output]:
+        return [o for s in self.segments for o in s.outputs] + list(self.outputs)
+
+    @property
+    def shape(self) -> dict:
+        return dict(self.frame.extents)
+
+    def describe(self) -> str:
+        dims = "x".join(f"{a}{e}" for a, e in self.frame.extents.items())
+        outs = ", ".join(o.tensor for o in self.all_outputs)
+        extra = f", {len(self.segments)} segments" if len(self.segments) > 1 else ""
+        duals = max((len(s.products) for s in self.segments), default=1)
+        extra += f", {duals} products" if duals > 1 else ""
+        return f"{self.family} {dims} {self.dtype} -> {outs}{extra}"
+
+
+@dataclasses.dataclass
+class Recognition:
+    """What :func:`recognize` found: matches, and candidates rejected with reasons."""
+
+    matches: list[Match]
+    rejected: list[tuple[str, str]]
+
+
+# -- policies --------------------------------------------------------------------------------------
+def _materialized(graph: TensorDependencyGraph, tensor: str) -> bool:
+    """A tensor other kernels or the function itself need: read it rather than recompute it."""
+    info = graph.tensors[tensor]
+    return info.scope != "local" and (
+        tensor in graph.pinned or len({n.call for n in graph.consumers(tensor)}) > 1
+    )
+
+
+def _views_policy(graph, stop=frozenset()) -> Policy:
+    """Operands read in place: only data movement is seen through, never past a tensor another
+    kernel writes (``stop``)."""
+    return Policy(inline=lambda node: node.output not in stop and data_movement(node))
+
+
+def _epilogue_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
+    """Epilogues and logits: data movement is seen through; elementwise producers that nothing
+    else reads (or that lie ``inside`` the epilogue region) are recomputed in the kernel;
+    materialized tensors are read."""
+
+    def inline(node):
+        if node.output in stop:
+            return False
+        if node.output in inside:
+            return elementwise(node)
+        return data_movement(node) or (elementwise(node) and not _materialized(graph, node.output))
+
+    return Policy(inline=inline)
+
+
+def _region_policy(graph, stop=frozenset()) -> Policy:
+    """Between two products: like the epilogue, and row reductions (a softmax) too."""
+    base = _epilogue_policy(graph, stop)
+
+    def inline(node):
+        if node.kind is OpKind.ROW_REDUCE:
+            return not _materialized(graph, node.output)
+        return base.inline(node)
+
+    return Policy(inline=inline, reductions=True)
+
+
+# -- entry point -----------------------------------------------------------------------------------
+def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
+    """Every kernel of ``families`` in ``graph``, each contraction in at most one match.
+
+    Attention and chains are recognized first (they contain two contractions), then the remaining
+    contractions as GEMMs; GEMMs sharing their ``A`` operand are grouped (horizontal fusion).
+    """
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
+    rejected: list[tuple[str, str]] = []
+    products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
+    contractions = {}
+    for node in products:
+        try:
+            contractions[node.name] = contraction(node)
+        except NotRecognizedError as err:
+            rejected.append((node.name, str(err)))
+    matches: list[Match] = []
+    taken: set[str] = set()
+    written: set[str] = set()  # tensors the accepted kernels write: later operands read them
+    errors = (NotRecognizedError, CompositionError, UnsupportedExprError)
+    for name, c in contractions.items():
+        if "attention" not in families and "chain" not in families:
+            break
+        try:
+            match = _two_products(graph, c, contractions, families, frozenset(written))
+        except errors as err:
+            rejected.append((name, str(err)))
+            continue
+        if match is None or taken & set(match.covered):
+            continue
+        taken.update(match.covered)
+        written.update(o.tensor for o in match.all_outputs)
+        matches.append(match)
+    if "gemm" in families:
+        # a product computed as another's partner (gate × up) is not a kernel of its own: the
+        # first in program order keeps both
+        for name, c in contractions.items():
+            if name in taken:
+                continue
+            try:
+                match = _gemm(graph, c, frozenset(written))
+            except errors as err:
+                rejected.append((name, f"GEMM: {err}"))
+                continue
+            if taken & set(match.covered):
+                rejected.append((name, "computed inside another GEMM kernel"))
+                continue
+            taken.update(match.covered)
+            written.update(o.tensor for o in match.all_outputs)
+            matches.append(match)
+        matches = _group_horizontal(graph, matches, rejected)
+    for name, why in rejected:
+        logger.info("recognize: %s not fused: %s", name, why)
+    return Recognition(matches, rejected)
+
+
+# -- GEMM ------------------------------------------------------------------------------------------
+def _frame_for(c: Contraction) -> tuple[Frame, dict]:
+    """A frame with one axis per spatial variable of ``c`` (``b0``.., ``m0``.., ``n0``..) and
+    ``k``; returns it and the map from the block's variables to the frame's."""
+    frame = Frame()
+    vmap = {}
+    for prefix, ivs in (("b", c.batch), ("m", c.m), ("n", c.n)):
+        for i, iv in enumerate(ivs):
+            vmap[iv.var] = frame.axis(f"{prefix}{i}", int(iv.dom.extent))
+    vmap[c.k.var] = frame.axis("k", int(c.k.dom.extent))
+    spatial = [iv for iv in c.node.block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    for iv in spatial:
+        if iv.var not in vmap:  # unit axes indexing nothing
+            vmap[iv.var] = tirx.const(0, dtype_of(iv.var))
+    return frame, vmap
+
+
+def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()) -> Access:
+    """The base tensor an operand is read from, seen through data movement."""
+    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
+    elem = composer.element(tensor, idx, _views_policy(graph, stop))
+    if not isinstance(elem, Leaf):
+        raise NotRecognizedError(f"{what} is not a view of a tensor: {format_elem(elem)}")
+    return Access(elem.tensor, elem.index)
+
+
+def _out_index(c: Contraction, vmap) -> tuple:
+    """The product's output index over the frame."""
+    return tuple(substitute(i, vmap) for i in c.node.block.body.indices)
+
+
+def _gemm(graph, c: Contraction, stop) -> Match:
+    """The GEMM kernel of ``c`` with the longest epilogue whose output is a strided view."""
+    dtype = _check_dtype(graph, c)
+    last = None
+    for region in epilogue_regions(graph, c.out, stop):
+        frame, vmap = _frame_for(c)
+        composer = Composer(graph, frame.analyzer)
+        try:
+            a = _operand(graph, frame, composer, *c.a, vmap, "A", stop)
+            b = _operand(graph, frame, composer, *c.b, vmap, "B", stop)
+            out_index = _out_index(c, vmap)
+            epi, others = _epilogue(graph, frame, composer, c, out_index, region, stop)
+            products = [(c.out, b)]
+            covered = [c.node.name, *_calls_nodes(graph, epi.covered_calls)]
+            for other, leaf in others:
+                try:
+                    b2 = _partner(graph, frame, composer, c, other, leaf, out_index, a, stop)
+                except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
+                    logger.info("recognize: %s read from memory by %s's epilogue: %s",
+                                other.node.name, c.node.name, err)
+                    continue
+                products.append((other.out, b2))
+                covered.append(other.node.name)
+            epi.output.accumulators = tuple(p for p, _ in products)
+            n = math.prod(frame.extents[x] for x in frame.extents if x.startswith("n"))
+            segment = Segment(n, products, [epi.output], covered)
+            match = Match("gemm", frame, {"a": a}, dtype, list(covered), segments=[segment],
+                          acc_dtype=c.acc_dtype)
+            finalize(graph, match)
+            return match
+        except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
+            last = err
+    raise NotRecognizedError(str(last))
+
+
+def _check_dtype(graph, c: Contraction) -> str:
+    dtypes = {graph.tensors[c.a[0]].dtype, graph.tensors[c.b[0]].dtype}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
+        raise NotRecognizedError(f"operand dtypes {sorted(dtypes)}")
+    if c.acc_dtype not in ("float32", *dtypes):
+        raise NotRecognizedError(f"accumulates in {c.acc_dtype}")
+    return next(iter(dtypes))
+
+
+@dataclasses.dataclass
+class _Epilogue:
+    output: Output
+    covered_calls: list
+
+
+def _calls_nodes(graph, calls) -> list[str]:
+    return [n.name for n in graph.nodes.values() if n.call in calls]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueRegion:
+    """Elementwise calls after a product that the kernel can compute: they end in ``end`` (the
+    tensor the kernel writes) and everything between (``interior``) is read only on the way."""
+
+    end: str
+    calls: tuple
+    interior: frozenset
+
+
+def epilogue_regions(graph, tensor: str, stop=frozenset(), limit: int = 24) -> list:
+    """Candidate epilogues after ``tensor`` (a product's result), largest first; the empty one
+    (``end == tensor``) last.
+
+    A region grows through calls whose blocks are all elementwise or data movement and which
+    write one tensor of as many elements; it may end at ``T`` when every tensor between
+    ``tensor`` and ``T`` is read only by calls on the way to ``T`` and nothing else needs it.
+    """
+    numel = math.prod(graph.tensors[tensor].shape)
+    calls_of: dict = {}
+    for node in graph.nodes.values():
+        calls_of.setdefault(node.call, []).append(node)
+    order, outputs, seen = [], {}, {tensor}
+    frontier = [tensor]
+    while frontier and len(order) < limit:
+        cur = frontier.pop(0)
+        for call in dict.fromkeys(n.call for n in graph.consumers(cur)):
+            nodes = calls_of[call]
+            if call in outputs or not all(elementwise(n) for n in nodes):
+                continue
+            outs = {n.output for n in nodes if graph.tensors[n.output].scope != "local"}
+            if len(outs) != 1:
+                continue
+            out = outs.pop()
+            if out in stop or math.prod(graph.tensors[out].shape) != numel:
+                continue
+            outputs[call] = out
+            order.append(call)
+            if out not in seen:
+                seen.add(out)
+                frontier.append(out)
+    regions = []
+    producer_call = {out: call for call, out in outputs.items()}
+    for call in reversed(order):
+        end = outputs[call]
+        inside = _between(graph, tensor, end, producer_call, calls_of)
+        if inside is None:
+            continue
+        interior = frozenset(t for t in inside if t != end) | {tensor}
+        if any(t in graph.pinned for t in interior):
+            continue
+        calls = tuple(c for c in order if outputs[c] in inside)
+        readers_ok = all(
+            {n.call for n in graph.consumers(t)} <= set(calls) for t in interior
+        )
+        if readers_ok:
+            regions.append(EpilogueRegion(end, calls, interior))
+    regions.sort(key=lambda r: -len(r.calls))
+    regions.append(EpilogueRegion(tensor, (), frozenset()))
+    return regions
+
+
+def _between(graph, start, end, producer_call, calls_of) -> set | None:
+    """Region tensors on paths from ``start`` to ``end`` (``end`` included), or None when
+    ``end`` does not depend on ``start`` through the region."""
+    back, stack = {end}, [end]
+    while stack:
+        call = producer_call.get(stack.pop())
+        if call is None:
+            continue
+        for node in calls_of[call]:
+            for m in node.inputs:
+                src = m.tensor
+                if src not in back and (src == start or src in producer_call):
+                    back.add(src)
+                    stack.append(src)
+    return back - {start} if start in back else None
+
+
+def _epilogue(graph, frame, composer, c: Contraction, out_index, region, stop):
+    """The epilogue ``region`` after ``c`` as an output, and the other products it reads
+    (``[(Contraction, Leaf)]``: candidates for computing them in the same kernel)."""
+    output, others = _write_back(graph, frame, composer, c, out_index, region, stop)
+    return _Epilogue(output, list(region.calls)), others
+
+
+def _write_back(graph, frame, composer, c, out_index, region, stop):
+    """The end of ``region`` (after ``c``) as an :class:`Output` over ``c``'s frame."""
+    end = region.end
+    info = graph.tensors[end]
+    ys = [new_var(f"y{i}") for i in range(len(info.shape))]
+    for y, d in zip(ys, info.shape):
+        bind(frame.analyzer, y, d)
+    elem = composer.element(end, tuple(ys), _epilogue_policy(graph, stop, region.interior))
+    mine = [leaf for leaf in leaves(elem) if leaf.tensor == c.out]
+    if len({leaf.key() for leaf in mine}) != 1:
+        raise NotRecognizedError(f"the epilogue reads the product {len(mine)} ways")
+    forward = mine[0].index  # product coordinates as functions of the output's
+    inverse = _invert(forward, ys, info.shape, out_index, frame)
+    elem = _reindex(elem, inverse, frame)
+    access = Access(end, tuple(frame.simplify(substitute(y, inverse)) for y in ys))
+    here = tuple(str(frame.simplify(i)) for i in out_index)
+    others = []
+    for leaf in leaves(elem):
+        if leaf.tensor == c.out:
+            if tuple(str(i) for i in leaf.index) != here:
+                raise NotRecognizedError("the epilogue reads the product at another position")
+            continue
+        producer = graph.nodes.get(graph.tensors[leaf.tensor].producer or "")
+        if producer is not None and producer.kind is OpKind.COMPUTE_INTENSIVE:
+            try:
+                others.append((contraction(producer), leaf))
+            except NotRecognizedError:
+                pass
+    return Output(end, access, elem, (c.out,)), others
+
+
+def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a: Access, stop):
+    """Another product read by ``c``'s epilogue at the same position, computed in the same
+    kernel: it must share ``A``, shapes and dtypes, and have no other reader."""
+    if _materialized(graph, other.out):
+        raise NotRecognizedError(f"{other.node.name}'s result is read elsewhere")
+    if tuple(str(i) for i in leaf.index) != tuple(str(frame.simplify(i)) for i in out_index):
+        raise NotRecognizedError(f"{other.node.name} is read at another position")
+    shapes = [(len(x.batch), len(x.m), len(x.n), int(x.k.dom.extent)) for x in (c, other)]
+    if shapes[0] != shapes[1] or graph.tensors[other.out].shape != graph.tensors[c.out].shape:
+        raise NotRecognizedError(f"{other.node.name} has another shape")
+    # the partner's variables, in the same roles, are this frame's axes
+    names = {}
+    for prefix, mine, theirs in (("b", c.batch, other.batch), ("m", c.m, other.m),
+                                 ("n", c.n, other.n)):
+        for i, (_, iv) in enumerate(zip(mine, theirs)):
+            names[iv.var] = frame.vars[f"{prefix}{i}"]
+    names[other.k.var] = frame.vars["k"]
+    for iv in other.node.block.iter_vars:
+        if iv.var not in names:
+            names[iv.var] = tirx.const(0, dtype_of(iv.var))
+    if _check_dtype(graph, other) != _check_dtype(graph, c) or other.acc_dtype != c.acc_dtype:
+        raise NotRecognizedError(f"{other.node.name} has other dtypes")
+    a2 = _operand(graph, frame, composer, *other.a, names, "the partner's A", stop)
+    if a.key() != a2.key():
+        raise NotRecognizedError(f"{other.node.name} reads another A")
+    return _operand(graph, frame, composer, *other.b, names, "the partner's B", stop)
+
+
+def _invert(forward, ys, shape, out_index, frame) -> dict:
+    """``{y: expression of the frame}`` inverting ``out_index == forward(ys)`` (a bijection of
+    the output's coordinates onto the product's)."""
+    dom = {y: _range(d) for y, d in zip(ys, shape)}
+    found = sym.detect_iter_map(list(forward), dom, check_level="bijective")
+    if len(found.indices) != len(forward):
+        raise NotRecognizedError("the output is not a permutation of the product's elements")
+    # the frame's coordinates that the product's output index uses, as the map's outputs
+    outs = []
+    for index in out_index:
+        i = frame.simplify(index)
+        if isinstance(i, ir.expr.Var):
+            outs.append(i)
+        elif isinstance(i, P.IntImm) and int(i.value) == 0:
+            outs.append(tirx.const(0, "int64"))
+        else:
+            raise NotRecognizedError(f"the product's output index {i} is not a coordinate")
+    placeholders = [o if isinstance(o, ir.expr.Var) else new_var("unit") for o in outs]
+    inverse = sym.inverse_affine_iter_map(found.indices, placeholders)
+    result = {}
+    for y in ys:
+        expr = next((v for k, v in inverse.items() if k.same_as(y)), None)
+        if expr is None:
+            expr = tirx.const(0, "int64")  # a unit axis of the output
+        result[y] = frame.simplify(expr)
+    return result
+
+
+def _range(extent):
+    import tvm
+
+    return tvm.ir.Range.from_min_extent(0, int(extent))
+
+
+def _reindex(elem: Elem, vmap: dict, frame: Frame) -> Elem:
+    """``elem`` with the variables of ``vmap`` substituted in every index."""
+    from .elem import Iter
+
+    def fn(e):
+        if isinstance(e, Leaf):
+            index = tuple(frame.simplify(substitute(i, vmap)) for i in e.index)
+            return Leaf(e.tensor, index, e.dtype)
+        if isinstance(e, Iter):
+            return Iter(frame.simplify(substitute(e.expr, vmap)), e.dtype)
+        return None
+
+    return replace(elem, fn)
+
+
+def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
+    """GEMMs reading the same ``A`` at the same shape, none depending on another, become one
+    kernel with a band of columns each (SOUFFLE's horizontal transformation)."""
+    groups: dict = {}
+    order = []
+    for m in matches:
+        if m.family != "gemm" or len(m.segments) != 1:
+            order.append(m)
+            continue
+        key = (m.accesses["a"].key(), tuple(
+            (a, e) for a, e in m.frame.extents.items() if not a.startswith("n")
+        ), m.dtype, m.acc_dtype, tuple(a for a in m.frame.extents if a.startswith("n")))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(m)
+    out = []
+    for item in order:
+        if isinstance(item, Match):
+            out.append(item)
+            continue
+        members = groups[item]
+        for group in _independent(graph, members, rejected):
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            merged = _merge(group)
+            try:
+                finalize(graph, merged)
+            except NotRecognizedError as err:
+                rejected.append((merged.covered[0], f"not grouped: {err}"))
+                out.extend(group)
+                continue
+            out.append(merged)
+    return out
+
+
+def _independent(graph, members, rejected) -> list[list[Match]]:
+    """Split ``members`` into groups with no data dependence between any two."""
+    groups: list[list[Match]] = []
+    for m in members:
+        for g in groups:
+            if not any(_depends(graph, m, o) or _depends(graph, o, m) for o in g):
+                g.append(m)
+                break
+        else:
+            groups.append([m])
+    return groups
+
+
+def _depends(graph, a: Match, b: Match) -> bool:
+    """Whether ``b`` reads (transitively) something ``a`` writes."""
+    return any(graph.reaches(x, y) for x in a.covered for y in b.covered)
+
+
+def _merge(group: list[Match]) -> Match:
+    first = group[0]
+    segments, covered = [], []
+    for m in group:
+        # every member's frame names its axes alike; re-express its segment over the first's
+        vmap = {m.frame.vars[a]: first.frame.vars[a] for a in m.frame.vars}
+        seg = m.segments[0]
+        products = [(p, _rebase(acc, vmap, first.frame)) for p, acc in seg.products]
+        outputs = [_reoutput(o, vmap, first.frame) for o in seg.outputs]
+        segments.append(Segment(seg.n, products, outputs, seg.covered))
+        covered.extend(m.covered)
+    return Match(
+        "gemm",
+        first.frame,
+        dict(first.accesses),
+        first.dtype,
+        covered,
+        segments=segments,
+        acc_dtype=first.acc_dtype,
+    )
+
+
+def _rebase(access: Access, vmap, frame) -> Access:
+    return Access(access.tensor, tuple(frame.simplify(substitute(i, vmap)) for i in access.index))
+
+
+# -- attention and chains --------------------------------------------------------------------------
+def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match | None:
+    """Attention or a GEMM chain ending in ``c2``, or None when ``c2``'s A is not computed by
+    another product."""
+    frame = Frame()
+    dims = {}
+    vmap = {}
+    batch_names = _batch_names(len(c2.batch))
+    for name, iv in zip(batch_names, c2.batch):
+        vmap[iv.var] = frame.axis(name, int(iv.dom.extent))
+        dims[name] = int(iv.dom.extent)
+    if len(c2.m) != 1 or len(c2.n) != 1:
+        return None  # several row or column axes: a GEMM, not the end of a chain
+    vmap[c2.m[0].var] = frame.axis("m", int(c2.m[0].dom.extent))
+    vmap[c2.k.var] = frame.axis("n", int(c2.k.dom.extent))
+    vmap[c2.n[0].var] = frame.axis("d", int(c2.n[0].dom.extent))
+    for iv in c2.node.block.iter_vars:
+        if iv.var not in vmap:
+            vmap[iv.var] = tirx.const(0, dtype_of(iv.var))
+    composer = Composer(graph, frame.analyzer)
+    a_index = tuple(frame.simplify(substitute(i, vmap)) for i in c2.a[1])
+    region = composer.element(c2.a[0], a_index, _region_policy(graph, stop))
+    firsts = {
+        leaf.tensor for leaf in leaves(region)
+        if graph.tensors[leaf.tensor].producer in contractions
+    }
+    if not firsts:
+        return None
+    if len(firsts) != 1:
+        raise NotRecognizedError(f"A is computed from {len(firsts)} products")
+    c1 = contractions[graph.tensors[firsts.pop()].producer]
+    if c1 is c2:
+        return None
+    score = _match_softmax(region, frame.vars["n"])
+    family = "attention" if score is not None else "chain"
+    if family not in families:
+        return None
+    build = _attention if score is not None else _chain
+    last = None
+    for region in epilogue_regions(graph, c2.out, stop):
+        try:
+            sub = _copy_frame(frame)
+            composer = Composer(graph, sub.analyzer)
+            vmap_t = {k: (sub.vars[_name_of(frame, v)] if _name_of(frame, v) else v)
+                      for k, v in vmap.items()}
+            region_t = composer.element(
+                c2.a[0],
+                tuple(sub.simplify(substitute(i, vmap_t)) for i in c2.a[1]),
+                _region_policy(graph, stop),
+            )
+            inner = _match_softmax(region_t, sub.vars["n"]) if score is not None else region_t
+            match = build(graph, sub, composer, c1, c2, inner, vmap_t, region, stop)
+            finalize(graph, match)
+            return match
+        except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
+            last = err
+    raise NotRecognizedError(str(last))
+
+
+def _copy_frame(frame: Frame) -> Frame:
+    """A frame with fresh variables named and bounded as ``frame``'s."""
+    sub = Frame()
+    for name, extent in frame.extents.items():
+        sub.axis(name, extent)
+    return sub
+
+
+def _name_of(frame: Frame, var) -> str | None:
+    for name, v in frame.vars.items():
+        if isinstance(var, ir.expr.Var) and v.same_as(var):
+            return name
+    return None
+
+
+def _batch_names(count: int) -> list[str]:
+    return {0: [], 1: ["h"], 2: ["b0", "h"]}.get(
+        count, [f"b{i}" for i in range(count - 1)] + ["h"]
+    )
+
+
+def _strip_casts(e: Elem) -> Elem:
+    while isinstance(e, Op) and e.op == "cast":
+        e = e.args[0]
+    return e
+
+
+def _match_softmax(e: Elem, n_var) -> Elem | None:
+    """``g`` when ``e == softmax_n(g)`` (any casts around it; max-subtracted or not), else None.
+
+    ``softmax_n(g) = exp(g - max_r g[n:=r]) / Σ_r exp(g - max_r g[n:=r])``; a division by the sum
+    or a product with its reciprocal.
+    """
+    e = _strip_casts(e)
+    if not isinstance(e, Op):
+        return None
+    if e.op == "div":
+        num, den = e.args
+    elif e.op == "mul":
+        inv = [a for a in e.args if isinstance(a, Op) and a.op == "div"
+               and isinstance(a.args[0], Const) and a.args[0].value == 1]
+        if len(inv) != 1:
+            return None
+        num = e.args[1] if e.args[0] is inv[0] else e.args[0]
+        den = inv[0].args[1]
+    else:
+        return None
+    den = _strip_casts(den)
+    num = _strip_casts(num)
+    if not (isinstance(den, Reduce) and den.op == "sum"):
+        return None
+    if not _same_over(num, n_var, den.body, den.var):
+        return None
+    if not (isinstance(num, Op) and num.op == "exp"):
+        return None
+    inner = _strip_casts(num.args[0])
+    if isinstance(inner, Op) and inner.op == "sub":
+        g, mx = inner.args
+        mx = _strip_casts(mx)
+        if isinstance(mx, Reduce) and mx.op == "max" and _same_over(g, n_var, mx.body, mx.var):
+            return g
+    return num.args[0]
+
+
+def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
+    """``a`` (over ``a_var``) and ``b`` (over ``b_var``) compute the same function."""
+    return a.key({a_var.name: "_j"}) == b.key({b_var.name: "_j"})
+
+
+def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Match:
+    dtype = _check_dtype(graph, c2)
+    if _check_dtype(graph, c1) != dtype:
+        raise NotRecognizedError("the two products have different dtypes")
+    s_leaves = [leaf for leaf in leaves(score) if leaf.tensor == c1.out]
+    if len({leaf.key() for leaf in s_leaves}) != 1:
+        raise NotRecognizedError("the logits read Q·Kᵀ at several positions")
+    s_index = s_leaves[0].index
+    if len(c1.m) != 1 or len(c1.n) != 1:
+        raise NotRecognizedError("Q·Kᵀ has several row or column axes")
+    # Q·Kᵀ's coordinates as expressions of the frame
+    out1 = c1.node.block.body.indices
+    vmap1 = {}
+    for var, expr in zip(out1, s_index):
+        vmap1[var] = expr
+    if not (_is(vmap1.get(c1.m[0].var), frame.vars["m"])
+            and _is(vmap1.get(c1.n[0].var), frame.vars["n"])):
+        raise NotRecognizedError("the softmax does not run along Q·Kᵀ's key axis")
+    dk = int(c1.k.dom.extent)
+    vmap1[c1.k.var] = frame.axis("k", dk)
+    q = _operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
+    k = _operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
+    v = _operand(graph, frame, composer, *c2.b, vmap2, "V", stop)
+    bad = [x for x in leaves(score) if x.tensor != c1.out and _uses(x, frame.vars.get("d"))]
+    if bad:
+        raise NotRecognizedError("the logits depend on the head dimension")
+    epi, others = _epilogue(graph, frame, composer, c2, _out_index(c2, vmap2), region, stop)
+    if others:
+        raise NotRecognizedError("the output's epilogue reads another product")
+    covered = [c1.node.name, c2.node.name]
+    covered += _region_nodes(graph, c1, c2)
+    covered += _calls_nodes(graph, epi.covered_calls)
+    epi.output.accumulators = (c2.out,)
+    match = Match(
+        "attention",
+        frame,
+        {"q": q, "k": k, "v": v},
+        dtype,
+        covered,
+        outputs=[epi.output],
+        score=score,
+        score_tensor=c1.out,
+        acc_dtype=c2.acc_dtype,
+    )
+    return match
+
+
+def _is(expr, var) -> bool:
+    return isinstance(expr, ir.expr.Var) and expr.same_as(var)
+
+
+def _uses(leaf: Leaf, var) -> bool:
+    return var is not None and any(var.name in _vars_of((i,)) for i in leaf.index)
+
+
+def _region_nodes(graph, c1, c2) -> list[str]:
+    """Nodes on paths from ``c1``'s output to ``c2`` (the softmax and what feeds it)."""
+    out, stack, seen = [], [c1.out], set()
+    while stack:
+        tensor = stack.pop()
+        for node in graph.consumers(tensor):
+            if node.name in seen or node.name == c2.node.name:
+                continue
+            seen.add(node.name)
+            if graph.reaches(node.name, c2.node.name):
+                out.append(node.name)
+                stack.append(node.output)
+    return out
+
+
+def _chain(graph, frame, composer, c1, c2, between, vmap2, region, stop) -> Match:
+    dtype = _check_dtype(graph, c2)
+    inner = _strip_casts(between)
+    if not isinstance(inner, Leaf) or inner.tensor != c1.out:
+        raise NotRecognizedError(f"between the products: {format_elem(between)}")
+    if len(c1.m) != 1 or len(c1.n) != 1:
+        raise NotRecognizedError("the first product has several row or column axes")
+    vmap1 = dict(zip(c1.node.block.body.indices, inner.index))
+    if not (_is(vmap1.get(c1.m[0].var), frame.vars["m"])
+            and _is(vmap1.get(c1.n[0].var), frame.vars["n"])):
+        raise NotRecognizedError("the second product does not contract the first's columns")
+    vmap1[c1.k.var] = frame.axis("k", int(c1.k.dom.extent))
+    a = _operand(graph, frame, composer, *c1.a, vmap1, "A", stop)
+    b = _operand(graph, frame, composer, *c1.b, vmap1, "B", stop)
+    d = _operand(graph, frame, composer, *c2.b, vmap2, "D", stop)
+    epi, others = _epilogue(graph, frame, composer, c2, _out_index(c2, vmap2), region, stop)
+    if others:
+        raise NotRecognizedError("the output's epilogue reads another product")
+    covered = [c1.node.name, c2.node.name, *_region_nodes(graph, c1, c2)]
+    covered += _calls_nodes(graph, epi.covered_calls)
+    epi.output.accumulators = (c2.out,)
+    return Match("chain", frame, {"a": a, "b": b, "d": d}, dtype, covered,
+                 outputs=[epi.output], score_tensor=c1.out, acc_dtype=c2.acc_dtype)
+
+
+# -- views -----------------------------------------------------------------------------------------
+def finalize(graph, match: Match) -> None:
+    """Collapse the frame's axes and derive every access's strided view (in place).
+
+    GEMM frames merge their batch, row and column axes into one each where every access allows
+    it (``b``, ``m``, ``n``); attention keeps (b, h) but merges extra batch axes.
+    """
+    for prefix in ("b", "m", "n") if match.family == "gemm" else ("b",):
+        _collapse(graph, match, prefix)
+    _rename_single(match)
+    if match.family == "attention":
+        _attention_finalize(graph, match)
+        return
+    match.views = _views(graph, match)
+
+
+def _views(graph, match: Match) -> dict:
+    """Every access of ``match`` as a strided view over its frame, or NotRecognizedError."""
+    views = {}
+    for role, access in _all_accesses(match).items():
+        view = _view(graph, access, dict(match.frame.vars), match.frame)
+        if view is None:
+            raise NotRecognizedError(f"{role} ({access.tensor}) is not a strided view")
+        views[role] = view
+    return views
+
+
+def _attention_finalize(graph, match: Match) -> None:
+    """Views of an attention; a flattened (batch · heads) axis is split back when the accesses
+    need it, and K/V may be shared by groups of query heads."""
+    try:
+        _attention_views(graph, match)
+        return
+    except NotRecognizedError as err:
+        first = err
+    frame = match.frame
+    if "h" not in frame.vars or "b" in frame.vars:
+        raise first
+    extent = frame.extents["h"]
+    for heads in range(2, extent):
+        if extent % heads:
+            continue
+        b, h = new_var("b"), new_var("h")
+        bind(frame.analyzer, b, extent // heads)
+        bind(frame.analyzer, h, heads)
+        trial = _substituted(match, {frame.vars["h"]: b * heads + h})
+        if trial is None:
+            continue
+        trial.frame = Frame()
+        trial.frame.analyzer = frame.analyzer
+        trial.frame.vars = {"b": b, **{a: (h if a == "h" else v) for a, v in frame.vars.items()}}
+        trial.frame.extents = {"b": extent // heads, **frame.extents, "h": heads}
+        trial.views, trial.group = {}, 1
+        try:
+            _attention_views(graph, trial)
+        except NotRecognizedError:
+            continue
+        _apply(match, trial)
+        match.frame, match.views, match.group = trial.frame, trial.views, trial.group
+        return
+    raise first
+
+
+def _all_accesses(match: Match) -> dict:
+    out = dict(match.accesses)
+    for si, seg in enumerate(match.segments):
+        for pi, (_, b) in enumerate(seg.products):
+            out[f"b{si}.{pi}"] = b
+        for oi, o in enumerate(seg.outputs):
+            out[f"out{si}.{oi}"] = o.access
+            _extras(match, o.elem, out, skip=set(o.accumulators))
+    for oi, o in enumerate(match.outputs):
+        out[f"out{oi}"] = o.access
+        _extras(match, o.elem, out, skip=set(o.accumulators))
+    if match.score is not None:
+        _extras(match, match.score, out, skip={match.score_tensor})
+    return out
+
+
+def _extras(match, elem, out, skip) -> None:
+    for leaf in leaves(elem):
+        if leaf.tensor in skip:
+            continue
+        out.setdefault(f"x:{leaf.key()}", Access(leaf.tensor, leaf.index))
+
+
+def _view(graph, access: Access, axes, frame) -> Strided | None:
+    info = graph.tensors[access.tensor]
+    return strided(access.tensor, info.shape, info.dtype, access.index, axes, frame.analyzer)
+
+
+def _attention_views(graph, match) -> None:
+    """Every access by strides; K and V may be shared by groups of query heads (GQA)."""
+    frame = match.frame
+    axes = dict(frame.vars)
+    heads = frame.extents.get("h", 1)
+    views = {}
+    for role, access in _all_accesses(match).items():
+        view = _view(graph, access, axes, frame)
+        if view is None and role in ("k", "v") and "h" in frame.vars:
+            for group in range(2, heads + 1):
+                if heads % group == 0 and match.group in (1, group):
+                    view = _grouped(graph, access, frame, group)
+                    if view is not None:
+                        match.group = group
+                        break
+        if view is None:
+            raise NotRecognizedError(f"{role} ({access.tensor}) is not a strided view")
+        views[role] = view
+    if match.group > 1 and any(
+        views[r].stride.get("h", 0) == 0 and heads > 1 for r in ("q",)
+    ):
+        raise NotRecognizedError("Q does not vary with the head")
+    match.views = views
+
+
+def _grouped(graph, access, frame, group) -> Strided | None:
+    """``access`` as a view over (…, h // group, …): each K/V head serves ``group`` query heads."""
+    h = frame.vars["h"]
+    hk, r = new_var("hk"), new_var("hr")
+    bind(frame.analyzer, hk, frame.extents["h"] // group)
+    bind(frame.analyzer, r, group)
+    index = tuple(frame.simplify(substitute(i, {h: hk * group + r})) for i in access.index)
+    axes = {a: (hk if a == "h" else v) for a, v in frame.vars.items()}
+    axes["hr"] = r
+    info = graph.tensors[access.tensor]
+    view = strided(access.tensor, info.shape, info.dtype, index, axes, frame.analyzer)
+    if view is None or view.stride.get("hr", 0) != 0:
+        return None
+    return dataclasses.replace(view, strides=tuple((a, s) for a, s in view.strides if a != "hr"))
+
+
+def _collapse(graph, match: Match, prefix: str) -> None:
+    """Merge the frame's axes ``<prefix>0, <prefix>1, ...`` into one where every access allows
+    (its flat offset stays affine in the merged axis)."""
+    frame = match.frame
+    names = [a for a in frame.vars if a[:1] == prefix and a[1:].isdigit()]
+    while len(names) > 1:
+        outer, inner = names[0], names[1]
+        e_in = frame.extents[inner]
+        merged = new_var(f"{outer}_")
+        bind(frame.analyzer, merged, frame.extents[outer] * e_in)
+        vmap = {
+            frame.vars[outer]: tirx.floordiv(merged, e_in),
+            frame.vars[inner]: tirx.floormod(merged, e_in),
+        }
+        trial = _substituted(match, vmap)
+        if trial is None:
+            return
+        axes = {a: (merged if a == outer else v) for a, v in frame.vars.items() if a != inner}
+        if any(
+            _view(graph, acc, axes, frame) is None for acc in _all_accesses(trial).values()
+        ):
+            return
+        _apply(match, trial)
+        extents = {a: e for a, e in frame.extents.items() if a != inner}
+        extents[outer] *= e_in
+        frame.vars, frame.extents = axes, extents
+        names = [a for a in frame.vars if a[:1] == prefix and a[1:].isdigit()]
+
+
+def _substituted(match: Match, vmap) -> Match | None:
+    frame = match.frame
+    try:
+        trial = dataclasses.replace(
+            match,
+            accesses={r: _rebase(a, vmap, frame) for r, a in match.accesses.items()},
+            segments=[
+                Segment(
+                    s.n,
+                    [(p, _rebase(a, vmap, frame)) for p, a in s.products],
+                    [_reoutput(o, vmap, frame) for o in s.outputs],
+                    s.covered,
+                )
+                for s in match.segments
+            ],
+            outputs=[_reoutput(o, vmap, frame) for o in match.outputs],
+            score=_reindex(match.score, vmap, frame) if match.score is not None else None,
+        )
+    except UnsupportedExprError:
+        return None
+    return trial
+
+
+def _reoutput(o: Output, vmap, frame) -> Output:
+    return Output(
+        o.tensor, _rebase(o.access, vmap, frame), _reindex(o.elem, vmap, frame), o.accumulators
+    )
+
+
+def _apply(match: Match, trial: Match) -> None:
+    match.accesses, match.segments = trial.accesses, trial.segments
+    match.outputs, match.score = trial.outputs, trial.score
+
+
+def _rename_single(match: Match) -> None:
+    """``b0``/``m0``/``n0`` left alone after collapsing are called ``b``/``m``/``n``."""
+    frame = match.frame
+    renamed_vars, renamed_ext = {}, {}
+    for a, v in frame.vars.items():
+        name = a[0] if a[:1] in "bmn" and a[1:].isdigit() else a
+        if name in renamed_vars:
+            raise NotRecognizedError(f"several {name} axes cannot be merged")
+        renamed_vars[name], renamed_ext[name] = v, frame.extents[a]
+    frame.vars, frame.extents = renamed_vars, renamed_ext
+    for seg in match.segments:
+        seg.n = frame.extents.get("n", seg.n)
+
+
