@@ -7,10 +7,11 @@ on the CPU and becomes a constant.  Importers build these with ``cumsum`` over `
 ``index_tensor``, which TVM's ``llvm`` code generator cannot compile (``CreateAdd`` on a boolean)
 and its CUDA dispatch turns into scan kernels with symbolic shapes; folded, they are gone.
 
-Boolean arithmetic that stays (it depends on an input) is rewritten into integers, which TVM's
-``llvm`` backend compiles (it emits float compares and float adds for ``bool``): a scan over
-``bool`` accumulates in ``int32`` and is cast back (what TVM's type for it, ``bool``, says it
-computes), and comparisons of ``bool`` tensors compare them as ``int8``.
+Constructs TVM 0.27 cannot build are rewritten into equivalent ones it can: a scan over ``bool``
+accumulates in ``int32`` and is cast back (what TVM's type for it, ``bool``, says it computes),
+comparisons of ``bool`` tensors compare them as ``int8`` (its ``llvm`` backend emits float
+compares and adds for ``bool``), and ``full`` with an infinite value becomes a ``broadcast_to``
+of that constant (its legalization fails on infinities).
 
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
 """
@@ -18,6 +19,7 @@ Nothing is folded when evaluation fails; the reason is logged and the function i
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
 from tvm import relax
@@ -42,7 +44,7 @@ class FoldStaticShapes:
             ):
                 continue
             try:
-                new = _fold(mod, gv.name_hint, _promote_bool_arith(func))
+                new = _fold(mod, gv.name_hint, _workarounds(func))
             except Exception as err:  # noqa: BLE001 - never break a build: nothing folded
                 logger.warning("fold: %s left as it is: %r", gv.name_hint, err)
                 continue
@@ -53,8 +55,12 @@ class FoldStaticShapes:
         out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
         for gv, func in updates.items():
             out[gv] = func
-        out = relax.transform.DeadCodeElimination()(out)
-        return out
+        # folded values feed their readers as constants (a scalar becomes an immediate in TIR)
+        try:
+            out = relax.transform.FoldConstant()(out)
+        except Exception as err:  # noqa: BLE001 - TVM's folding failed: keep the bindings
+            logger.warning("fold: constants not propagated: %r", err)
+        return relax.transform.DeadCodeElimination()(out)
 
 
 def _fold(mod, name, func):
@@ -100,7 +106,7 @@ def _evaluate(mod, static) -> list:
     out = relax.Var("folded", relax.TupleType([v.ty for v in static.frontier]))
     body = [*static.bindings, relax.VarBinding(out, relax.Tuple(static.frontier))]
     func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(body)], out), out.ty)
-    func = _promote_bool_arith(func).with_attr("global_symbol", "fold")
+    func = _workarounds(func).with_attr("global_symbol", "fold")
     funcs = {"fold": func}
     for gv in _global_vars(func):
         funcs[gv.name_hint] = mod[gv]
@@ -131,8 +137,9 @@ def _is_bool(expr) -> bool:
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "bool"
 
 
-def _promote_bool_arith(func):
-    """Scans over ``bool`` accumulate in ``int32`` and comparisons of ``bool`` compare ``int8``."""
+def _workarounds(func):
+    """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
+    ``full`` of an infinity is a ``broadcast_to``."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -152,8 +159,19 @@ def _promote_bool_arith(func):
             return expr
         return relax.Call(expr.op, [relax.op.astype(a, "int8"), relax.op.astype(b, "int8")])
 
+    def full(expr, matches):
+        value = matches[y]
+        if not isinstance(value, tvm.ir.expr.Constant) or value.ty.shape.values:
+            return expr
+        number = value.value.numpy().item()
+        if not isinstance(number, float) or math.isfinite(number):
+            return expr
+        dtype = str(expr.ty.dtype)
+        return relax.op.broadcast_to(relax.const(number, dtype), matches[x])
+
     for name in ("relax.cumsum", "relax.cumprod"):
         func = rewrite_call(is_op(name)(x), scan, func)
+    func = rewrite_call(is_op("relax.full")(x, y), full, func)
     for name in _COMPARISONS:
         func = rewrite_call(is_op(name)(x, y), compare, func)
     return func

@@ -126,33 +126,39 @@ def test_ahead_of_time_ptx_for_sm90():
     assert "wgmma.mma_async" in gemm
 
 
-def test_planned_launches_match_the_compiled_kernels():
-    """The PrimFunc's packed call carries the kernel's runtime arguments, then the launch."""
-    from tvm_stitch.codegen import embed
+def test_generated_launch_carries_pointers_only():
+    """A generated kernel (BERT-base's FFN in + GELU) compiles for sm_90 with wgmma; its
+    PrimFunc passes buffer pointers only (every size and stride is compiled in), then Triton's
+    null scratch pointers and the launch."""
+    import tvm
+    from tvm import relax
 
+    import tvm_stitch
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.codegen.triton_gen import kernel_source
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.workloads import get_workload
+
+    inst = get_workload("bert-base").instance("float16", batch=1, seq=128)
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
+        mod = relax.transform.LegalizeOps()(tvm_stitch.passes.AccumulateFloat32()(inst.mod))
+    graph = build_graph(mod, legalize=False)
+    (ffn,) = [m for m in recognize(graph, ("gemm",)).matches[:6]
+              if m.frame.extents["k"] == 768 and m.segments[0].n == 3072]
+    source = kernel_source(ffn)
+    assert "tl.math.erf" in source.text  # GELU, recognized from the blocks TVM legalized
     cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
-    lin = embed.linear_launch(4096, 768, 3072, "float16", True, tk.GELU_NONE, cfg)
-    assert "wgmma.mma_async" in lin.ptx and f".entry {lin.symbol}" in lin.ptx
-    call = lin.func.body.block.body.value
-    pointers = [str(a) for a in call.args[1:6]]
-    assert pointers == ["x.data", "w.data", "y.data", "bias.data", "res.data"]  # A, B, C, Bias, Res
-    ints = [int(a) for a in call.args[6:]]
-    # M, N, K, the non-unit strides, two null scratch pointers, threads, grid (GROUP_M order), smem
-    assert ints[:7] == [4096, 768, 3072, 3072, 3072, 768, 768]
-    assert ints[7:12] == [0, 0, 256, 32 * 6, ints[11]] and ints[11] > 0
-    assert lin.arg_types == ["handle"] * 5 + ["int32"] * 7 + ["int64"] * 2
-    chain = embed.chain_launch(
-        2,
-        45,
-        33,
-        24,
-        20,
-        "float32",
-        {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "BLOCK_H": 32, "HOIST_A": True},
-    )
-    assert "tf32" not in chain.ptx  # float32 products stay IEEE float32
-    extents = [int(a) for a in chain.func.body.block.body.value.args[-5:]]
-    assert extents[1:4] == [2, 1, 2]  # threads, grid (m tiles, h tiles, batch), shared memory
+    shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+              for t in [*source.inputs, *source.outputs]}
+    launch = embed.generated_launch(source, ffn, cfg, shapes)
+    assert "wgmma.mma_async" in launch.ptx and f".entry {launch.symbol}" in launch.ptx
+    call = launch.func.body.block.body.value
+    assert [str(a) for a in call.args[1:5]] == ["I0.data", "I1.data", "I2.data", "O0.data"]
+    assert launch.arg_types == ["handle"] * 4 + ["int64"] * 2
+    ints = [int(a) for a in call.args[5:]]
+    # scratch pointers, threads, one program per 128x128 tile (then the batch axis), smem
+    assert ints[:5] == [0, 0, 256, 24, 1] and ints[5] > 0
 
 
 def test_template_legality():

@@ -34,10 +34,11 @@ class PipelineOptions:
         cast to float32, the result cast back), as PyTorch does; TVM's legalization accumulates
         them in float16.  The casts are elementwise: fused, no extra bytes.
     mcfuser : tuple of str
-        Which MBCI families run as searched Triton kernels (MCFuser): ``"attention"``,
-        ``"chain"`` (GEMM chains), ``"linear"`` (Linear layers + GELU or + residual).  ``()``
-        turns the pass off.  Needs a GPU at compile time; without one the pass logs why and TVM
-        keeps every operator.
+        Which kernel families are recognized on the tensor graph and generated in Triton
+        (MCFuser): ``"attention"``, ``"chain"`` (GEMM chains), ``"gemm"`` (matrix products with
+        their epilogues, side by side when they share an input).  ``()`` turns the pass off.
+        Needs a GPU at compile time; without one the pass logs why and TVM keeps every operator
+        (the fusion report of a CUDA target still lists the kernels).
     """
 
     fold: bool = True
@@ -45,13 +46,13 @@ class PipelineOptions:
     report: bool = True
     stitch: bool = True
     accumulate_fp32: bool = True
-    mcfuser: tuple = ("attention", "chain", "linear")
+    mcfuser: tuple = ("attention", "chain", "gemm")
 
     def __post_init__(self):
-        unknown = set(self.mcfuser) - {"attention", "chain", "linear"}
+        unknown = set(self.mcfuser) - {"attention", "chain", "gemm"}
         if isinstance(self.mcfuser, str) or unknown:
             raise ValueError(
-                f"mcfuser takes a tuple of 'attention', 'chain', 'linear'; got {self.mcfuser!r}"
+                f"mcfuser takes a tuple of 'attention', 'chain', 'gemm'; got {self.mcfuser!r}"
             )
 
     @classmethod

@@ -48,7 +48,9 @@ class Imported:
     dtype: str
 
 
-def import_torch(module, example_args, dtype: str = "float32", example_kwargs=None) -> Imported:
+def import_torch(
+    module, example_args, dtype: str = "float32", example_kwargs=None, convert: bool = True
+) -> Imported:
     """Export ``module`` with ``torch.export`` and import it into Relax.
 
     Parameters
@@ -61,7 +63,12 @@ def import_torch(module, example_args, dtype: str = "float32", example_kwargs=No
     dtype : {"float32", "float16"}
         Compute dtype of the imported module.
     example_kwargs : dict, optional
-        Keyword inputs (exported as inputs after the positional ones).
+        Keyword arguments: tensors are inputs after the positional ones; anything else
+        (``use_cache=False``) is fixed for the compiled model.
+    convert : bool
+        Export in float32 and convert to ``dtype`` with ``ToMixedPrecision`` (the default, which
+        models with weights need).  ``False`` exports in ``dtype`` directly: floating inputs
+        and the whole graph stay in it.
 
     Returns
     -------
@@ -73,10 +80,12 @@ def import_torch(module, example_args, dtype: str = "float32", example_kwargs=No
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    module = module.float().eval()
-    args = tuple(a.float() if a.is_floating_point() else a for a in example_args)
+    export_dtype = torch.float32 if convert else getattr(torch, dtype)
+    module = _bind_constants(module.to(export_dtype).eval(), example_kwargs or {})
+    args = tuple(a.to(export_dtype) if a.is_floating_point() else a for a in example_args)
+    tensors = {k: v for k, v in (example_kwargs or {}).items() if isinstance(v, torch.Tensor)}
     with torch.no_grad():
-        exported = torch.export.export(module, args, kwargs=example_kwargs or {})
+        exported = torch.export.export(module, args, kwargs=tensors)
     try:
         mod = from_exported_program(
             exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
@@ -90,7 +99,7 @@ def import_torch(module, example_args, dtype: str = "float32", example_kwargs=No
     mod, params = detach_params(mod)
     weights = [p.numpy() for p in params["main"]]
     num_inputs = len(mod["main"].params) - len(weights)
-    if dtype == "float16":
+    if dtype == "float16" and convert:
         # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
         # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
         # parameters instead of float32 ones cast on every call
@@ -98,6 +107,25 @@ def import_torch(module, example_args, dtype: str = "float32", example_kwargs=No
         mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
         weights = [w.astype("float16") if w.dtype == np.float32 else w for w in weights]
     return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
+
+
+def _bind_constants(module, kwargs: dict):
+    """``module`` with its non-tensor keyword arguments fixed (they are not model inputs)."""
+    import torch
+
+    constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    if not constants:
+        return module
+
+    class Bound(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *args, **tensors):
+            return self.inner(*args, **tensors, **constants)
+
+    return Bound()
 
 
 class StitchModule:

@@ -4,8 +4,9 @@ Phases (each a list of passes, so reports can stop after fusion):
 
 ``dispatch``   [input-independent values folded into constants], TVM's library dispatch
                (sampling, sort/scan)
-``fusion``     [MCFuser Triton kernels], [float32 accumulation], LegalizeOps, [tensor-graph
-               analysis], AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
+``fusion``     [float32 accumulation], LegalizeOps, [common subexpressions], [MCFuser: kernels
+               recognized on the tensor graph, generated in Triton], [tensor-graph analysis],
+               AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
                [StitchSchedule], [fusion report]
 ``schedule``   dlight's default GPU schedules (none on CPU)
 ``lower``      dataflow lowering
@@ -22,6 +23,7 @@ from __future__ import annotations
 import importlib
 
 import tvm
+from tvm import relax
 
 from .config import PipelineOptions
 
@@ -58,7 +60,7 @@ def as_target(target) -> tvm.target.Target:
     return tvm.target.Target(target)
 
 
-def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
+def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> list:
     """The passes of a pipeline, grouped in named phases.
 
     Parameters
@@ -67,6 +69,9 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
         ``llvm`` or a CUDA target (the short name ``"cuda"`` means ``sm_90a``).
     kind : {"stitch", "default"}
         tvm-stitch's pipeline or TVM's default one for the target.
+    plan_only : bool
+        Recognize and plan the Triton kernels of a CUDA target even where they cannot be loaded
+        (no GPU): for fusion reports, not for building.
     **options
         :class:`~tvm_stitch.config.PipelineOptions` fields (stitch only).
     """
@@ -83,6 +88,10 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
         at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps") + 1
         if opts.analyze:
             fusion.insert(at, passes.AnalyzeTensorGraph())
+        if opts.mcfuser and target.kind.name == "cuda":
+            fusion.insert(at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only))
+        # one tensor where a front end computed it several times (a cast per consumer)
+        fusion.insert(at, relax.transform.EliminateCommonSubexpr())
         if opts.report:
             fusion.append(passes.ReportFusion())
         if opts.stitch:
@@ -93,8 +102,6 @@ def phases(target, kind: str = "stitch", **options) -> list[tuple[str, list]]:
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())
-        if opts.mcfuser and target.kind.name == "cuda":
-            fusion.insert(0, passes.FuseMBCI(families=tuple(opts.mcfuser)))
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
     elif kind != "default":

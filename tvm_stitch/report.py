@@ -124,6 +124,8 @@ def groups_of(graph: TensorDependencyGraph) -> list[KernelGroup]:
                 bytes_written=sum(graph.tensors[t].nbytes for t in written),
             )
         )
+    # kernels the graph cannot look into (symbolic shapes) still launch: bytes unknown
+    groups += [KernelGroup(call, func, ["unanalysed"], 0, 0) for call, func in graph.opaque_calls]
     return groups
 
 
@@ -131,7 +133,8 @@ def fused_module(mod: tvm.IRModule, target, pipeline: str = "stitch", **options)
     """``mod`` after a pipeline's dispatch and fusion phases and the reshape-to-view rewrite."""
     target = as_target(target)
     seq = []
-    for name, passes in phases(target, pipeline, **options):
+    plan = {"plan_only": True} if pipeline == "stitch" else {}
+    for name, passes in phases(target, pipeline, **plan, **options):
         if name in ("dispatch", "fusion"):
             seq.extend(passes)
     seq.append(relax.transform.RewriteDataflowReshape())

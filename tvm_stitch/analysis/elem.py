@@ -308,7 +308,10 @@ class Composer:
             out = self._inline(node, index, policy)
         if out is None:
             if info.scope == "local":
-                raise CompositionError(f"{tensor} lives inside a kernel the policy does not enter")
+                kind = f" ({node.kind.value})" if node is not None else ""
+                raise CompositionError(
+                    f"{tensor}{kind} lives inside a kernel the policy does not enter"
+                )
             out = Leaf(tensor, index, info.dtype)
         self._memo[key] = out
         self._budget -= 1

@@ -91,6 +91,17 @@ class Frame:
     def simplify(self, expr):
         return self.analyzer.simplify(expr)
 
+    def same(self, a, b) -> bool:
+        """Whether two indices are equal at every coordinate."""
+        return len(a) == len(b) and all(
+            isinstance(d := self.simplify(_i64(x) - _i64(y)), P.IntImm) and int(d.value) == 0
+            for x, y in zip(a, b)
+        )
+
+
+def _i64(expr):
+    return expr if dtype_of(expr) == "int64" else P.Cast("int64", expr)
+
 
 @dataclasses.dataclass(frozen=True)
 class Access:
@@ -367,6 +378,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
     matches: list[Match] = []
     taken: set[str] = set()
     written: set[str] = set()  # tensors the accepted kernels write: later operands read them
+    read: set[str] = set()  # tensors the accepted kernels read: later epilogues end there
     errors = (NotRecognizedError, CompositionError, UnsupportedExprError)
     for name, c in contractions.items():
         if "attention" not in families and "chain" not in families:
@@ -380,6 +392,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
             continue
         taken.update(match.covered)
         written.update(o.tensor for o in match.all_outputs)
+        read.update(v.tensor for r, v in match.views.items() if not str(r).startswith("out"))
         matches.append(match)
     if "gemm" in families:
         # a product computed as another's partner (gate × up) is not a kernel of its own: the
@@ -388,7 +401,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
             if name in taken:
                 continue
             try:
-                match = _gemm(graph, c, frozenset(written))
+                match = _gemm(graph, c, frozenset(written), frozenset(read))
             except errors as err:
                 rejected.append((name, f"GEMM: {err}"))
                 continue
@@ -397,6 +410,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
                 continue
             taken.update(match.covered)
             written.update(o.tensor for o in match.all_outputs)
+            read.update(v.tensor for r, v in match.views.items() if not str(r).startswith("out"))
             matches.append(match)
         matches = _group_horizontal(graph, matches, rejected)
     for name, why in rejected:
@@ -430,16 +444,33 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
     return Access(elem.tensor, elem.index)
 
 
+def _widened_operand(graph, frame, composer, tensor, index, vmap, dtype, stop) -> Access:
+    """An operand that is a float32 cast of a view of a ``dtype`` tensor: that tensor's view."""
+
+    def inline(node):
+        if node.output in stop:
+            return False
+        value = node.block.body.value if node.block is not None else None
+        cast = isinstance(value, P.Cast) and isinstance(value.value, ir.expr.TensorLoad)
+        return data_movement(node) or (elementwise(node) and cast)
+
+    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
+    elem = _strip_casts(composer.element(tensor, idx, Policy(inline=inline)))
+    if not isinstance(elem, Leaf) or elem.dtype != dtype:
+        raise NotRecognizedError(f"V is not a widened {dtype} view: {format_elem(elem)}")
+    return Access(elem.tensor, elem.index)
+
+
 def _out_index(c: Contraction, vmap) -> tuple:
     """The product's output index over the frame."""
     return tuple(substitute(i, vmap) for i in c.node.block.body.indices)
 
 
-def _gemm(graph, c: Contraction, stop) -> Match:
+def _gemm(graph, c: Contraction, stop, read=frozenset()) -> Match:
     """The GEMM kernel of ``c`` with the longest epilogue whose output is a strided view."""
     dtype = _check_dtype(graph, c)
     last = None
-    for region in epilogue_regions(graph, c.out, stop):
+    for region in epilogue_regions(graph, c.out, stop, read):
         frame, vmap = _frame_for(c)
         composer = Composer(graph, frame.analyzer)
         try:
@@ -453,16 +484,27 @@ def _gemm(graph, c: Contraction, stop) -> Match:
                 try:
                     b2 = _partner(graph, frame, composer, c, other, leaf, out_index, a, stop)
                 except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
-                    logger.info("recognize: %s read from memory by %s's epilogue: %s",
-                                other.node.name, c.node.name, err)
+                    logger.info(
+                        "recognize: %s read from memory by %s's epilogue: %s",
+                        other.node.name,
+                        c.node.name,
+                        err,
+                    )
                     continue
                 products.append((other.out, b2))
                 covered.append(other.node.name)
             epi.output.accumulators = tuple(p for p, _ in products)
             n = math.prod(frame.extents[x] for x in frame.extents if x.startswith("n"))
             segment = Segment(n, products, [epi.output], covered)
-            match = Match("gemm", frame, {"a": a}, dtype, list(covered), segments=[segment],
-                          acc_dtype=c.acc_dtype)
+            match = Match(
+                "gemm",
+                frame,
+                {"a": a},
+                dtype,
+                list(covered),
+                segments=[segment],
+                acc_dtype=c.acc_dtype,
+            )
             finalize(graph, match)
             return match
         except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
@@ -499,13 +541,15 @@ class EpilogueRegion:
     interior: frozenset
 
 
-def epilogue_regions(graph, tensor: str, stop=frozenset(), limit: int = 24) -> list:
+def epilogue_regions(graph, tensor: str, stop=frozenset(), read=frozenset(), limit=24) -> list:
     """Candidate epilogues after ``tensor`` (a product's result), largest first; the empty one
     (``end == tensor``) last.
 
     A region grows through calls whose blocks are all elementwise or data movement and which
     write one tensor of as many elements; it may end at ``T`` when every tensor between
     ``tensor`` and ``T`` is read only by calls on the way to ``T`` and nothing else needs it.
+    Tensors other kernels write (``stop``) are never in a region; tensors other kernels read
+    (``read``) may end one, not lie inside it.
     """
     numel = math.prod(graph.tensors[tensor].shape)
     calls_of: dict = {}
@@ -527,7 +571,7 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), limit: int = 24) -> l
                 continue
             outputs[call] = out
             order.append(call)
-            if out not in seen:
+            if out not in seen and out not in read:
                 seen.add(out)
                 frontier.append(out)
     regions = []
@@ -538,12 +582,10 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), limit: int = 24) -> l
         if inside is None:
             continue
         interior = frozenset(t for t in inside if t != end) | {tensor}
-        if any(t in graph.pinned for t in interior):
+        if any(t in graph.pinned or t in read for t in interior):
             continue
         calls = tuple(c for c in order if outputs[c] in inside)
-        readers_ok = all(
-            {n.call for n in graph.consumers(t)} <= set(calls) for t in interior
-        )
+        readers_ok = all({n.call for n in graph.consumers(t)} <= set(calls) for t in interior)
         if readers_ok:
             regions.append(EpilogueRegion(end, calls, interior))
     regions.sort(key=lambda r: -len(r.calls))
@@ -582,7 +624,9 @@ def _write_back(graph, frame, composer, c, out_index, region, stop):
     ys = [new_var(f"y{i}") for i in range(len(info.shape))]
     for y, d in zip(ys, info.shape):
         bind(frame.analyzer, y, d)
-    elem = composer.element(end, tuple(ys), _epilogue_policy(graph, stop, region.interior))
+    # the region's calls, its last one included, are the kernel's to compute
+    inside = region.interior | ({end} if region.calls else set())
+    elem = composer.element(end, tuple(ys), _epilogue_policy(graph, stop, inside))
     mine = [leaf for leaf in leaves(elem) if leaf.tensor == c.out]
     if len({leaf.key() for leaf in mine}) != 1:
         raise NotRecognizedError(f"the epilogue reads the product {len(mine)} ways")
@@ -590,11 +634,10 @@ def _write_back(graph, frame, composer, c, out_index, region, stop):
     inverse = _invert(forward, ys, info.shape, out_index, frame)
     elem = _reindex(elem, inverse, frame)
     access = Access(end, tuple(frame.simplify(substitute(y, inverse)) for y in ys))
-    here = tuple(str(frame.simplify(i)) for i in out_index)
     others = []
     for leaf in leaves(elem):
         if leaf.tensor == c.out:
-            if tuple(str(i) for i in leaf.index) != here:
+            if not frame.same(leaf.index, out_index):
                 raise NotRecognizedError("the epilogue reads the product at another position")
             continue
         producer = graph.nodes.get(graph.tensors[leaf.tensor].producer or "")
@@ -611,15 +654,18 @@ def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a: 
     kernel: it must share ``A``, shapes and dtypes, and have no other reader."""
     if _materialized(graph, other.out):
         raise NotRecognizedError(f"{other.node.name}'s result is read elsewhere")
-    if tuple(str(i) for i in leaf.index) != tuple(str(frame.simplify(i)) for i in out_index):
+    if not frame.same(leaf.index, out_index):
         raise NotRecognizedError(f"{other.node.name} is read at another position")
     shapes = [(len(x.batch), len(x.m), len(x.n), int(x.k.dom.extent)) for x in (c, other)]
     if shapes[0] != shapes[1] or graph.tensors[other.out].shape != graph.tensors[c.out].shape:
         raise NotRecognizedError(f"{other.node.name} has another shape")
     # the partner's variables, in the same roles, are this frame's axes
     names = {}
-    for prefix, mine, theirs in (("b", c.batch, other.batch), ("m", c.m, other.m),
-                                 ("n", c.n, other.n)):
+    for prefix, mine, theirs in (
+        ("b", c.batch, other.batch),
+        ("m", c.m, other.m),
+        ("n", c.n, other.n),
+    ):
         for i, (_, iv) in enumerate(zip(mine, theirs)):
             names[iv.var] = frame.vars[f"{prefix}{i}"]
     names[other.k.var] = frame.vars["k"]
@@ -692,9 +738,13 @@ def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
         if m.family != "gemm" or len(m.segments) != 1:
             order.append(m)
             continue
-        key = (m.accesses["a"].key(), tuple(
-            (a, e) for a, e in m.frame.extents.items() if not a.startswith("n")
-        ), m.dtype, m.acc_dtype, tuple(a for a in m.frame.extents if a.startswith("n")))
+        key = (
+            m.accesses["a"].key(),
+            tuple((a, e) for a, e in m.frame.extents.items() if not a.startswith("n")),
+            m.dtype,
+            m.acc_dtype,
+            tuple(a for a in m.frame.extents if a.startswith("n")),
+        )
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -741,9 +791,13 @@ def _depends(graph, a: Match, b: Match) -> bool:
 def _merge(group: list[Match]) -> Match:
     first = group[0]
     segments, covered = [], []
-    for m in group:
-        # every member's frame names its axes alike; re-express its segment over the first's
-        vmap = {m.frame.vars[a]: first.frame.vars[a] for a in m.frame.vars}
+    frame = first.frame
+    for i, m in enumerate(group):
+        # the members' frames name their axes alike: re-express each segment over the first's,
+        # with a column axis of its own (``n@i``: the segments' widths differ)
+        vmap = {m.frame.vars[a]: frame.vars[a] for a in m.frame.vars if a != "n"}
+        if i:
+            vmap[m.frame.vars["n"]] = frame.axis(f"n@{i}", m.frame.extents["n"])
         seg = m.segments[0]
         products = [(p, _rebase(acc, vmap, first.frame)) for p, acc in seg.products]
         outputs = [_reoutput(o, vmap, first.frame) for o in seg.outputs]
@@ -787,7 +841,8 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
     a_index = tuple(frame.simplify(substitute(i, vmap)) for i in c2.a[1])
     region = composer.element(c2.a[0], a_index, _region_policy(graph, stop))
     firsts = {
-        leaf.tensor for leaf in leaves(region)
+        leaf.tensor
+        for leaf in leaves(region)
         if graph.tensors[leaf.tensor].producer in contractions
     }
     if not firsts:
@@ -807,8 +862,10 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
         try:
             sub = _copy_frame(frame)
             composer = Composer(graph, sub.analyzer)
-            vmap_t = {k: (sub.vars[_name_of(frame, v)] if _name_of(frame, v) else v)
-                      for k, v in vmap.items()}
+            vmap_t = {
+                k: (sub.vars[_name_of(frame, v)] if _name_of(frame, v) else v)
+                for k, v in vmap.items()
+            }
             region_t = composer.element(
                 c2.a[0],
                 tuple(sub.simplify(substitute(i, vmap_t)) for i in c2.a[1]),
@@ -839,9 +896,7 @@ def _name_of(frame: Frame, var) -> str | None:
 
 
 def _batch_names(count: int) -> list[str]:
-    return {0: [], 1: ["h"], 2: ["b0", "h"]}.get(
-        count, [f"b{i}" for i in range(count - 1)] + ["h"]
-    )
+    return {0: [], 1: ["h"], 2: ["b0", "h"]}.get(count, [f"b{i}" for i in range(count - 1)] + ["h"])
 
 
 def _strip_casts(e: Elem) -> Elem:
@@ -862,8 +917,14 @@ def _match_softmax(e: Elem, n_var) -> Elem | None:
     if e.op == "div":
         num, den = e.args
     elif e.op == "mul":
-        inv = [a for a in e.args if isinstance(a, Op) and a.op == "div"
-               and isinstance(a.args[0], Const) and a.args[0].value == 1]
+        inv = [
+            a
+            for a in e.args
+            if isinstance(a, Op)
+            and a.op == "div"
+            and isinstance(a.args[0], Const)
+            and a.args[0].value == 1
+        ]
         if len(inv) != 1:
             return None
         num = e.args[1] if e.args[0] is inv[0] else e.args[0]
@@ -893,8 +954,9 @@ def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
 
 
 def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Match:
-    dtype = _check_dtype(graph, c2)
-    if _check_dtype(graph, c1) != dtype:
+    dtype = _check_dtype(graph, c1)
+    widened = _check_dtype(graph, c2) != dtype
+    if widened and _check_dtype(graph, c2) != "float32":
         raise NotRecognizedError("the two products have different dtypes")
     s_leaves = [leaf for leaf in leaves(score) if leaf.tensor == c1.out]
     if len({leaf.key() for leaf in s_leaves}) != 1:
@@ -907,14 +969,21 @@ def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Ma
     vmap1 = {}
     for var, expr in zip(out1, s_index):
         vmap1[var] = expr
-    if not (_is(vmap1.get(c1.m[0].var), frame.vars["m"])
-            and _is(vmap1.get(c1.n[0].var), frame.vars["n"])):
+    if not (
+        _is(vmap1.get(c1.m[0].var), frame.vars["m"])
+        and _is(vmap1.get(c1.n[0].var), frame.vars["n"])
+    ):
         raise NotRecognizedError("the softmax does not run along Q·Kᵀ's key axis")
     dk = int(c1.k.dom.extent)
     vmap1[c1.k.var] = frame.axis("k", dk)
     q = _operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
     k = _operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
-    v = _operand(graph, frame, composer, *c2.b, vmap2, "V", stop)
+    if widened:
+        # P·V in float32 on a widened copy of V (TVM's import of a float16 attention): V is read
+        # at its own precision and the product runs in it, as FlashAttention does
+        v = _widened_operand(graph, frame, composer, *c2.b, vmap2, dtype, stop)
+    else:
+        v = _operand(graph, frame, composer, *c2.b, vmap2, "V", stop)
     bad = [x for x in leaves(score) if x.tensor != c1.out and _uses(x, frame.vars.get("d"))]
     if bad:
         raise NotRecognizedError("the logits depend on the head dimension")
@@ -970,8 +1039,10 @@ def _chain(graph, frame, composer, c1, c2, between, vmap2, region, stop) -> Matc
     if len(c1.m) != 1 or len(c1.n) != 1:
         raise NotRecognizedError("the first product has several row or column axes")
     vmap1 = dict(zip(c1.node.block.body.indices, inner.index))
-    if not (_is(vmap1.get(c1.m[0].var), frame.vars["m"])
-            and _is(vmap1.get(c1.n[0].var), frame.vars["n"])):
+    if not (
+        _is(vmap1.get(c1.m[0].var), frame.vars["m"])
+        and _is(vmap1.get(c1.n[0].var), frame.vars["n"])
+    ):
         raise NotRecognizedError("the second product does not contract the first's columns")
     vmap1[c1.k.var] = frame.axis("k", int(c1.k.dom.extent))
     a = _operand(graph, frame, composer, *c1.a, vmap1, "A", stop)
@@ -983,8 +1054,16 @@ def _chain(graph, frame, composer, c1, c2, between, vmap2, region, stop) -> Matc
     covered = [c1.node.name, c2.node.name, *_region_nodes(graph, c1, c2)]
     covered += _calls_nodes(graph, epi.covered_calls)
     epi.output.accumulators = (c2.out,)
-    return Match("chain", frame, {"a": a, "b": b, "d": d}, dtype, covered,
-                 outputs=[epi.output], score_tensor=c1.out, acc_dtype=c2.acc_dtype)
+    return Match(
+        "chain",
+        frame,
+        {"a": a, "b": b, "d": d},
+        dtype,
+        covered,
+        outputs=[epi.output],
+        score_tensor=c1.out,
+        acc_dtype=c2.acc_dtype,
+    )
 
 
 # -- views -----------------------------------------------------------------------------------------
@@ -1067,10 +1146,11 @@ def _all_accesses(match: Match) -> dict:
 
 
 def _extras(match, elem, out, skip) -> None:
+    """Reads of element expressions, under the role ``("x", leaf key)``."""
     for leaf in leaves(elem):
         if leaf.tensor in skip:
             continue
-        out.setdefault(f"x:{leaf.key()}", Access(leaf.tensor, leaf.index))
+        out.setdefault(("x", leaf.key()), Access(leaf.tensor, leaf.index))
 
 
 def _view(graph, access: Access, axes, frame) -> Strided | None:
@@ -1096,9 +1176,7 @@ def _attention_views(graph, match) -> None:
         if view is None:
             raise NotRecognizedError(f"{role} ({access.tensor}) is not a strided view")
         views[role] = view
-    if match.group > 1 and any(
-        views[r].stride.get("h", 0) == 0 and heads > 1 for r in ("q",)
-    ):
+    if match.group > 1 and any(views[r].stride.get("h", 0) == 0 and heads > 1 for r in ("q",)):
         raise NotRecognizedError("Q does not vary with the head")
     match.views = views
 
@@ -1137,9 +1215,7 @@ def _collapse(graph, match: Match, prefix: str) -> None:
         if trial is None:
             return
         axes = {a: (merged if a == outer else v) for a, v in frame.vars.items() if a != inner}
-        if any(
-            _view(graph, acc, axes, frame) is None for acc in _all_accesses(trial).values()
-        ):
+        if any(_view(graph, acc, axes, frame) is None for acc in _all_accesses(trial).values()):
             return
         _apply(match, trial)
         extents = {a: e for a, e in frame.extents.items() if a != inner}
@@ -1192,7 +1268,3 @@ def _rename_single(match: Match) -> None:
             raise NotRecognizedError(f"several {name} axes cannot be merged")
         renamed_vars[name], renamed_ext[name] = v, frame.extents[a]
     frame.vars, frame.extents = renamed_vars, renamed_ext
-    for seg in match.segments:
-        seg.n = frame.extents.get("n", seg.n)
-
-

@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import zlib
 
 import tvm
 
 from .triton_kernels import kernel, precision
 
 _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
-_TRITON_TYPES = {"float16": "*fp16", "float32": "*fp32"}
+_TRITON_TYPES = {
+    "float16": "*fp16",
+    "bfloat16": "*bf16",
+    "float32": "*fp32",
+    "int8": "*i8",
+    "uint8": "*u8",
+    "int32": "*i32",
+    "int64": "*i64",
+    "bool": "*i1",
+}
 
 
 @functools.cache
@@ -74,22 +81,23 @@ class Launch:
 
 
 def plan_launch(
-    name: str,
+    name,
     params: list[Param],
     args: dict,
     constexprs: dict,
     grid: tuple,
     launch: dict,
     symbol: str,
+    outputs: int = 1,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
     Parameters
     ----------
-    name : str
-        A template of :mod:`tvm_stitch.codegen.triton_kernels`.
+    name : str or triton.JITFunction
+        A template of :mod:`tvm_stitch.codegen.triton_kernels`, or a generated kernel.
     params : list of Param
-        The PrimFunc's buffers, inputs first, the output last.
+        The PrimFunc's buffers, inputs first, the ``outputs`` outputs last.
     args : dict
         Every runtime argument of the kernel: a parameter's name (its data pointer), an int or a
         float.  Ints equal to 1 become constants, like Triton's JIT does.
@@ -109,10 +117,10 @@ def plan_launch(
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script.builder import ir as T
 
-    fn = kernel(name)
+    fn = kernel(name) if isinstance(name, str) else name
     dtypes = {p.name: p.dtype for p in params}
     # IEEE float32 products for float32 inputs (Triton's default is TF32)
-    fp32 = any(p.dtype == "float32" for p in params[:-1])
+    fp32 = any(p.dtype == "float32" for p in params[:-outputs])
     consts = {"DOT_PREC": "tf32", **precision("float32" if fp32 else "float16"), **constexprs}
     missing = [a for a in fn.arg_names if a not in args and a not in consts]
     if missing:
@@ -141,7 +149,7 @@ def plan_launch(
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(launch))
     meta = compiled.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
-        raise NotImplementedError(f"{name} needs Triton scratch memory")
+        raise NotImplementedError(f"{symbol} needs Triton scratch memory")
     arg_types = [
         "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32")
         for t in signature.values()
@@ -176,58 +184,46 @@ def plan_launch(
                     call.append(T.int32(v))
             call += [T.int64(0)] * _SCRATCH_ARGS + [T.int32(e) for e in extents]
             with T.sblock("root"):
-                T.reads(*[whole(p) for p in params[:-1]])
-                T.writes(whole(params[-1]))
+                T.reads(*[whole(p) for p in params[:-outputs]])
+                T.writes(*[whole(p) for p in params[-outputs:]])
                 T.evaluate(T.call_packed(symbol, *call))
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
 
 
+def generated_launch(source, match, config: dict, shapes: dict) -> Launch:
+    """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
+
+    ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
+    inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
+    """
+    from .triton_gen import load
+
+    names = [f"I{i}" for i in range(len(source.inputs))]
+    names += [f"O{i}" for i in range(len(source.outputs))]
+    params = [
+        Param(n, tuple(shapes[t][0]), shapes[t][1])
+        for n, t in zip(names, [*source.inputs, *source.outputs])
+    ]
+    fn = load(source)
+    constexprs = {"GROUP_M": 8, **config, **source.constexprs}
+    constexprs["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    symbol = f"{source.name}_{_tag({**constexprs, **_launch(config)})}"
+    grid = source.grid(constexprs, match)
+    return plan_launch(
+        fn,
+        params,
+        {n: n for n in names},
+        constexprs,
+        grid,
+        _launch(config),
+        symbol,
+        outputs=len(source.outputs),
+    )
+
+
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
-
-
-def linear_launch(m, n, k, dtype, has_res, gelu, config) -> Launch:
-    """``y = act(x @ w.T + bias) + residual`` with the GEMM template.
-
-    Buffers: ``x`` (m, k), ``w`` (n, k) (a Linear weight), ``bias`` (n,), ``residual`` (m, n)
-    when ``has_res``, and the output ``y`` (m, n).  ``config`` holds the tiles
-    (``BLOCK_M/N/K``) and the launch options (``num_warps``, ``num_stages``).
-    """
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    params = [Param("x", (m, k), dtype), Param("w", (n, k), dtype), Param("bias", (n,), dtype)]
-    if has_res:
-        params.append(Param("res", (m, n), dtype))
-    params.append(Param("y", (m, n), dtype))
-    args = {
-        "A": "x",
-        "B": "w",
-        "C": "y",
-        "Bias": "bias",
-        "Res": "res" if has_res else "y",
-        "M": m,
-        "N": n,
-        "K": k,
-        "s_am": k,
-        "s_ak": 1,
-        "s_bk": 1,
-        "s_bn": k,
-        "s_cm": n,
-        "s_cn": 1,
-        "s_rm": n,
-        "s_rn": 1,
-    }
-    constexprs = {
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "BLOCK_K": bk,
-        "HAS_BIAS": True,
-        "GELU": gelu,
-        "HAS_RES": bool(has_res),
-        "GROUP_M": config.get("GROUP_M", 8),
-    }
-    symbol = f"stitch_gemm_{m}x{n}x{k}_{dtype}_g{gelu}_r{int(has_res)}_{_tag(config)}"
-    grid = (_cdiv(m, bm) * _cdiv(n, bn),)
-    return plan_launch("gemm_epilogue", params, args, constexprs, grid, _launch(config), symbol)
 
 
 def _launch(config: dict) -> dict:
@@ -237,98 +233,3 @@ def _launch(config: dict) -> dict:
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
-
-
-@dataclasses.dataclass(frozen=True)
-class View:
-    """A tensor read or written in place inside a parameter's memory.
-
-    ``shape`` and ``strides`` (in elements) describe the logical tensor; ``param`` is the
-    contiguous buffer holding it.
-    """
-
-    param: Param
-    shape: tuple
-    strides: tuple
-
-
-def contiguous(shape) -> tuple:
-    """Row-major strides of ``shape``."""
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def attention_launch(q: View, k: View, v: View, out: View, mask: View | None, scale, config):
-    """``out = softmax(q @ k^T * scale + mask) @ v`` with the attention template.
-
-    Each :class:`View` is (heads, seq, dim) or (batch, heads, seq, dim) over its buffer (the
-    mask broadcasts to (…, m, n) with zero strides).  Buffers: q, k, v, [mask,] out — one per
-    distinct parameter, in that order.
-    """
-    batch, heads, m, dk = _four(q.shape)
-    n, dh = k.shape[-2], v.shape[-1]
-    sq, sk, sv, so = (_four(x.strides, pad=0) for x in (q, k, v, out))
-    sx = _four(mask.strides, pad=0) if mask is not None else (0, 0, 0, 0)
-    views = [q, k, v] + ([mask] if mask is not None else []) + [out]
-    params = list(dict.fromkeys(x.param for x in views))
-    args = {
-        "Q": q.param.name,
-        "Kt": k.param.name,
-        "V": v.param.name,
-        "O": out.param.name,
-        "Mask": (mask or out).param.name,
-        "M": m,
-        "N": n,
-        "DK": dk,
-        "DH": dh,
-        "HEADS": heads,
-        **dict(zip(("s_qb", "s_qg", "s_qm", "s_qk"), sq)),
-        **dict(zip(("s_kb", "s_kg", "s_kn", "s_kk"), sk)),
-        **dict(zip(("s_vb", "s_vg", "s_vn", "s_vh"), sv)),
-        **dict(zip(("s_ob", "s_og", "s_om", "s_oh"), so)),
-        **dict(zip(("s_xb", "s_xg", "s_xm", "s_xn"), sx)),
-        "scale": float(scale),
-    }
-    constexprs = {
-        "BLOCK_M": config["BLOCK_M"],
-        "BLOCK_N": config["BLOCK_N"],
-        "BLOCK_K": max(16, 1 << math.ceil(math.log2(dk))),
-        "BLOCK_H": max(16, 1 << math.ceil(math.log2(dh))),
-        "HAS_MASK": mask is not None,
-    }
-    shape = f"{batch}x{heads}x{m}x{n}x{dk}x{dh}"
-    layout = "_".join("".join(map(str, s)) for s in (sq, sk, sv, so, sx))
-    symbol = f"stitch_attn_{shape}_{q.param.dtype}_{zlib.crc32(layout.encode()):08x}_{_tag(config)}"
-    grid = (_cdiv(m, config["BLOCK_M"]), batch * heads)
-    return plan_launch("attention", params, args, constexprs, grid, _launch(config), symbol)
-
-
-def _four(dims, pad=1) -> tuple:
-    """(batch, heads, seq, dim) from 3-D or 4-D dims; a missing batch gets ``pad``."""
-    dims = tuple(int(d) for d in dims)
-    return dims if len(dims) == 4 else (pad, *dims)
-
-
-def chain_launch(batch, m, n, k, h, dtype, config) -> Launch:
-    """``e = (a @ b) @ d`` for contiguous ``a`` (batch, m, k), ``b`` (batch, k, n), ``d``
-    (batch, n, h) with the GEMM-chain template."""
-    params = [
-        Param("a", (batch, m, k), dtype),
-        Param("b", (batch, k, n), dtype),
-        Param("d", (batch, n, h), dtype),
-        Param("e", (batch, m, h), dtype),
-    ]
-    strides = {p.name: contiguous(p.shape) for p in params}
-    args = {"A": "a", "B": "b", "D": "d", "E": "e", "M": m, "N": n, "K": k, "H": h}
-    for prefix, name in (("s_a", "a"), ("s_b", "b"), ("s_d", "d"), ("s_e", "e")):
-        dims = {"a": "bmk", "b": "bkn", "d": "bnh", "e": "bmh"}[name]
-        args.update({prefix + x: s for x, s in zip(dims, strides[name])})
-    constexprs = {
-        key: config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "HOIST_A")
-    }
-    symbol = f"stitch_chain_{batch}x{m}x{n}x{k}x{h}_{dtype}_{_tag(config)}"
-    grid = (_cdiv(m, config["BLOCK_M"]), _cdiv(h, config["BLOCK_H"]), batch)
-    return plan_launch("gemm_chain", params, args, constexprs, grid, _launch(config), symbol)

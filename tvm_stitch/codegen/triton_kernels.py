@@ -59,6 +59,45 @@ def _tile_product(
     return acc
 
 
+@triton.jit
+def _tile_product2(
+    acc0,
+    acc1,
+    A,
+    B0,
+    B1,
+    rm,
+    rn,
+    M,
+    N,
+    K,
+    s_am,
+    s_ak,
+    s_b0k,
+    s_b0n,
+    s_b1k,
+    s_b1n,
+    BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """``(acc0 + A @ B0, acc1 + A @ B1)`` over the same rows and columns, each ``A`` tile loaded
+    once for both products (a gate and an up projection)."""
+    rk = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(
+            A + rm[:, None] * s_am + kk[None, :] * s_ak,
+            mask=(rm[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        )
+        mask_b = (kk[:, None] < K) & (rn[None, :] < N)
+        b0 = tl.load(B0 + kk[:, None] * s_b0k + rn[None, :] * s_b0n, mask=mask_b, other=0.0)
+        b1 = tl.load(B1 + kk[:, None] * s_b1k + rn[None, :] * s_b1n, mask=mask_b, other=0.0)
+        acc0 += tl.dot(a, b0, input_precision=DOT_PREC)
+        acc1 += tl.dot(a, b1, input_precision=DOT_PREC)
+    return acc0, acc1
+
+
 def _gemm_chain(
     A,
     B,

@@ -168,6 +168,8 @@ class TensorDependencyGraph:
         self.values: dict = {}
         #: tensors something other than a call_tir reads: returned, block outputs, tuple reads
         self.pinned: set[str] = set()
+        #: ``(binding, PrimFunc)`` of kernels called but not analysable (symbolic shapes)
+        self.opaque_calls: list[tuple[str, str]] = []
         self._consumers: dict[str, list[str]] = defaultdict(list)
 
     # -- construction ---------------------------------------------------------------------------
@@ -429,6 +431,7 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
         _add_relax_tensor(graph, names.name(var), var.ty, "global")
         graph.values[names.name(var)] = var
         graph.skipped.append((var.name, f"{gvar.name_hint}: {why}"))
+        graph.opaque_calls.append((names.name(var), gvar.name_hint))
         logger.debug("tensor graph: %s left out (%s)", var.name, why)
         return
     arg_names = []

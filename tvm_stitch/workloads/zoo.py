@@ -256,6 +256,74 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
     )
 
 
+def plain_attention(causal: bool):
+    """Attention as people write it in PyTorch: ``softmax(q @ kᵀ / √d [+ causal mask]) @ v``,
+    with the causal mask (``-inf`` above the diagonal) built by ``triu`` inside ``forward``.
+    (``masked_fill`` is the other common spelling; TVM 0.27's importer mistypes it after a
+    float16 division by a Python float.)"""
+    import torch
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            d = q.shape[-1]
+            scores = q @ k.transpose(-1, -2) / d**0.5
+            if causal:
+                n = scores.shape[-1]
+                inf = torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device)
+                scores = scores + torch.triu(inf, 1)
+            return torch.softmax(scores, dim=-1) @ v
+
+    return Attention()
+
+
+def plain_attention_workload() -> Workload:
+    """``torch-attention``: :func:`plain_attention` imported like a user's model."""
+
+    def build(dtype, rng, batch, heads, seq, dim, causal):
+        import torch
+        import torch.nn.functional as F
+
+        from tvm_stitch.frontend import import_torch
+
+        shape = (batch, heads, seq, dim)
+        qkv = [rng.standard_normal(shape).astype("float32") for _ in range(3)]
+        imported = import_torch(  # exported in the compute dtype, as written
+            plain_attention(bool(causal)),
+            tuple(torch.from_numpy(a) for a in qkv),
+            dtype,
+            convert=False,
+        )
+
+        def eager(device, tdtype):
+            return plain_attention(bool(causal)).to(device)
+
+        def sdpa(device, tdtype):
+            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+        flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
+        io = 4 * batch * heads * seq * dim * (2 if dtype == "float16" else 4)
+        return Instance(
+            f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''} {dtype}",
+            imported.mod,
+            "main",
+            [a.astype(dtype) for a in qkv],
+            {"eager": eager, "sdpa": sdpa},
+            flops,
+            io,
+            dtype,
+        )
+
+    return Workload(
+        "torch-attention",
+        "zoo",
+        "attention written in plain PyTorch (optionally causal), imported like a user's model",
+        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0},
+        build,
+    )
+
+
 def zoo_workloads() -> list[Workload]:
-    """Every model of the zoo at every size."""
-    return [zoo_workload(m, size) for m in MODELS.values() for size in m.configs]
+    """Every model of the zoo at every size, and plain PyTorch attention."""
+    return [zoo_workload(m, size) for m in MODELS.values() for size in m.configs] + [
+        plain_attention_workload()
+    ]

@@ -1,0 +1,92 @@
+"""Generated Triton kernels under Triton's interpreter against their TE references.
+
+Run with TRITON_INTERPRET=1 (``tests/test_recognize.py`` runs it in a subprocess and reads the JSON
+lines it prints).  For each model given on the command line (``name:dtype[:k=v,...]``), every
+distinct kernel recognized for a CUDA target is generated, run by the interpreter on random
+inputs with small tiles, and compared with :func:`tvm_stitch.codegen.te_reference.reference_func`
+compiled for llvm on the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+import tvm_stitch  # noqa: E402
+from tvm_stitch.analysis.recognize import recognize  # noqa: E402
+from tvm_stitch.codegen import triton_gen  # noqa: E402
+from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
+from tvm_stitch.graph import build_graph  # noqa: E402
+from tvm_stitch.workloads import get_workload  # noqa: E402
+
+TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_H": 16, "GROUP_M": 2}
+TOL = {"float32": 2e-4, "float16": 2e-2}
+
+
+def legalized(mod):
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
+        mod = tvm_stitch.passes.FoldStaticShapes()(mod)
+        mod = tvm_stitch.passes.AccumulateFloat32()(mod)
+        mod = relax.transform.LegalizeOps()(mod)
+        return relax.transform.EliminateCommonSubexpr()(mod)
+
+
+def random_input(shape, dtype, rng):
+    if dtype == "bool":
+        return rng.random(shape) > 0.3
+    if "int" in dtype:
+        return rng.integers(0, 2, shape).astype(dtype)
+    return (rng.standard_normal(shape) * 0.5).astype(dtype)
+
+
+def run_case(label, match, graph, rng):
+    source = triton_gen.kernel_source(match)
+    tensors = [*source.inputs, *source.outputs]
+    shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
+    inputs = [random_input(shapes[t][0], shapes[t][1], rng) for t in source.inputs]
+    # the TE reference, compiled for the CPU
+    ref_func = reference_func(match, source, shapes)
+    ex = tvm.compile(tvm.IRModule({"main": ref_func}), target="llvm")
+    outs = [tvm.runtime.tensor(np.zeros(shapes[t][0], shapes[t][1])) for t in source.outputs]
+    ex["main"](*[tvm.runtime.tensor(a) for a in inputs], *outs)
+    refs = [o.numpy().astype("float32") for o in outs]
+    # the generated kernel, interpreted
+    fn = triton_gen.load(source)
+    args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1])) for t in source.outputs]
+    consts = {**TILES, **source.constexprs, "DOT_PREC": "ieee"}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    fn[source.grid(consts, match)](*args, *got, **consts)
+    for t, r, out in zip(source.outputs, refs, got):
+        g = out.float().numpy()
+        err = float(np.abs(g - r).max())
+        scale = max(1.0, float(np.abs(r).max()))
+        ok = bool(err <= TOL[match.dtype] * scale and np.isfinite(g).all())
+        print(json.dumps({"case": f"{label} {match.describe()} {t}", "max_err": err, "ok": ok}))
+
+
+def main(specs):
+    rng = np.random.default_rng(0)
+    for spec in specs:
+        name, dtype, *rest = spec.split(":")
+        params = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
+        inst = get_workload(name).instance(dtype, **{k: int(v) for k, v in params.items()})
+        graph = build_graph(legalized(inst.mod), legalize=False)
+        seen = set()
+        for match in recognize(graph).matches:
+            key = triton_gen.kernel_source(match).name
+            if key not in seen:
+                seen.add(key)
+                run_case(f"{name} {dtype}", match, graph, rng)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

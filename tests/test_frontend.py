@@ -1,0 +1,59 @@
+"""``tvm_stitch.from_torch``: one line from a PyTorch module to a compiled, callable model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tvm_stitch
+from tvm_stitch.workloads.zoo import MODELS, make_model
+
+
+@pytest.fixture(scope="module")
+def bert():
+    import transformers
+
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=96, vocab_size=500)
+    torch.manual_seed(0)
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def test_from_torch_returns_the_models_output(bert):
+    ids = torch.randint(0, 500, (2, 13))
+    mask = torch.ones(2, 13, dtype=torch.int64)
+    mask[1, 9:] = 0
+    fn = tvm_stitch.from_torch(bert, (ids, mask), target="llvm")
+    out = fn(ids, mask)
+    assert type(out).__name__ == type(bert(ids, mask)).__name__  # the model's output class
+    with torch.no_grad():
+        ref = bert(ids, mask).last_hidden_state
+    torch.testing.assert_close(out.last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    # other inputs of the compiled shapes run without recompiling
+    ids2 = torch.randint(0, 500, (2, 13))
+    with torch.no_grad():
+        ref2 = bert(ids2, mask).last_hidden_state
+    torch.testing.assert_close(fn(ids2, mask).last_hidden_state, ref2, rtol=1e-4, atol=1e-4)
+
+
+def test_from_torch_checks_its_inputs(bert):
+    ids = torch.randint(0, 500, (1, 8))
+    fn = tvm_stitch.from_torch(bert, (ids, torch.ones_like(ids)), target="llvm")
+    with pytest.raises(ValueError, match="compiled for"):
+        fn(torch.randint(0, 500, (1, 9)), torch.ones(1, 9, dtype=torch.int64))
+    with pytest.raises(TypeError, match="expected 2 inputs"):
+        fn(ids)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(ids.float(), torch.ones_like(ids))
+
+
+def test_from_torch_decoder_with_a_causal_mask():
+    """LLaMA (grouped K/V heads, rotary embeddings, a causal mask built from indices): its mask
+    is folded at compile time and the model runs on llvm, which TVM's default pipeline cannot."""
+    model = MODELS["llama"]
+    net = make_model(model, "tiny")
+    ids = torch.randint(0, 1000, (1, 11))
+    fn = tvm_stitch.from_torch(net, (ids,), target="llvm", example_kwargs={"use_cache": False})
+    with torch.no_grad():
+        ref = net(ids, use_cache=False).last_hidden_state
+    torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)

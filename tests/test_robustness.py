@@ -1,0 +1,79 @@
+"""Whatever TVM's default pipeline accepts, the stitch pipeline builds: symbolic shapes, boolean
+masks and scans, operators nobody recognizes.  Unsupported parts are left to TVM with a logged
+reason; input-independent values are folded at compile time."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+import tvm_stitch
+from tvm_stitch.workloads import get_workload
+
+
+def _awkward_module():
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", R.Tensor((n, 64), "float32"))
+    w = relax.Var("w", R.Tensor((64, 64), "float32"))
+    keep = relax.Var("keep", R.Tensor((n, 64), "bool"))
+    y = relax.Var("y", R.Tensor((4, 64), "float32"))
+    with bb.function("main", [x, w, keep, y]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w))  # symbolic rows
+            h = bb.emit(relax.op.where(keep, h, relax.const(-1e4, "float32")))  # a boolean mask
+            h = bb.emit(relax.op.nn.softmax(h))
+            c = bb.emit(relax.op.cumsum(keep, axis=1))  # a scan over bool (llvm cannot add bools)
+            s = bb.emit(relax.op.sort(y, axis=1))  # an operator nothing recognizes
+            t = relax.op.add(s, relax.op.sum(y, axis=1, keepdims=True))
+            t = bb.emit(relax.op.nn.softmax(t))
+            out = bb.emit_output(relax.Tuple([h, c, t]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_symbolic_shapes_bool_masks_and_unknown_ops_build(caplog):
+    mod = _awkward_module()
+    with caplog.at_level(logging.DEBUG, logger="tvm_stitch"):
+        ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+        report = tvm_stitch.fusion_report(mod, "cuda")  # recognition for a GPU, on this machine
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 64)).astype("float32")
+    w = (0.1 * rng.standard_normal((64, 64))).astype("float32")
+    keep = rng.random((5, 64)) > 0.3
+    y = rng.standard_normal((4, 64)).astype("float32")
+    h, c, t = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in (x, w, keep, y)]
+    )
+    np.testing.assert_allclose(h.numpy(), _softmax(np.where(keep, x @ w, -1e4)), 1e-5, 1e-6)
+    np.testing.assert_array_equal(c.numpy(), np.cumsum(keep, 1) > 0)
+    s = np.sort(y, 1) + y.sum(1, keepdims=True)
+    np.testing.assert_allclose(t.numpy(), _softmax(s), 1e-5, 1e-6)
+    assert "symbolic or dynamic shapes" in caplog.text  # the graph leaves them to TVM
+    assert "over bool accumulates in int32" in caplog.text
+    # the symbolic kernels are counted, not dropped
+    assert any(g.kinds == ["unanalysed"] for g in report.groups)
+    assert report.kernels >= 4
+
+
+def test_input_independent_values_are_folded(caplog):
+    """GPT-2's causal mask (arange, comparisons, a cumsum over bool, index_tensor) becomes a
+    constant before TVM's dispatch; llvm builds the model, which TVM's default pipeline cannot."""
+    inst = get_workload("gpt2-tiny").instance("float32", seq=9)
+    with caplog.at_level(logging.INFO, logger="tvm_stitch.canonicalize"):
+        folded = tvm_stitch.passes.FoldStaticShapes()(inst.mod)
+    text = folded["main"].script()
+    for op in ("R.arange", "R.cumsum", "R.index_tensor", "R.less_equal"):
+        assert op not in text, op
+    assert "folded into constants" in caplog.text
+    # weights are inputs: nothing that reads one is folded
+    assert text.count("R.matmul") == inst.mod["main"].script().count("R.matmul")

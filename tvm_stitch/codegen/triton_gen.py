@@ -1,0 +1,630 @@
+"""Triton source for recognized kernels (:mod:`tvm_stitch.analysis.recognize`).
+
+One printer per family turns a :class:`~tvm_stitch.analysis.recognize.Match` into the text of one
+``@triton.jit`` kernel: shapes, strides and offsets are literals, only the tensors' base pointers
+are arguments (inputs ``I0, I1, ...`` then outputs ``O0, ...``), and the tile sizes and launch
+options stay ``tl.constexpr`` for the search.  Element expressions (epilogues, attention logits)
+are printed operator by operator, each shared sub-expression once.  The main loops are the
+templates' shared device functions (:mod:`.triton_kernels`), so a generated kernel and the
+template the search measures run the same product loop.
+
+The text is written to a cache directory and imported (Triton compiles functions from their
+source), under a name derived from its content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+from tvm import ir
+from tvm.ir.prim import expr as P
+
+from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Op, Reduce
+from tvm_stitch.analysis.indexing import Strided, dtype_of
+
+_TL_DTYPES = {
+    "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16",
+    "float32": "tl.float32",
+    "float64": "tl.float64",
+    "int8": "tl.int8",
+    "int16": "tl.int16",
+    "int32": "tl.int32",
+    "int64": "tl.int64",
+    "uint8": "tl.uint8",
+    "bool": "tl.int1",
+}
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "and": "&",
+    "or": "|",
+}
+_CALLS = {
+    "exp": "tl.exp",
+    "exp2": "tl.exp2",
+    "log": "tl.log",
+    "log2": "tl.log2",
+    "sqrt": "tl.sqrt",
+    "rsqrt": "tl.rsqrt",
+    "sigmoid": "tl.sigmoid",
+    "fabs": "tl.abs",
+    "floor": "tl.floor",
+    "ceil": "tl.ceil",
+    "erf": "tl.math.erf",
+    "sin": "tl.sin",
+    "cos": "tl.cos",
+}
+
+
+class UnsupportedKernelError(ValueError):
+    """A match the printers cannot express (the message says why)."""
+
+
+def tl_dtype(dtype: str) -> str:
+    try:
+        return _TL_DTYPES[str(dtype)]
+    except KeyError:
+        raise UnsupportedKernelError(f"dtype {dtype} has no Triton type") from None
+
+
+@dataclasses.dataclass
+class KernelSource:
+    """A generated kernel.
+
+    Attributes
+    ----------
+    name : str
+        The function's name (also the PTX symbol prefix).
+    text : str
+        Its source (a module: imports, then the function).
+    inputs, outputs : list of str
+        Graph tensors behind the pointer arguments ``I0..`` and ``O0..``, in order.
+    constexprs : dict
+        Fixed ``tl.constexpr`` values (head tiles); the search adds the tiles.
+    family : str
+    """
+
+    name: str
+    text: str
+    inputs: list
+    outputs: list
+    constexprs: dict
+    family: str
+
+    def grid(self, config: dict, match) -> tuple:
+        """Programs along x, y for the tile sizes in ``config``."""
+        ext = match.frame.extents
+        if self.family == "gemm":
+            tiles_n = sum(_cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
+            return (_cdiv(ext["m"], config["BLOCK_M"]) * tiles_n, ext.get("b", 1))
+        if self.family == "attention":
+            return (_cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
+        return (
+            _cdiv(ext["m"], config["BLOCK_M"]),
+            _cdiv(ext["d"], config["BLOCK_H"]),
+            ext.get("b", 1) * ext.get("h", 1),
+        )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, math.ceil(math.log2(max(1, n)))))
+
+
+# -- element expressions ---------------------------------------------------------------------------
+class ElemPrinter:
+    """Prints element expressions into lines of Triton code.
+
+    Parameters
+    ----------
+    tiles : dict
+        Frame axis name -> Triton expression of its coordinates in the current tile (a scalar
+        like ``b`` or a broadcastable tile like ``rm[:, None]``).
+    masks : dict
+        Axis name -> boolean tile of the in-bounds coordinates (axes without one need none).
+    pointers : dict
+        Graph tensor -> pointer argument name.
+    views : dict
+        Leaf key -> :class:`Strided` view of that read.
+    accumulators : dict
+        Graph tensor -> Triton name of the value standing for it (accumulators, logits).
+    """
+
+    def __init__(self, tiles, masks, pointers, views, accumulators, prefix="t"):
+        self.tiles, self.masks = tiles, masks
+        self.pointers, self.views, self.acc = pointers, views, accumulators
+        self.lines: list[str] = []
+        self._names: dict = {}
+        self._prefix = prefix
+        self._count = 0
+
+    def _tmp(self, text: str) -> str:
+        name = f"{self._prefix}{self._count}"
+        self._count += 1
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def expr(self, e: Elem) -> str:
+        key = id(e)
+        if key in self._names:
+            return self._names[key]
+        text = self._print(e)
+        if not isinstance(e, (Const,)) and not text.isidentifier():
+            text = self._tmp(text)
+        self._names[key] = text
+        return text
+
+    def _print(self, e: Elem) -> str:
+        if isinstance(e, Const):
+            if e.dtype == "bool":
+                return "True" if e.value else "False"
+            if "float" in e.dtype:
+                value = float(e.value)
+                if math.isinf(value) or math.isnan(value) or abs(value) > 65504:
+                    lit = repr(value) if math.isfinite(value) else f'float("{value}")'
+                    return f"tl.full([], {lit}, {tl_dtype(e.dtype)})"
+                return repr(value)
+            return str(int(e.value))
+        if isinstance(e, Iter):
+            return f"({self.index(e.expr)})"
+        if isinstance(e, Leaf):
+            if e.tensor in self.acc:
+                name, dtype = self.acc[e.tensor]
+                return name if dtype == e.dtype else f"{name}.to({tl_dtype(e.dtype)})"
+            return self.load(e)
+        if isinstance(e, Reduce):
+            raise UnsupportedKernelError("a reduction inside an epilogue")
+        args = [self.expr(a) for a in e.args]
+        op = e.op
+        if op in _INFIX:
+            return f"({args[0]} {_INFIX[op]} {args[1]})"
+        if op == "cast":
+            return f"{args[0]}.to({tl_dtype(e.dtype)})"
+        if op == "not":
+            return f"(~{args[0]})"
+        if op == "select":
+            return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        if op in ("min", "max"):
+            return f"tl.{op}imum({args[0]}, {args[1]})"
+        if op in ("floordiv", "floormod"):
+            raise UnsupportedKernelError(f"{op} of values")
+        if op == "tanh":  # tanh(u) = 2·sigmoid(2u) - 1 (Triton 3.6 has no tl.tanh)
+            wide = f"{args[0]}.to(tl.float32)" if e.dtype != "float64" else args[0]
+            return f"(2.0 * tl.sigmoid(2.0 * {wide}) - 1.0).to({tl_dtype(e.dtype)})"
+        if op == "pow":
+            return self._pow(e, args)
+        if op == "isnan":
+            return f"({args[0]} != {args[0]})"
+        if op == "isinf":
+            return f"(tl.abs({args[0]}) == float('inf'))"
+        if op in _CALLS:
+            # Triton's math functions take float32 or float64: compute half precision in float32
+            if e.dtype in ("float16", "bfloat16"):
+                return f"{_CALLS[op]}({args[0]}.to(tl.float32)).to({tl_dtype(e.dtype)})"
+            return f"{_CALLS[op]}({args[0]})"
+        raise UnsupportedKernelError(f"operator {op}")
+
+    def _pow(self, e: Op, args) -> str:
+        base, exponent = e.args
+        if not isinstance(exponent, Const):
+            raise UnsupportedKernelError("a power with a computed exponent")
+        p = float(exponent.value)
+        if p == int(p) and 1 <= p <= 4:
+            return "(" + " * ".join([args[0]] * int(p)) + ")"
+        if p == 0.5:
+            return self._print(Op("sqrt", (base,), e.dtype))
+        wide = f"{args[0]}.to(tl.float32)"
+        return f"tl.exp(tl.log({wide}) * {p}).to({tl_dtype(e.dtype)})"
+
+    def load(self, leaf: Leaf) -> str:
+        view = self.views[leaf.key()]
+        mask = self.mask(view)
+        if mask == "None":
+            return f"tl.load({self.address(view)})"
+        return f"tl.load({self.address(view)}, mask={mask}, other=0)"
+
+    def address(self, view: Strided, tiles=None) -> str:
+        tiles = tiles or self.tiles
+        terms = [self.pointers[view.tensor]]
+        if view.offset:
+            terms.append(str(view.offset))
+        for axis, stride in view.strides:
+            if stride:
+                tile = tiles[axis]
+                terms.append(tile if stride == 1 else f"{tile} * {stride}")
+        return " + ".join(terms)
+
+    def mask(self, view: Strided, masks=None) -> str:
+        masks = masks or self.masks
+        parts = [masks[a] for a, s in view.strides if s and a in masks]
+        return " & ".join(parts) if parts else "None"
+
+    def index(self, expr) -> str:
+        """A coordinate expression (PrimExpr over the frame's variables) in Triton."""
+        if isinstance(expr, ir.expr.Var):
+            return self.tiles[expr.name]
+        if isinstance(expr, P.IntImm):
+            return str(int(expr.value))
+        binary = {
+            P.Add: "+",
+            P.Sub: "-",
+            P.Mul: "*",
+            P.FloorDiv: "//",
+            P.FloorMod: "%",
+            P.EQ: "==",
+            P.NE: "!=",
+            P.LT: "<",
+            P.LE: "<=",
+            P.GT: ">",
+            P.GE: ">=",
+            P.And: "&",
+            P.Or: "|",
+        }
+        for cls, sym in binary.items():
+            if isinstance(expr, cls):
+                return f"({self.index(expr.a)} {sym} {self.index(expr.b)})"
+        if isinstance(expr, (P.Min, P.Max)):
+            name = "minimum" if isinstance(expr, P.Min) else "maximum"
+            return f"tl.{name}({self.index(expr.a)}, {self.index(expr.b)})"
+        if isinstance(expr, P.Cast):
+            return f"({self.index(expr.value)}).to({tl_dtype(dtype_of(expr))})"
+        if isinstance(expr, P.Not):
+            return f"(~{self.index(expr.a)})"
+        if isinstance(expr, P.Select):
+            c, t, f = (self.index(x) for x in (expr.condition, expr.true_value, expr.false_value))
+            return f"tl.where({c}, {t}, {f})"
+        raise UnsupportedKernelError(f"coordinate expression {type(expr).__name__}")
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+_HEADER = '''"""Generated by tvm_stitch.codegen.triton_gen: {describe}"""
+import triton
+import triton.language as tl
+
+from tvm_stitch.codegen.triton_kernels import _tile_product, _tile_product2
+
+'''
+
+
+def _pointers(match) -> tuple[dict, list, list]:
+    """Pointer argument of every tensor: inputs ``I0..`` (views' tensors, in role order), outputs
+    ``O0..``; returns (tensor -> name, inputs, outputs)."""
+    outputs = [o.tensor for o in match.all_outputs]
+    inputs = []
+    for role, view in match.views.items():
+        if isinstance(role, str) and role.startswith("out"):
+            continue
+        if view.tensor not in inputs and view.tensor not in outputs:
+            inputs.append(view.tensor)
+    names = {t: f"I{i}" for i, t in enumerate(inputs)}
+    names.update({t: f"O{i}" for i, t in enumerate(outputs)})
+    return names, inputs, outputs
+
+
+def _extra_views(match) -> dict:
+    """Leaf key -> view, for the reads of element expressions."""
+    return {role[1]: v for role, v in match.views.items() if isinstance(role, tuple)}
+
+
+def _strides(view: Strided, *axes) -> list[int]:
+    s = view.stride
+    return [s.get(a, 0) for a in axes]
+
+
+def _base(view: Strided, pointers, scalars: dict) -> str:
+    """``pointer + offset + Σ stride · scalar`` for the axes held by scalars (batch, head)."""
+    terms = [pointers[view.tensor]]
+    if view.offset:
+        terms.append(str(view.offset))
+    for axis, stride in view.strides:
+        if stride and axis in scalars:
+            terms.append(f"{scalars[axis]} * {stride}")
+    return " + ".join(terms)
+
+
+def gemm_source(match, name: str) -> KernelSource:
+    """The GEMM kernel: ``A`` (b, m, k) times each segment's ``B`` (b, k, n), epilogues, stores."""
+    pointers, inputs, outputs = _pointers(match)
+    ext = match.frame.extents
+    m, k = ext["m"], ext["k"]
+    views = match.views
+    a = views["a"]
+    scalars = {"b": "pid_b"}
+    if a.stride.get("k") is None:
+        raise UnsupportedKernelError("A does not vary along k")
+    s_am, s_ak = _strides(a, "m", "k")
+    lines = [
+        "pid = tl.program_id(0)",
+        "pid_b = tl.program_id(1)",
+        f"tiles_m = tl.cdiv({m}, BLOCK_M)",
+    ]
+    bounds, start = [], "0"
+    for i, seg in enumerate(match.segments):
+        lines.append(f"t{i} = tl.cdiv({seg.n}, BLOCK_N)")
+        bounds.append(f"{start} + t{i}" if start != "0" else f"t{i}")
+        start = bounds[-1]
+    lines += [
+        f"tiles_n = {start}",
+        "per_group = GROUP_M * tiles_n",
+        "first_m = (pid // per_group) * GROUP_M",
+        "group_m = tl.minimum(tiles_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % per_group) % group_m",
+        "pid_n = (pid % per_group) // group_m",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"A = {_base(a, pointers, scalars)}",
+    ]
+    extras = _extra_views(match)
+    for si, seg in enumerate(match.segments):
+        first = bounds[si - 1] if si else "0"
+        cond = f"pid_n < {bounds[si]}"
+        head = "if" if si == 0 else "elif"
+        if si == len(match.segments) - 1 and si:
+            head, cond = "else", ""
+        lines.append(f"{head} {cond}:".replace("else :", "else:"))
+        body = [
+            f"rn = (pid_n - ({first})) * BLOCK_N + tl.arange(0, BLOCK_N)"
+            if si
+            else "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"
+        ]
+        bviews = [views[f"b{si}.{pi}"] for pi in range(len(seg.products))]
+        n_axis = _n_axis(bviews[0])
+        args = []
+        for bi, bv in enumerate(bviews):
+            s_bk, s_bn = _strides(bv, "k", n_axis)
+            body.append(f"B{bi} = {_base(bv, pointers, scalars)}")
+            args.append((f"B{bi}", s_bk, s_bn))
+        zeros = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
+        if len(args) == 1:
+            ((b0, s_bk, s_bn),) = args
+            body.append(
+                f"acc0 = _tile_product({zeros}, A, {b0}, rm, rn, {m}, {seg.n}, {k}, {s_am}, "
+                f"{s_ak}, {s_bk}, {s_bn}, BLOCK_K, DOT_PREC)"
+            )
+        elif len(args) == 2:
+            (b0, k0, n0), (b1, k1, n1) = args
+            body.append(
+                f"acc0, acc1 = _tile_product2({zeros}, {zeros}, A, {b0}, {b1}, rm, rn, {m}, "
+                f"{seg.n}, {k}, {s_am}, {s_ak}, {k0}, {n0}, {k1}, {n1}, BLOCK_K, DOT_PREC)"
+            )
+        else:
+            raise UnsupportedKernelError(f"{len(args)} products in one segment")
+        tiles = {"b": "pid_b", "m": "rm[:, None]", n_axis: "rn[None, :]"}
+        masks = {"m": f"(rm < {m})[:, None]", n_axis: f"(rn < {seg.n})[None, :]"}
+        acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
+        printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_")
+        for oi, out in enumerate(seg.outputs):
+            value = printer.expr(out.elem)
+            ov = views[f"out{si}.{oi}"]
+            dtype = tl_dtype(ov.dtype)
+            body += printer.lines
+            printer.lines = []
+            body.append(
+                f"tl.store({printer.address(ov)}, {value}.to({dtype}), mask={printer.mask(ov)})"
+            )
+        lines += ["    " + line for line in body]
+    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
+    text = _HEADER.format(describe=match.describe()) + (
+        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
+        "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr):\n"
+        + "\n".join("    " + line for line in lines)
+        + "\n"
+    )
+    return KernelSource(name, text, inputs, outputs, {}, "gemm")
+
+
+def _n_axis(view: Strided) -> str:
+    axes = [a for a, _ in view.strides if a.startswith("n")]
+    nonzero = [a for a, s in view.strides if a.startswith("n") and s]
+    return (nonzero or axes or ["n"])[0]
+
+
+def attention_source(match, name: str) -> KernelSource:
+    """Flash attention with the recognized logits ``g(s)`` and output epilogue."""
+    pointers, inputs, outputs = _pointers(match)
+    ext = match.frame.extents
+    views = match.views
+    m, n, dk, dh = ext["m"], ext["n"], ext["k"], ext["d"]
+    heads = ext.get("h", 1)
+    q, kv, vv = views["q"], views["k"], views["v"]
+    extras = _extra_views(match)
+    head_k = "hk" if match.group > 1 else "h"
+    lines = [
+        "pid_m = tl.program_id(0)",
+        "pid = tl.program_id(1)",
+        f"b = pid // {heads}",
+        f"h = pid % {heads}",
+        *([f"hk = h // {match.group}"] if match.group > 1 else []),
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rk = tl.arange(0, BLOCK_K)",
+        "rh = tl.arange(0, BLOCK_H)",
+        f"Q = {_base(q, pointers, {'b': 'b', 'h': 'h'})}",
+        f"K = {_base(kv, pointers, {'b': 'b', 'h': head_k})}",
+        f"V = {_base(vv, pointers, {'b': 'b', 'h': head_k})}",
+    ]
+    sq, sk, sv = q.stride, kv.stride, vv.stride
+    lines += [
+        f"q = tl.load(Q + rm[:, None] * {sq.get('m', 0)} + rk[None, :] * {sq.get('k', 0)}, "
+        f"mask=(rm < {m})[:, None] & (rk < {dk})[None, :], other=0.0)",
+        "m_i = tl.full((BLOCK_M,), float('-inf'), dtype=tl.float32)",
+        "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        "acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)",
+        f"for n0 in range(0, {n}, BLOCK_N):",
+    ]
+    tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
+    masks = {"m": f"(rm < {m})[:, None]", "n": f"(rn < {n})[None, :]"}
+    score = ElemPrinter(
+        tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g"
+    )
+    g = score.expr(match.score)
+    loop = [
+        "rn = n0 + tl.arange(0, BLOCK_N)",
+        f"k = tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}, "
+        f"mask=(rk < {dk})[:, None] & (rn < {n})[None, :], other=0.0)",
+        "s = tl.dot(q, k, input_precision=DOT_PREC)",
+        *score.lines,
+        f"z = tl.where((rn < {n})[None, :], ({g}).to(tl.float32), float('-inf'))",
+        "m_new = tl.maximum(m_i, tl.max(z, 1))",
+        "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
+        "p = tl.exp(z - m_safe[:, None])",
+        "alpha = tl.exp(m_i - m_safe)",
+        f"v = tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}, "
+        f"mask=(rn < {n})[:, None] & (rh < {dh})[None, :], other=0.0)",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)",
+        "m_i = m_new",
+    ]
+    lines += ["    " + line for line in loop]
+    lines.append("o = acc / l_i[:, None]")
+    (out,) = match.outputs
+    otiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
+    omasks = {"m": f"(rm < {m})[:, None]", "d": f"(rh < {dh})[None, :]"}
+    printer = ElemPrinter(
+        otiles,
+        omasks,
+        pointers,
+        extras,
+        {a: ("o", "float32") for a in out.accumulators},
+        prefix="y",
+    )
+    value = printer.expr(out.elem)
+    ov = views["out0"]
+    lines += printer.lines
+    lines.append(
+        f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
+        f"mask={printer.mask(ov)})"
+    )
+    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
+    text = _HEADER.format(describe=match.describe()) + (
+        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
+        "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
+        + "\n".join("    " + line for line in lines)
+        + "\n"
+    )
+    return KernelSource(
+        name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention"
+    )
+
+
+def chain_source(match, name: str) -> KernelSource:
+    """``E = (A·B)·D`` with the product rounded to D's dtype, and the output epilogue."""
+    pointers, inputs, outputs = _pointers(match)
+    ext = match.frame.extents
+    views = match.views
+    m, n, k, d = ext["m"], ext["n"], ext["k"], ext["d"]
+    heads = ext.get("h", 1)
+    a, b, dv = views["a"], views["b"], views["d"]
+    scal = {"b": "bb", "h": "hh"}
+    sa, sb, sd = a.stride, b.stride, dv.stride
+    lines = [
+        "pid_m = tl.program_id(0)",
+        "pid_h = tl.program_id(1)",
+        "pid = tl.program_id(2)",
+        f"bb = pid // {heads}",
+        f"hh = pid % {heads}",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rh = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)",
+        f"A = {_base(a, pointers, scal)}",
+        f"B = {_base(b, pointers, scal)}",
+        f"D = {_base(dv, pointers, scal)}",
+        "acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)",
+        f"for n0 in range(0, {n}, BLOCK_N):",
+        "    rn = n0 + tl.arange(0, BLOCK_N)",
+        "    c = _tile_product(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), A, B, rm, rn, "
+        f"{m}, {n}, {k}, {sa.get('m', 0)}, {sa.get('k', 0)}, {sb.get('k', 0)}, "
+        f"{sb.get('n', 0)}, BLOCK_K, DOT_PREC)",
+        f"    dd = tl.load(D + rn[:, None] * {sd.get('n', 0)} + rh[None, :] * {sd.get('d', 0)}, "
+        f"mask=(rn < {n})[:, None] & (rh < {d})[None, :], other=0.0)",
+        "    acc += tl.dot(c.to(dd.dtype), dd, input_precision=DOT_PREC)",
+    ]
+    (out,) = match.outputs
+    tiles = {"b": "bb", "h": "hh", "m": "rm[:, None]", "d": "rh[None, :]"}
+    masks = {"m": f"(rm < {m})[:, None]", "d": f"(rh < {d})[None, :]"}
+    printer = ElemPrinter(
+        tiles,
+        masks,
+        pointers,
+        _extra_views(match),
+        {t: ("acc", "float32") for t in out.accumulators},
+        prefix="y",
+    )
+    value = printer.expr(out.elem)
+    ov = views["out0"]
+    lines += printer.lines
+    lines.append(
+        f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
+        f"mask={printer.mask(ov)})"
+    )
+    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
+    text = _HEADER.format(describe=match.describe()) + (
+        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
+        "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
+        + "\n".join("    " + line for line in lines)
+        + "\n"
+    )
+    return KernelSource(name, text, inputs, outputs, {}, "chain")
+
+
+PRINTERS = {"gemm": gemm_source, "attention": attention_source, "chain": chain_source}
+
+
+def kernel_source(match, name: str | None = None) -> KernelSource:
+    """The generated kernel of ``match``, named after its content unless ``name`` is given."""
+    draft = PRINTERS[match.family](match, "KERNEL")
+    body = draft.text[draft.text.index("@triton.jit") :]  # the header names the call site
+    # the launch's buffers are part of the kernel: equal code over differently shaped tensors
+    # (a residual of (1, s, h) in one layer, (s, h) in another) is another PrimFunc
+    signature = sorted({(v.tensor, v.shape, v.dtype) for v in match.views.values()})
+    signature = [(shape, dtype) for _, shape, dtype in signature]
+    digest = hashlib.sha1((body + repr(signature)).encode()).hexdigest()[:10]
+    name = name or f"stitch_{match.family}_{digest}"
+    return PRINTERS[match.family](match, name)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+_LOADED: dict = {}
+
+
+def cache_dir() -> Path:
+    """Where generated sources are written (``$TVM_STITCH_CACHE`` or ``~/.cache/tvm-stitch``)."""
+    root = os.environ.get("TVM_STITCH_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "tvm-stitch"
+    return base / "triton"
+
+
+def load(source: KernelSource):
+    """The jitted function of ``source`` (written to :func:`cache_dir` and imported once)."""
+    key = hashlib.sha1(source.text.encode()).hexdigest()[:16]
+    if key in _LOADED:
+        return _LOADED[key]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{source.name}_{key}.py"
+    if not path.exists() or path.read_text() != source.text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source.text)
+        tmp.replace(path)
+    module_name = f"tvm_stitch_generated_{key}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    _LOADED[key] = getattr(module, source.name)
+    return _LOADED[key]
