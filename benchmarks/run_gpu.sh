@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
 # STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains | attention |
-#       mcfuser[:FAMILY] | run
+#       mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]]
 # Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -48,6 +48,13 @@ for step in "$@"; do
             fam=${step#mcfuser}
             python3 -m tvm_stitch.benchmarks.mcfuser_kernels ${fam:+--family ${fam#:}} \
                 --json-out "$out/mcfuser.jsonl" 2>&1 | tee "$out/mcfuser${fam/:/-}.log" || status=1
+            ;;
+        zoo|zoo:*)
+            spec=${step#zoo}; spec=${spec#:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
+            args=(); [[ -n "$name" ]] && args+=(-w "$name")
+            for kv in ${shape//,/ }; do args+=(-p "$kv"); done
+            python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
+                --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

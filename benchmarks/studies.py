@@ -77,6 +77,29 @@ CASES: dict[str, dict[str, list[tuple[str, dict]]]] = {
         "cuda": [(name, {}) for name in GEMM_CHAINS],
         "llvm": [("G1", {}), ("G7", {"m": 129, "n": 97})],
     },
+    "zoo": {
+        "cuda": [
+            ("hf-bert-base", {"batch": 1, "seq": 128}),
+            ("bert-base", {"batch": 1, "seq": 128}),
+            ("hf-bert-base", {"batch": 8, "seq": 512}),
+            ("bert-base", {"batch": 8, "seq": 512}),
+            ("gpt2-base", {"batch": 1, "seq": 256}),
+            ("gpt2-base", {"batch": 8, "seq": 256}),
+            ("llama-base", {"batch": 1, "seq": 256}),
+            ("vit-base", {"batch": 1}),
+            *(
+                ("torch-attention", {"batch": 4, "heads": 16, "seq": 512, "dim": d, "causal": c})
+                for d in (64, 128)
+                for c in (0, 1)
+            ),
+        ],
+        "llvm": [
+            ("hf-bert-tiny", {"batch": 2, "seq": 19}),
+            ("gpt2-tiny", {"seq": 33}),
+            ("llama-tiny", {"seq": 33}),
+            ("vit-tiny", {}),
+        ],
+    },
     "attention": {
         "cuda": [(f"S{i}", {}) for i in range(1, 10)],
         "llvm": [("S7", {}), ("S6", {"heads": 2, "m": 77, "n": 131})],
@@ -93,6 +116,7 @@ _EAGER_LABEL = {
     "gemm-chains": "torch-bmm-bmm",
     "attention": "torch-naive",
     "bert": "torch-eager",
+    "zoo": "torch-eager",
 }
 
 

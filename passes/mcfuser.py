@@ -122,9 +122,14 @@ class FuseMBCI:
         Which of ``"attention"``, ``"chain"``, ``"gemm"`` to rewrite.
     plan_only : bool
         Without a GPU, still recognize and plan (the kernels cannot be loaded: reports only).
+    measure : bool
+        Search tiles by measuring on the GPU (when there is one); else the analytical model's
+        choice is taken and not stored.
     """
 
-    def __init__(self, database=None, builder=None, families=FAMILIES, plan_only=False):
+    def __init__(
+        self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True
+    ):
         unknown = set(families) - set(FAMILIES)
         if unknown:
             raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
@@ -132,6 +137,7 @@ class FuseMBCI:
         self.builder = builder
         self.families = tuple(families)
         self.plan_only = plan_only
+        self.measure = measure
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -153,7 +159,7 @@ class FuseMBCI:
         except ValueError as err:
             logger.info("Triton kernels not used: %s", err)
             return mod
-        tuner = _Tuner(hw, self.database or TuningDatabase(), on_device)
+        tuner = _Tuner(hw, self.database or TuningDatabase(), on_device and self.measure)
         return _Rewriter(mod, builder, tuner).run(self.families)
 
 

@@ -145,3 +145,36 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
     assert len(records) >= 15
     bad = [r for r in records if not r["ok"]]
     assert not bad, bad
+
+
+# -- on the GPU: the generated kernels inside TVM executables ----------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "params"), [
+    ("hf-bert-tiny", {"batch": 2, "seq": 67}),
+    ("gpt2-tiny", {"seq": 45}),
+    ("llama-tiny", {"seq": 45}),
+    ("vit-tiny", {}),
+    ("torch-attention", {"batch": 2, "heads": 3, "seq": 77, "dim": 80, "causal": 1}),
+])
+def test_zoo_on_the_gpu(tmp_path, monkeypatch, name, params):
+    """Every model through the stitch pipeline on CUDA (tiles from the analytical model):
+    PyTorch's numbers, with the recognized kernels embedded."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload(name).instance("float16", **params)
+    pipe = tvm_stitch.pipeline(CUDA, tune="model")
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=pipe)
+    assert any("stitch_attention_" in m.inspect_source() for m in _cuda_modules(ex))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
+    np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+def _cuda_modules(executable):
+    stack, found = [executable.mod], []
+    while stack:
+        module = stack.pop()
+        if module.kind == "cuda":
+            found.append(module)
+        stack.extend(module.imports)
+    return found

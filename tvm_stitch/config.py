@@ -39,6 +39,10 @@ class PipelineOptions:
         their epilogues, side by side when they share an input).  ``()`` turns the pass off.
         Needs a GPU at compile time; without one the pass logs why and TVM keeps every operator
         (the fusion report of a CUDA target still lists the kernels).
+    tune : {"measure", "model"}
+        How the kernels' tiles are chosen for shapes the tuning database does not hold:
+        ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
+        ``"model"`` takes the analytical model's choice (no measurement, nothing stored).
     """
 
     fold: bool = True
@@ -47,8 +51,11 @@ class PipelineOptions:
     stitch: bool = True
     accumulate_fp32: bool = True
     mcfuser: tuple = ("attention", "chain", "gemm")
+    tune: str = "measure"
 
     def __post_init__(self):
+        if self.tune not in ("measure", "model"):
+            raise ValueError(f"tune takes 'measure' or 'model'; got {self.tune!r}")
         unknown = set(self.mcfuser) - {"attention", "chain", "gemm"}
         if isinstance(self.mcfuser, str) or unknown:
             raise ValueError(

@@ -89,7 +89,11 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.analyze:
             fusion.insert(at, passes.AnalyzeTensorGraph())
         if opts.mcfuser and target.kind.name == "cuda":
-            fusion.insert(at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only))
+            measure = opts.tune == "measure"
+            fusion.insert(
+                at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only,
+                                    measure=measure)
+            )
         # one tensor where a front end computed it several times (a cast per consumer)
         fusion.insert(at, relax.transform.EliminateCommonSubexpr())
         if opts.report:
