@@ -10,8 +10,10 @@ and its CUDA dispatch turns into scan kernels with symbolic shapes; folded, they
 Constructs TVM 0.27 cannot build are rewritten into equivalent ones it can: a scan over ``bool``
 accumulates in ``int32`` and is cast back (what TVM's type for it, ``bool``, says it computes),
 comparisons of ``bool`` tensors compare them as ``int8`` (its ``llvm`` backend emits float
-compares and adds for ``bool``), and ``full`` with an infinite value becomes a ``broadcast_to``
-of that constant (its legalization fails on infinities).
+compares and adds for ``bool``), ``full`` with an infinite value becomes a ``broadcast_to``
+of that constant (its legalization fails on infinities), and a power by a small integer constant
+becomes multiplications (TVM's CUDA ``power`` returns NaN for negative bases: RMSNorm's ``x²``,
+GELU's ``x³``).
 
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
 """
@@ -34,33 +36,44 @@ _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
 
 @tvm.transform.module_pass(opt_level=0, name="StitchFoldStaticShapes")
 class FoldStaticShapes:
-    """Fold values that depend on no input into constants; make boolean scans buildable."""
+    """Fold values that depend on no input into constants; rewrite what TVM cannot build."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or any(
-                k in (func.attrs or {}) for k in _KERNEL_ATTRS
-            ):
-                continue
-            try:
-                new = _fold(mod, gv.name_hint, _workarounds(func))
-            except Exception as err:  # noqa: BLE001 - never break a build: nothing folded
-                logger.warning("fold: %s left as it is: %r", gv.name_hint, err)
-                continue
-            if not new.same_as(func):
-                updates[gv] = new
-        if not updates:
+        out = _each_function(mod, lambda name, func: _fold(mod, name, _workarounds(func)))
+        if out is mod:
             return mod
-        out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
-        for gv, func in updates.items():
-            out[gv] = func
         # folded values feed their readers as constants (a scalar becomes an immediate in TIR)
         try:
             out = relax.transform.FoldConstant()(out)
         except Exception as err:  # noqa: BLE001 - TVM's folding failed: keep the bindings
             logger.warning("fold: constants not propagated: %r", err)
+        # constants that only now reach their readers (a cast exponent): rewrite those too
+        out = _each_function(out, lambda _name, func: _workarounds(func))
         return relax.transform.DeadCodeElimination()(out)
+
+
+def _each_function(mod, rewrite):
+    """``mod`` with ``rewrite(name, func)`` applied to every Relax function that is not a kernel;
+    a function whose rewrite fails is kept as it was (logged)."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or any(
+            k in (func.attrs or {}) for k in _KERNEL_ATTRS
+        ):
+            continue
+        try:
+            new = rewrite(gv.name_hint, func)
+        except Exception as err:  # noqa: BLE001 - never break a build: this function unchanged
+            logger.warning("fold: %s left as it is: %r", gv.name_hint, err)
+            continue
+        if not new.same_as(func):
+            updates[gv] = new
+    if not updates:
+        return mod
+    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
 
 
 def _fold(mod, name, func):
@@ -139,7 +152,7 @@ def _is_bool(expr) -> bool:
 
 def _workarounds(func):
     """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
-    ``full`` of an infinity is a ``broadcast_to``."""
+    ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -169,9 +182,23 @@ def _workarounds(func):
         dtype = str(expr.ty.dtype)
         return relax.op.broadcast_to(relax.const(number, dtype), matches[x])
 
+    def power(expr, matches):
+        value = matches[y]
+        if not isinstance(value, tvm.ir.expr.Constant) or value.ty.shape.values:
+            return expr
+        exponent = value.value.numpy().item()
+        if exponent not in (1, 2, 3, 4):
+            return expr
+        base = matches[x]
+        out = base
+        for _ in range(int(exponent) - 1):
+            out = relax.op.multiply(out, base)
+        return out
+
     for name in ("relax.cumsum", "relax.cumprod"):
         func = rewrite_call(is_op(name)(x), scan, func)
     func = rewrite_call(is_op("relax.full")(x, y), full, func)
+    func = rewrite_call(is_op("relax.power")(x, y), power, func)
     for name in _COMPARISONS:
         func = rewrite_call(is_op(name)(x, y), compare, func)
     return func
