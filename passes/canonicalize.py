@@ -15,6 +15,10 @@ of that constant (its legalization fails on infinities), and a power by a small 
 becomes multiplications (TVM's CUDA ``power`` returns NaN for negative bases: RMSNorm's ``x²``,
 GELU's ``x³``).
 
+A cast of a table that is then gathered is applied to the gathered rows instead:
+``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
+float32, which otherwise converts a whole embedding table on every call).
+
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
 """
 
@@ -39,7 +43,7 @@ class FoldStaticShapes:
     """Fold values that depend on no input into constants; rewrite what TVM cannot build."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out = _each_function(mod, lambda name, func: _fold(mod, name, _workarounds(func)))
+        out = _each_function(mod, lambda name, func: _fold(mod, name, _rewrites(func)))
         if out is mod:
             return mod
         # folded values feed their readers as constants (a scalar becomes an immediate in TIR)
@@ -48,7 +52,7 @@ class FoldStaticShapes:
         except Exception as err:  # noqa: BLE001 - TVM's folding failed: keep the bindings
             logger.warning("fold: constants not propagated: %r", err)
         # constants that only now reach their readers (a cast exponent): rewrite those too
-        out = _each_function(out, lambda _name, func: _workarounds(func))
+        out = _each_function(out, lambda _name, func: _rewrites(func))
         return relax.transform.DeadCodeElimination()(out)
 
 
@@ -119,7 +123,7 @@ def _evaluate(mod, static) -> list:
     out = relax.Var("folded", relax.TupleType([v.ty for v in static.frontier]))
     body = [*static.bindings, relax.VarBinding(out, relax.Tuple(static.frontier))]
     func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(body)], out), out.ty)
-    func = _workarounds(func).with_attr("global_symbol", "fold")
+    func = _rewrites(func).with_attr("global_symbol", "fold")
     funcs = {"fold": func}
     for gv in _global_vars(func):
         funcs[gv.name_hint] = mod[gv]
@@ -150,9 +154,10 @@ def _is_bool(expr) -> bool:
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "bool"
 
 
-def _workarounds(func):
+def _rewrites(func):
     """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
-    ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications."""
+    ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications, a cast
+    table is gathered before it is cast."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -195,8 +200,17 @@ def _workarounds(func):
             out = relax.op.multiply(out, base)
         return out
 
+    def gather_first(expr, matches):
+        table = matches[x]
+        if not (isinstance(table, relax.Call) and table.op.name == "relax.astype"):
+            return expr
+        rows = relax.op.take(table.args[0], matches[y], axis=expr.attrs.axis,
+                             mode=expr.attrs.mode)
+        return relax.op.astype(rows, str(expr.ty.dtype))
+
     for name in ("relax.cumsum", "relax.cumprod"):
         func = rewrite_call(is_op(name)(x), scan, func)
+    func = rewrite_call(is_op("relax.take")(x, y), gather_first, func)
     func = rewrite_call(is_op("relax.full")(x, y), full, func)
     func = rewrite_call(is_op("relax.power")(x, y), power, func)
     for name in _COMPARISONS:

@@ -443,3 +443,83 @@ def _split_reduction(store) -> tuple[str | None, object]:
                 if isinstance(acc, ir.expr.TensorLoad) and acc.source.same_as(store.buffer):
                     return name, src
     return None, None
+
+
+# -- numeric evaluation ------------------------------------------------------------------------
+_NP_BINARY = {
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "div": "divide",
+    "min": "minimum",
+    "max": "maximum",
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "and": "logical_and",
+    "or": "logical_or",
+    "floordiv": "floor_divide",
+    "floormod": "mod",
+}
+_NP_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
+             "fabs": "abs", "floor": "floor", "ceil": "ceil", "sin": "sin", "cos": "cos",
+             "tanh": "tanh", "isnan": "isnan", "isinf": "isinf", "not": "logical_not"}
+
+
+def evaluate(elem: Elem, coords: dict, read: Callable[[Leaf], object]):
+    """``elem`` evaluated with numpy: ``coords`` maps variable names to (broadcastable) integer
+    arrays, ``read(leaf)`` returns the values a read stands for.  Reductions are not evaluated
+    (``CompositionError``)."""
+    import numpy as np
+
+    def index(expr):
+        if isinstance(expr, ir.expr.Var):
+            return coords[expr.name]
+        if isinstance(expr, P.IntImm):
+            return int(expr.value)
+        ops = {P.Add: np.add, P.Sub: np.subtract, P.Mul: np.multiply, P.FloorDiv: np.floor_divide,
+               P.FloorMod: np.mod, P.Min: np.minimum, P.Max: np.maximum, P.EQ: np.equal,
+               P.NE: np.not_equal, P.LT: np.less, P.LE: np.less_equal, P.GT: np.greater,
+               P.GE: np.greater_equal, P.And: np.logical_and, P.Or: np.logical_or}
+        for cls, fn in ops.items():
+            if isinstance(expr, cls):
+                return fn(index(expr.a), index(expr.b))
+        if isinstance(expr, P.Cast):
+            return index(expr.value)
+        if isinstance(expr, P.Select):
+            return np.where(index(expr.condition), index(expr.true_value), index(expr.false_value))
+        raise CompositionError(f"cannot evaluate {type(expr).__name__}")
+
+    def value(e):
+        if isinstance(e, Const):
+            return np.asarray(e.value, dtype=_np_dtype(e.dtype))
+        if isinstance(e, Iter):
+            return np.asarray(index(e.expr))
+        if isinstance(e, Leaf):
+            return np.asarray(read(e))
+        if isinstance(e, Reduce):
+            raise CompositionError("cannot evaluate a reduction")
+        args = [value(a) for a in e.args]
+        with np.errstate(all="ignore"):
+            if e.op == "cast":
+                return args[0].astype(_np_dtype(e.dtype))
+            if e.op == "select":
+                return np.where(*args)
+            if e.op == "sigmoid":
+                return 1 / (1 + np.exp(-args[0]))
+            if e.op == "pow":
+                return np.power(*args)
+            if e.op in _NP_BINARY:
+                return getattr(np, _NP_BINARY[e.op])(*args)
+            if e.op in _NP_UNARY:
+                return getattr(np, _NP_UNARY[e.op])(*args)
+        raise CompositionError(f"cannot evaluate {e.op}")
+
+    return value(elem)
+
+
+def _np_dtype(dtype: str):
+    return "bool" if dtype == "bool" else dtype

@@ -274,6 +274,9 @@ class Match:
         Graph nodes the kernel replaces.
     group : int
         ``attention``: query heads per K/V head.
+    causal : int or None
+        ``attention``: the logits are masked exactly where ``key > query + causal`` (found on a
+        mask folded to a constant), so key blocks past the diagonal can be skipped.
     """
 
     family: str
@@ -287,6 +290,7 @@ class Match:
     score_tensor: str | None = None
     acc_dtype: str = "float32"
     group: int = 1
+    causal: int | None = None
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
 
@@ -304,6 +308,7 @@ class Match:
         extra = f", {len(self.segments)} segments" if len(self.segments) > 1 else ""
         duals = max((len(s.products) for s in self.segments), default=1)
         extra += f", {duals} products" if duals > 1 else ""
+        extra += f", causal{self.causal:+d}" if self.causal is not None else ""
         return f"{self.family} {dims} {self.dtype} -> {outs}{extra}"
 
 
@@ -324,10 +329,16 @@ def _materialized(graph: TensorDependencyGraph, tensor: str) -> bool:
     )
 
 
-def _views_policy(graph, stop=frozenset()) -> Policy:
-    """Operands read in place: only data movement is seen through, never past a tensor another
-    kernel writes (``stop``)."""
-    return Policy(inline=lambda node: node.output not in stop and data_movement(node))
+def _views_policy(graph, stop=frozenset(), casts=False) -> Policy:
+    """Operands read in place: data movement is seen through (and float casts with ``casts``),
+    never past a tensor another kernel writes (``stop``)."""
+
+    def inline(node):
+        if node.output in stop:
+            return False
+        return data_movement(node) or (casts and elementwise(node) and _float_cast(node))
+
+    return Policy(inline=inline)
 
 
 def _epilogue_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
@@ -435,10 +446,14 @@ def _frame_for(c: Contraction) -> tuple[Frame, dict]:
     return frame, vmap
 
 
-def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()) -> Access:
-    """The base tensor an operand is read from, seen through data movement."""
+def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset(),
+             casts=False) -> Access:
+    """The base tensor an operand is read from, seen through data movement (and, with
+    ``casts``, through float conversions, which the kernel then makes in registers)."""
     idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
-    elem = composer.element(tensor, idx, _views_policy(graph, stop))
+    elem = composer.element(tensor, idx, _views_policy(graph, stop, casts))
+    if casts:
+        elem = _strip_casts(elem)
     if not isinstance(elem, Leaf):
         raise NotRecognizedError(f"{what} is not a view of a tensor: {format_elem(elem)}")
     return Access(elem.tensor, elem.index)
@@ -446,19 +461,21 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
 
 def _widened_operand(graph, frame, composer, tensor, index, vmap, dtype, stop) -> Access:
     """An operand that is a float32 cast of a view of a ``dtype`` tensor: that tensor's view."""
+    access = _operand(graph, frame, composer, tensor, index, vmap, "V", stop, casts=True)
+    if graph.tensors[access.tensor].dtype != dtype:
+        raise NotRecognizedError(f"V is not a widened {dtype} view")
+    return access
 
-    def inline(node):
-        if node.output in stop:
-            return False
-        value = node.block.body.value if node.block is not None else None
-        cast = isinstance(value, P.Cast) and isinstance(value.value, ir.expr.TensorLoad)
-        return data_movement(node) or (elementwise(node) and cast)
 
-    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
-    elem = _strip_casts(composer.element(tensor, idx, Policy(inline=inline)))
-    if not isinstance(elem, Leaf) or elem.dtype != dtype:
-        raise NotRecognizedError(f"V is not a widened {dtype} view: {format_elem(elem)}")
-    return Access(elem.tensor, elem.index)
+def _float_cast(node) -> bool:
+    """A block that only converts one float element to another float type."""
+    value = node.block.body.value if node.block is not None else None
+    return (
+        isinstance(value, P.Cast)
+        and isinstance(value.value, ir.expr.TensorLoad)
+        and "float" in dtype_of(value)
+        and "float" in dtype_of(value.value)
+    )
 
 
 def _out_index(c: Contraction, vmap) -> tuple:
@@ -474,8 +491,8 @@ def _gemm(graph, c: Contraction, stop, read=frozenset()) -> Match:
         frame, vmap = _frame_for(c)
         composer = Composer(graph, frame.analyzer)
         try:
-            a = _operand(graph, frame, composer, *c.a, vmap, "A", stop)
-            b = _operand(graph, frame, composer, *c.b, vmap, "B", stop)
+            a = _operand(graph, frame, composer, *c.a, vmap, "A", stop, casts=True)
+            b = _operand(graph, frame, composer, *c.b, vmap, "B", stop, casts=True)
             out_index = _out_index(c, vmap)
             epi, others = _epilogue(graph, frame, composer, c, out_index, region, stop)
             products = [(c.out, b)]
@@ -674,10 +691,10 @@ def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a: 
             names[iv.var] = tirx.const(0, dtype_of(iv.var))
     if _check_dtype(graph, other) != _check_dtype(graph, c) or other.acc_dtype != c.acc_dtype:
         raise NotRecognizedError(f"{other.node.name} has other dtypes")
-    a2 = _operand(graph, frame, composer, *other.a, names, "the partner's A", stop)
+    a2 = _operand(graph, frame, composer, *other.a, names, "the partner's A", stop, casts=True)
     if a.key() != a2.key():
         raise NotRecognizedError(f"{other.node.name} reads another A")
-    return _operand(graph, frame, composer, *other.b, names, "the partner's B", stop)
+    return _operand(graph, frame, composer, *other.b, names, "the partner's B", stop, casts=True)
 
 
 def _invert(forward, ys, shape, out_index, frame) -> dict:
@@ -1098,6 +1115,7 @@ def _attention_finalize(graph, match: Match) -> None:
     need it, and K/V may be shared by groups of query heads."""
     try:
         _attention_views(graph, match)
+        match.causal = causal_offset(graph, match)
         return
     except NotRecognizedError as err:
         first = err
@@ -1125,8 +1143,64 @@ def _attention_finalize(graph, match: Match) -> None:
             continue
         _apply(match, trial)
         match.frame, match.views, match.group = trial.frame, trial.views, trial.group
+        match.causal = causal_offset(graph, match)
         return
     raise first
+
+
+#: logits at or below this (or -inf) add nothing to a softmax: exp underflows to 0 exactly
+MASKED = -1e30
+
+
+def causal_offset(graph, match) -> int | None:
+    """``c`` when the attention's logits are masked exactly where ``key > query + c``.
+
+    Decided on the values, not the spelling: every read of the logits besides ``Q·Kᵀ`` must be
+    a constant (a mask folded at compile time) indexed by (query, key); the logits are
+    evaluated with the product at 0, and the masked set (``-inf`` or below :data:`MASKED`) must
+    be the strict upper triangle shifted by ``c``.  Otherwise None.
+    """
+    import numpy as np
+
+    from .elem import evaluate
+
+    ext = match.frame.extents
+    m, n = ext["m"], ext["n"]
+    arrays = {}
+    for leaf in leaves(match.score):
+        if leaf.tensor == match.score_tensor:
+            continue
+        value = graph.values.get(leaf.tensor)
+        view = match.views.get(("x", leaf.key()))
+        if not isinstance(value, ir.expr.Constant) or view is None:
+            return None
+        if any(s and a not in ("m", "n") for a, s in view.strides):
+            return None
+        arrays[leaf.key()] = (value.value.numpy().reshape(-1), view)
+    if not arrays:
+        return None
+    rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
+
+    def read(leaf):
+        if leaf.tensor == match.score_tensor:
+            return np.zeros((m, n), "float32")
+        data, view = arrays[leaf.key()]
+        stride = view.stride
+        return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
+
+    coords = {v.name: 0 for v in match.frame.vars.values()}
+    coords.update({match.frame.vars["m"].name: rows, match.frame.vars["n"].name: cols})
+    try:
+        logits = np.broadcast_to(evaluate(match.score, coords, read), (m, n)).astype("float64")
+    except (CompositionError, IndexError, ValueError, TypeError):
+        return None
+    masked = np.isneginf(logits) | (logits <= MASKED)
+    if not masked.any() or masked[:, 0].any():
+        return None
+    offset = int(np.argmax(masked[0])) - 1 if masked[0].any() else n - 1
+    if not np.array_equal(masked, cols > rows + offset):
+        return None
+    return offset
 
 
 def _all_accesses(match: Match) -> dict:

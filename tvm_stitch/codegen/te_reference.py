@@ -182,9 +182,10 @@ def _product(match, tensors, a, bv, n_axis, k):
     kr = te.reduce_axis((0, k), "kr")
 
     def product(b, m, n):
-        x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.acc_dtype)
-        y = _read(bv, tensors[bv.tensor], {"b": b, n_axis: n, "k": kr}).astype(match.acc_dtype)
-        return te.sum(x * y, axis=kr)
+        # operands stored in another precision are converted to the product's first
+        x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.dtype)
+        y = _read(bv, tensors[bv.tensor], {"b": b, n_axis: n, "k": kr}).astype(match.dtype)
+        return te.sum(x.astype(match.acc_dtype) * y.astype(match.acc_dtype), axis=kr)
 
     return product
 

@@ -71,6 +71,9 @@ _CALLS = {
 }
 
 
+LOG2E = 1.4426950408889634
+
+
 class UnsupportedKernelError(ValueError):
     """A match the printers cannot express (the message says why)."""
 
@@ -392,17 +395,21 @@ def gemm_source(match, name: str) -> KernelSource:
             body.append(f"B{bi} = {_base(bv, pointers, scalars)}")
             args.append((f"B{bi}", s_bk, s_bn))
         zeros = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
+        # operands stored in another precision than the product's are converted in registers
+        stored = {a.dtype, *(bv.dtype for bv in bviews)}
+        convert = f", {tl_dtype(match.dtype)}" if stored != {match.dtype} else ""
         if len(args) == 1:
             ((b0, s_bk, s_bn),) = args
             body.append(
                 f"acc0 = _tile_product({zeros}, A, {b0}, rm, rn, {m}, {seg.n}, {k}, {s_am}, "
-                f"{s_ak}, {s_bk}, {s_bn}, BLOCK_K, DOT_PREC)"
+                f"{s_ak}, {s_bk}, {s_bn}, BLOCK_K, DOT_PREC{convert})"
             )
         elif len(args) == 2:
             (b0, k0, n0), (b1, k1, n1) = args
             body.append(
                 f"acc0, acc1 = _tile_product2({zeros}, {zeros}, A, {b0}, {b1}, rm, rn, {m}, "
-                f"{seg.n}, {k}, {s_am}, {s_ak}, {k0}, {n0}, {k1}, {n1}, BLOCK_K, DOT_PREC)"
+                f"{seg.n}, {k}, {s_am}, {s_ak}, {k0}, {n0}, {k1}, {n1}, BLOCK_K, DOT_PREC"
+                f"{convert})"
             )
         else:
             raise UnsupportedKernelError(f"{len(args)} products in one segment")
@@ -466,8 +473,13 @@ def attention_source(match, name: str) -> KernelSource:
         "m_i = tl.full((BLOCK_M,), float('-inf'), dtype=tl.float32)",
         "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)",
-        f"for n0 in range(0, {n}, BLOCK_N):",
     ]
+    if match.causal is not None:
+        # keys past the diagonal of every row of this block are masked: skip their blocks
+        lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal + 1})")
+    else:
+        lines.append(f"hi = {n}")
+    lines.append("for n0 in range(0, hi, BLOCK_N):")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
     masks = {"m": f"(rm < {m})[:, None]", "n": f"(rn < {n})[None, :]"}
     score = ElemPrinter(
@@ -480,11 +492,12 @@ def attention_source(match, name: str) -> KernelSource:
         f"mask=(rk < {dk})[:, None] & (rn < {n})[None, :], other=0.0)",
         "s = tl.dot(q, k, input_precision=DOT_PREC)",
         *score.lines,
-        f"z = tl.where((rn < {n})[None, :], ({g}).to(tl.float32), float('-inf'))",
+        # base-2 exponentials: the logits are scaled by log2(e) once, exp2 is one instruction
+        f"z = tl.where((rn < {n})[None, :], ({g}).to(tl.float32) * {LOG2E}, float('-inf'))",
         "m_new = tl.maximum(m_i, tl.max(z, 1))",
         "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
-        "p = tl.exp(z - m_safe[:, None])",
-        "alpha = tl.exp(m_i - m_safe)",
+        "p = tl.exp2(z - m_safe[:, None])",
+        "alpha = tl.exp2(m_i - m_safe)",
         f"v = tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}, "
         f"mask=(rn < {n})[:, None] & (rh < {dh})[None, :], other=0.0)",
         "l_i = l_i * alpha + tl.sum(p, 1)",

@@ -39,9 +39,12 @@ def _tile_product(
     s_bn,
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    OPERAND: tl.constexpr = None,
 ):
     """``acc + A[rm, :K] @ B[:K, rn]``, the reduction over ``K`` in steps of ``BLOCK_K``
-    (masked at the edges).  Shared by the GEMM-chain and GEMM templates; inlined by Triton."""
+    (masked at the edges).  Shared by the GEMM-chain and GEMM templates; inlined by Triton.
+    ``OPERAND``: the type both tiles are converted to before the product (an operand stored in
+    another precision, e.g. a float32 activation of a float16 matrix product)."""
     rk = tl.arange(0, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -55,6 +58,9 @@ def _tile_product(
             mask=(kk[:, None] < K) & (rn[None, :] < N),
             other=0.0,
         )
+        if OPERAND is not None:
+            a = a.to(OPERAND)
+            b = b.to(OPERAND)
         acc += tl.dot(a, b, input_precision=DOT_PREC)
     return acc
 
@@ -79,9 +85,10 @@ def _tile_product2(
     s_b1n,
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    OPERAND: tl.constexpr = None,
 ):
     """``(acc0 + A @ B0, acc1 + A @ B1)`` over the same rows and columns, each ``A`` tile loaded
-    once for both products (a gate and an up projection)."""
+    once for both products (a gate and an up projection); ``OPERAND`` as for _tile_product."""
     rk = tl.arange(0, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -93,6 +100,10 @@ def _tile_product2(
         mask_b = (kk[:, None] < K) & (rn[None, :] < N)
         b0 = tl.load(B0 + kk[:, None] * s_b0k + rn[None, :] * s_b0n, mask=mask_b, other=0.0)
         b1 = tl.load(B1 + kk[:, None] * s_b1k + rn[None, :] * s_b1n, mask=mask_b, other=0.0)
+        if OPERAND is not None:
+            a = a.to(OPERAND)
+            b0 = b0.to(OPERAND)
+            b1 = b1.to(OPERAND)
         acc0 += tl.dot(a, b0, input_precision=DOT_PREC)
         acc1 += tl.dot(a, b1, input_precision=DOT_PREC)
     return acc0, acc1

@@ -29,6 +29,17 @@ def _bytes(dtype) -> int:
     return 2 if str(dtype) == "float16" else 4
 
 
+#: tiles measured besides the search's picks (known to suit Hopper's tensor cores): a warpgroup
+#: takes 64 rows; FlashAttention runs 64-128 query rows against 32-128 keys
+SEEDS = {
+    "gemm_epilogue": [
+        {"m": m, "n": n, "k": 64} for m, n in ((128, 128), (128, 256), (64, 128), (128, 64))
+    ],
+    "attention": [{"m": m, "n": n} for m in (64, 128) for n in (32, 64, 128)],
+    "gemm_chain": [],
+}
+
+
 def _search(spec, hw, make, legal, config, family, template, on_device, desc) -> Tuned:
     tuned = measured_search(
         spec,
@@ -40,6 +51,7 @@ def _search(spec, hw, make, legal, config, family, template, on_device, desc) ->
         lambda c: tk.default_launch(template(c)),
         desc=desc,
         on_device=on_device,
+        seeds=SEEDS[family],
     )
     tuned.config = {**template(tuned.result.best), **tuned.launch}
     return tuned
