@@ -93,16 +93,22 @@ def _tuning_problem(match, hw):
     return "chain", shape, lambda **kw: kernels.tune_chain(*shape, dtype, hw, **kw)
 
 
+def _smem_limit() -> int:
+    from tvm_stitch.hardware import HardwareModel
+
+    return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}).smem_per_block
+
+
 def embed_builder(match, source, config, shapes):
     """The launch PrimFunc of a generated kernel and its CUDA module (needs a GPU runtime)."""
-    launch = embed.generated_launch(source, match, config, shapes)
+    launch = embed.generated_launch(source, match, config, shapes, _smem_limit())
     return launch.func, [launch.module()]
 
 
 def plan_builder(match, source, config, shapes):
     """The launch PrimFunc alone: Triton compiles the kernel to sm_90 PTX without a GPU, but the
     module cannot be loaded here (fusion reports of a CUDA target on a CPU machine)."""
-    return embed.generated_launch(source, match, config, shapes).func, []
+    return embed.generated_launch(source, match, config, shapes, _smem_limit()).func, []
 
 
 @tvm.transform.module_pass(opt_level=0, name="StitchFuseMBCI")
@@ -231,7 +237,7 @@ class _Rewriter:
         shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
         key = f"{source.name}_{embed._tag(config)}"
         if key not in self.funcs:
-            func, ext = self.builder(match, source, config, shapes)
+            func, ext, config = self._build(match, source, config, shapes)
             # opaque to FuseOps: the kernel is complete, nothing may be fused into it
             func = func.with_attrs({"global_symbol": key, "op_pattern": 8})
             self.funcs[key] = self.ctx.add_func(func, key)
@@ -241,6 +247,21 @@ class _Rewriter:
         args = [graph.values[t] for t in source.inputs]
         outs = [graph.values[t] for t in source.outputs]
         return self.funcs[key], args, types, outs
+
+
+    def _build(self, match, source, config, shapes):
+        """``builder``'s result, with fewer pipeline stages while the kernel needs more shared
+        memory than a block has (the search timed a template that needed less)."""
+        while True:
+            try:
+                func, ext = self.builder(match, source, config, shapes)
+                return func, ext, config
+            except embed.SharedMemoryError as err:
+                stages = config.get("num_stages", 3)
+                if stages <= 1:
+                    raise UnsupportedKernelError(str(err)) from err
+                logger.info("%s; trying %d pipeline stages", err, stages - 1)
+                config = {**config, "num_stages": stages - 1}
 
 
 def _dual(config: dict) -> dict:

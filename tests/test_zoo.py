@@ -98,7 +98,7 @@ def test_zoo_recognition_per_layer(name):
 
 @pytest.mark.parametrize(("name", "dtype"), [(n, "float32") for n in ZOO] + [
     ("llama-tiny", "float16"), ("hf-bert-tiny", "float16")])
-def test_zoo_kernels_mean_what_the_model_means(tmp_path, name, dtype):
+def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype):
     """Every recognized kernel replaced by its TE reference: still PyTorch's numbers."""
     inst = instance(name, dtype)
     calls = []
@@ -107,9 +107,11 @@ def test_zoo_kernels_mean_what_the_model_means(tmp_path, name, dtype):
         calls.append(match.family)
         return reference_func(match, source, shapes), []
 
-    with CUDA:
+    with CUDA, caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
         mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build)(legalized(inst.mod))
     assert "attention" in calls and "gemm" in calls
+    assert "left to TVM" not in caplog.text  # every kernel was built and put in place
+    assert mod.script().count("R.call_tir(cls.stitch_") >= len(calls)
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
 
 
@@ -178,3 +180,23 @@ def _cuda_modules(executable):
             found.append(module)
         stack.extend(module.imports)
     return found
+
+
+@pytest.mark.parametrize(("name", "params", "causal"), [
+    ("gpt2-tiny", {"seq": 33}, 0),
+    ("llama-tiny", {"seq": 33}, 0),
+    ("torch-attention", {"batch": 1, "heads": 2, "seq": 40, "dim": 32, "causal": 1}, 0),
+    ("torch-attention", {"batch": 1, "heads": 2, "seq": 40, "dim": 32, "causal": 0}, None),
+    ("hf-bert-tiny", {"batch": 2, "seq": 19}, None),  # a padding mask: an input, not a constant
+])
+def test_causal_masks_become_index_comparisons(name, params, causal):
+    """A causal mask folded to a constant (however the model built it) is recognized from its
+    values: the kernel compares indices instead of reading it, and skips blocks past the
+    diagonal; a mask that depends on the input stays a tensor the kernel reads."""
+    inst = get_workload(name).instance("float16", **params)
+    attention = [m for m in recognize(build_graph(legalized(inst.mod), legalize=False)).matches
+                 if m.family == "attention"]
+    assert attention and all(m.causal == causal for m in attention)
+    for m in attention:
+        reads = [role for role in m.views if isinstance(role, tuple)]
+        assert bool(reads) == (name == "hf-bert-tiny")

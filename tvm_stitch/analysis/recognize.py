@@ -1115,6 +1115,7 @@ def _attention_finalize(graph, match: Match) -> None:
     need it, and K/V may be shared by groups of query heads."""
     try:
         _attention_views(graph, match)
+        _triangles_to_indices(graph, match)
         match.causal = causal_offset(graph, match)
         return
     except NotRecognizedError as err:
@@ -1143,6 +1144,7 @@ def _attention_finalize(graph, match: Match) -> None:
             continue
         _apply(match, trial)
         match.frame, match.views, match.group = trial.frame, trial.views, trial.group
+        _triangles_to_indices(graph, match)
         match.causal = causal_offset(graph, match)
         return
     raise first
@@ -1150,6 +1152,56 @@ def _attention_finalize(graph, match: Match) -> None:
 
 #: logits at or below this (or -inf) add nothing to a softmax: exp underflows to 0 exactly
 MASKED = -1e30
+
+
+def _constant_grid(graph, match, leaf):
+    """The values of a constant read by the logits over (query, key), or None."""
+    import numpy as np
+
+    value = graph.values.get(leaf.tensor)
+    view = match.views.get(("x", leaf.key()))
+    if not isinstance(value, ir.expr.Constant) or view is None:
+        return None
+    if any(s and a not in ("m", "n") for a, s in view.strides):
+        return None
+    data = value.value.numpy().reshape(-1)
+    rows = np.arange(match.frame.extents["m"])[:, None]
+    cols = np.arange(match.frame.extents["n"])[None, :]
+    stride = view.stride
+    return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
+
+
+def _triangles_to_indices(graph, match) -> None:
+    """A constant the logits read that takes one value above a diagonal (``key > query + c``)
+    and another elsewhere — a folded causal mask — becomes that comparison of the indices:
+    exactly the same values, and no tensor to read."""
+    import numpy as np
+
+    from .elem import Const, Iter
+
+    frame = match.frame
+    for leaf in leaves(match.score):
+        grid = _constant_grid(graph, match, leaf)
+        if grid is None or grid.size < 2:
+            continue
+        above, below = grid[0, -1], grid[0, 0]
+        first = np.flatnonzero(grid[0] != below)
+        if not len(first) or (grid == above).all():
+            continue
+        c = int(first[0]) - 1
+        rows, cols = np.indices(grid.shape)
+        upper = cols > rows + c
+        if not (np.all(grid[upper] == above) and np.all(grid[~upper] == below)):
+            continue
+        m, n = frame.vars["m"], frame.vars["n"]
+        cond = Iter(frame.simplify(n > m + c), "bool")
+        value = Op("select", (cond, Const(above.item(), leaf.dtype), Const(below.item(),
+                                                                            leaf.dtype)),
+                   leaf.dtype)
+        key = leaf.key()
+        match.score = replace(match.score, lambda e, key=key, value=value:
+                              value if isinstance(e, Leaf) and e.key() == key else None)
+        match.views.pop(("x", key), None)
 
 
 def causal_offset(graph, match) -> int | None:
@@ -1177,8 +1229,6 @@ def causal_offset(graph, match) -> int | None:
         if any(s and a not in ("m", "n") for a, s in view.strides):
             return None
         arrays[leaf.key()] = (value.value.numpy().reshape(-1), view)
-    if not arrays:
-        return None
     rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
 
     def read(leaf):

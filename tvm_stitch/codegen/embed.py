@@ -54,6 +54,10 @@ def can_embed() -> tuple[bool, str]:
     return True, ""
 
 
+class SharedMemoryError(ValueError):
+    """A compiled kernel needs more shared memory than a block can have."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Param:
     """A buffer parameter of the PrimFunc (the last one is the output)."""
@@ -89,6 +93,7 @@ def plan_launch(
     launch: dict,
     symbol: str,
     outputs: int = 1,
+    smem_limit: int | None = None,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -110,6 +115,11 @@ def plan_launch(
     symbol : str
         The kernel's name in the PTX; every variant needs its own, since the executable looks
         kernels up by name across all embedded modules.
+    outputs : int
+        How many of ``params`` (the last ones) the kernel writes.
+    smem_limit : int, optional
+        Shared memory per block the device grants; a kernel needing more raises
+        :class:`SharedMemoryError` (it would fail at launch).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -148,6 +158,10 @@ def plan_launch(
     )
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(launch))
     meta = compiled.metadata
+    if smem_limit is not None and meta.shared > smem_limit:
+        raise SharedMemoryError(
+            f"{symbol} needs {meta.shared} bytes of shared memory, the device has {smem_limit}"
+        )
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise NotImplementedError(f"{symbol} needs Triton scratch memory")
     arg_types = [
@@ -190,7 +204,7 @@ def plan_launch(
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
 
 
-def generated_launch(source, match, config: dict, shapes: dict) -> Launch:
+def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None) -> Launch:
     """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
 
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
@@ -219,6 +233,7 @@ def generated_launch(source, match, config: dict, shapes: dict) -> Launch:
         _launch(config),
         symbol,
         outputs=len(source.outputs),
+        smem_limit=smem_limit,
     )
 
 

@@ -100,7 +100,7 @@ class _Evaluator:
     def index(self, expr):
         from tvm_stitch.analysis.indexing import substitute
 
-        frame_vars = {v: self.coords[name] for name, v in self.vars.items()}
+        frame_vars = {v: self.coords[name] for name, v in self.vars.items() if name in self.coords}
         return substitute(expr, frame_vars)
 
 

@@ -375,58 +375,81 @@ def gemm_source(match, name: str) -> KernelSource:
         f"A = {_base(a, pointers, scalars)}",
     ]
     extras = _extra_views(match)
-    for si, seg in enumerate(match.segments):
+    segments = match.segments
+    products = {len(seg.products) for seg in segments}
+    if len(products) != 1 or products.pop() > 2:
+        raise UnsupportedKernelError("bands with different numbers of products")
+    bviews = [[views[f"b{si}.{pi}"] for pi in range(len(seg.products))]
+              for si, seg in enumerate(segments)]
+    n_axes = [_n_axis(bv[0]) for bv in bviews]
+    strides = [[tuple(_strides(bv, "k", n_axes[si])) for bv in bvs]
+               for si, bvs in enumerate(bviews)]
+    # one product loop for every band (one set of pipeline buffers): the band's B pointers,
+    # width and strides are chosen first; literals where every band agrees
+    same_n = len({seg.n for seg in segments}) == 1
+    same_strides = len({tuple(st) for st in strides}) == 1
+    heads = []
+    for si in range(len(segments)):
         first = bounds[si - 1] if si else "0"
-        cond = f"pid_n < {bounds[si]}"
-        head = "if" if si == 0 else "elif"
-        if si == len(match.segments) - 1 and si:
-            head, cond = "else", ""
-        lines.append(f"{head} {cond}:".replace("else :", "else:"))
-        body = [
-            f"rn = (pid_n - ({first})) * BLOCK_N + tl.arange(0, BLOCK_N)"
-            if si
-            else "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"
-        ]
-        bviews = [views[f"b{si}.{pi}"] for pi in range(len(seg.products))]
-        n_axis = _n_axis(bviews[0])
-        args = []
-        for bi, bv in enumerate(bviews):
-            s_bk, s_bn = _strides(bv, "k", n_axis)
-            body.append(f"B{bi} = {_base(bv, pointers, scalars)}")
-            args.append((f"B{bi}", s_bk, s_bn))
-        zeros = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
-        # operands stored in another precision than the product's are converted in registers
-        stored = {a.dtype, *(bv.dtype for bv in bviews)}
-        convert = f", {tl_dtype(match.dtype)}" if stored != {match.dtype} else ""
-        if len(args) == 1:
-            ((b0, s_bk, s_bn),) = args
-            body.append(
-                f"acc0 = _tile_product({zeros}, A, {b0}, rm, rn, {m}, {seg.n}, {k}, {s_am}, "
-                f"{s_ak}, {s_bk}, {s_bn}, BLOCK_K, DOT_PREC{convert})"
-            )
-        elif len(args) == 2:
-            (b0, k0, n0), (b1, k1, n1) = args
-            body.append(
-                f"acc0, acc1 = _tile_product2({zeros}, {zeros}, A, {b0}, {b1}, rm, rn, {m}, "
-                f"{seg.n}, {k}, {s_am}, {s_ak}, {k0}, {n0}, {k1}, {n1}, BLOCK_K, DOT_PREC"
-                f"{convert})"
-            )
+        if si == 0:
+            heads.append((f"if pid_n < {bounds[0]}:" if len(segments) > 1 else None, first))
+        elif si == len(segments) - 1:
+            heads.append(("else:", first))
         else:
-            raise UnsupportedKernelError(f"{len(args)} products in one segment")
+            heads.append((f"elif pid_n < {bounds[si]}:", first))
+    for si, (head, first) in enumerate(heads):
+        body = [f"rn = (pid_n - ({first})) * BLOCK_N + tl.arange(0, BLOCK_N)"]
+        for bi, bv in enumerate(bviews[si]):
+            body.append(f"B{bi} = {_base(bv, pointers, scalars)}")
+            if not same_strides:
+                body.append(f"s_b{bi}k = {strides[si][bi][0]}")
+                body.append(f"s_b{bi}n = {strides[si][bi][1]}")
+        if not same_n:
+            body.append(f"n_band = {segments[si].n}")
+        lines += ["    " + line for line in body] if head else body
+        if head:
+            lines.insert(len(lines) - len(body), head)
+    width = str(segments[0].n) if same_n else "n_band"
+
+    def stride(bi, which):
+        return str(strides[0][bi][which]) if same_strides else f"s_b{bi}{'kn'[which]}"
+
+    zeros = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
+    # operands stored in another precision than the product's are converted in registers
+    stored = {a.dtype, *(bv.dtype for bvs in bviews for bv in bvs)}
+    convert = f", {tl_dtype(match.dtype)}" if stored != {match.dtype} else ""
+    if len(bviews[0]) == 1:
+        lines.append(
+            f"acc0 = _tile_product({zeros}, A, B0, rm, rn, {m}, {width}, {k}, {s_am}, {s_ak}, "
+            f"{stride(0, 0)}, {stride(0, 1)}, BLOCK_K, DOT_PREC{convert})"
+        )
+    else:
+        lines.append(
+            f"acc0, acc1 = _tile_product2({zeros}, {zeros}, A, B0, B1, rm, rn, {m}, {width}, "
+            f"{k}, {s_am}, {s_ak}, {stride(0, 0)}, {stride(0, 1)}, {stride(1, 0)}, "
+            f"{stride(1, 1)}, BLOCK_K, DOT_PREC{convert})"
+        )
+    for si, seg in enumerate(segments):
+        head = heads[si][0]
+        n_axis = n_axes[si]
         tiles = {"b": "pid_b", "m": "rm[:, None]", n_axis: "rn[None, :]"}
         masks = {"m": f"(rm < {m})[:, None]", n_axis: f"(rn < {seg.n})[None, :]"}
         acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
         printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_")
+        body = []
         for oi, out in enumerate(seg.outputs):
             value = printer.expr(out.elem)
             ov = views[f"out{si}.{oi}"]
-            dtype = tl_dtype(ov.dtype)
             body += printer.lines
             printer.lines = []
             body.append(
-                f"tl.store({printer.address(ov)}, {value}.to({dtype}), mask={printer.mask(ov)})"
+                f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
+                f"mask={printer.mask(ov)})"
             )
-        lines += ["    " + line for line in body]
+        if head:
+            lines.append(head)
+            body = ["    " + line for line in body]
+        lines += body
     args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
     text = _HEADER.format(describe=match.describe()) + (
         f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
