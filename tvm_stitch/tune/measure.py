@@ -15,11 +15,16 @@ from tvm_stitch.explore.tiling import build_search_space
 from .evolution import SearchConfig, SearchResult, evolutionary_search
 
 
-def time_torch(fn, args, device: str, budget_ms: float = 200.0) -> float:
-    """Median microseconds per call; CUDA-graph replays on the GPU, wall time on the CPU."""
+def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = True) -> float:
+    """Median microseconds per call; CUDA-graph replays on the GPU (``graph``; else one call at a
+    time between CUDA events, for code that cannot be captured), wall time on the CPU."""
     import torch
 
     with torch.no_grad():
+        if device == "cuda" and not graph:
+            for _ in range(3):
+                fn(*args)
+            return time_replay(lambda: fn(*args), budget_ms)
         if device == "cpu":
             fn(*args)
             start = time.perf_counter()
