@@ -211,7 +211,7 @@ class _Rewriter:
             try:
                 kernels.append((match, self._kernel(graph, match)))
             except (UnsupportedKernelError, ValueError, NotImplementedError) as err:
-                logger.info("%s left to TVM: %s", match.describe(), err)
+                logger.info("%s left to TVM: %s", match.describe(outputs=True), err)
         if not kernels:
             return None
         blocks = []
@@ -239,7 +239,9 @@ class _Rewriter:
         if key not in self.funcs:
             func, ext, config = self._build(match, source, config, shapes)
             # opaque to FuseOps: the kernel is complete, nothing may be fused into it
-            func = func.with_attrs({"global_symbol": key, "op_pattern": 8})
+            func = func.with_attrs(
+                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()}
+            )
             self.funcs[key] = self.ctx.add_func(func, key)
             self.externals.extend(ext)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -92,3 +93,16 @@ def test_cli_run_on_cuda_without_gpu_is_a_clear_error():
         main(["run", "--target", "cuda"])
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         main(["bench", "memory", "--target", "cuda"])
+
+
+def test_main_job_shows_the_gpu_plan_on_a_cpu(capsys):
+    """README's main job on a machine without a GPU: what the H100 would run, then numerics."""
+    from tvm_stitch.cli import main
+
+    assert main(["run", "bert-tiny", "-p", "batch=1", "-p", "seq=16"]) == 0
+    out = capsys.readouterr().out
+    assert "What tvm-stitch builds for an H100" in out
+    assert "generated in Triton:" in out and "attention 1x2x16x16 d64 float16" in out
+    default, stitch = (int(x) for x in re.search(r"=> (\d+) kernels become (\d+)", out).groups())
+    assert stitch < default / 2
+    assert "tvm-stitch" in out and " yes " in out  # the llvm build matches PyTorch

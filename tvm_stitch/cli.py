@@ -65,15 +65,35 @@ def cmd_report(args) -> int:
 
 
 def cmd_run(args) -> int:
-    """The main job: one workload through both pipelines, report, numerics and timing."""
+    """The main job: one workload through both pipelines, report, numerics and timing.
+
+    On a CPU it first shows what the stitch pipeline builds for the GPU (recognition and
+    planning need none), then checks both pipelines against PyTorch on llvm."""
     from tvm_stitch.benchmarks import bench_instance
     from tvm_stitch.benchmarks.harness import format_table, measure_limits
     from tvm_stitch.pipeline import as_target
+    from tvm_stitch.report import compare_pipelines
 
     _need_gpu(args.target)
-    cmd_report(args)
     inst = _instance(args)
     target = as_target(args.target)
+    if target.kind.name == "llvm":
+        from tvm_stitch.workloads import get_workload
+
+        gpu = get_workload(args.workload).instance("float16", **_params(args.param))
+        print(f"What tvm-stitch builds for an H100 (planned on this machine): {gpu.name}")
+        reports = compare_pipelines(gpu.mod, "cuda")
+        for report in reports.values():
+            print(report.format())
+        before, after = reports["default"], reports["stitch"]
+        print(
+            f"=> {before.kernels} kernels become {after.kernels}, "
+            f"{before.bytes / 1e6:.2f} MB of estimated traffic become {after.bytes / 1e6:.2f} MB"
+            "\n   (on a GPU host: tvm-stitch run --target cuda)\n"
+        )
+        print(f"Checked on this CPU (llvm): {inst.name}, both pipelines against PyTorch")
+    else:
+        cmd_report(args)
     limits = measure_limits("cuda" if target.kind.name == "cuda" else "cpu")
     try:
         import torch  # noqa: F401

@@ -40,6 +40,7 @@ class KernelGroup:
     kinds: list[str]
     bytes_read: int
     bytes_written: int
+    kernel: str = ""  # what a generated kernel computes (family, shape, outputs)
 
     @property
     def bytes(self) -> int:
@@ -89,13 +90,20 @@ class FusionReport:
         }
 
     def format(self, max_groups: int = 12) -> str:
-        """A short readable summary."""
+        """A short readable summary: kernels by signature; generated kernels by what they do."""
         lines = [
             f"{self.pipeline} pipeline on {self.target}: {self.kernels} kernels, "
             f"{self.bytes / 1e6:.3f} MB global memory traffic (estimated)"
         ]
         for sig, n in list(self.kind_histogram().items())[:max_groups]:
             lines.append(f"  {n:4d} x {sig}")
+        generated: dict[str, int] = OrderedDict()
+        for g in self.groups:
+            if g.kernel:
+                generated[g.kernel] = generated.get(g.kernel, 0) + 1
+        if generated:
+            lines.append("  generated in Triton:")
+            lines += [f"  {n:4d} x {what}" for what, n in generated.items()]
         return "\n".join(lines)
 
 
@@ -168,7 +176,12 @@ def fusion_report(
         options.setdefault("analyze", False)
     fused = fused_module(mod, target, pipeline, **options)
     graph = build_graph(fused, legalize=False)
-    return FusionReport(pipeline, str(target.kind.name), groups_of(graph))
+    groups = groups_of(graph)
+    for group in groups:
+        func = fused.functions.get(fused.get_global_var(group.func)) if group.func in [
+            gv.name_hint for gv in fused.functions] else None
+        group.kernel = str((func.attrs or {}).get("tvm_stitch.kernel", "")) if func else ""
+    return FusionReport(pipeline, str(target.kind.name), groups)
 
 
 def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionReport]:

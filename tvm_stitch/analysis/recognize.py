@@ -302,14 +302,32 @@ class Match:
     def shape(self) -> dict:
         return dict(self.frame.extents)
 
-    def describe(self) -> str:
-        dims = "x".join(f"{a}{e}" for a, e in self.frame.extents.items())
-        outs = ", ".join(o.tensor for o in self.all_outputs)
-        extra = f", {len(self.segments)} segments" if len(self.segments) > 1 else ""
-        duals = max((len(s.products) for s in self.segments), default=1)
-        extra += f", {duals} products" if duals > 1 else ""
-        extra += f", causal{self.causal:+d}" if self.causal is not None else ""
-        return f"{self.family} {dims} {self.dtype} -> {outs}{extra}"
+    def describe(self, outputs: bool = False) -> str:
+        """What the kernel computes, e.g. ``gemm 128x(128+128+128)x128 float16, 3 bands`` or
+        ``attention 1x12x128x128 d64 float16, causal``; ``outputs`` adds the tensors written."""
+        ext = self.frame.extents
+        batch = f"{ext['b']}x" if ext.get("b", 1) > 1 else ""
+        if self.family == "gemm":
+            widths = [str(seg.n) for seg in self.segments]
+            n = widths[0] if len(widths) == 1 else f"({'+'.join(widths)})"
+            text = f"gemm {batch}{ext['m']}x{n}x{ext['k']} {self.dtype}"
+            if len(self.segments) > 1:
+                text += f", {len(self.segments)} bands"
+            if max(len(s.products) for s in self.segments) > 1:
+                text += ", 2 products"
+        else:
+            heads = f"{ext.get('b', 1)}x{ext.get('h', 1)}x"
+            dims = f"{heads}{ext['m']}x{ext['n']} d{ext['k']}"
+            if ext["d"] != ext["k"]:
+                dims += f"/{ext['d']}"
+            text = f"{self.family} {dims} {self.dtype}"
+            if self.group > 1:
+                text += f", {self.group} heads per K/V head"
+            if self.causal is not None:
+                text += ", causal" + (f"{self.causal:+d}" if self.causal else "")
+        if outputs:
+            text += " -> " + ", ".join(o.tensor for o in self.all_outputs)
+        return text
 
 
 @dataclasses.dataclass

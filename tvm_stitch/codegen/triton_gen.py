@@ -451,7 +451,7 @@ def gemm_source(match, name: str) -> KernelSource:
             body = ["    " + line for line in body]
         lines += body
     args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe()) + (
+    text = _HEADER.format(describe=match.describe(outputs=True)) + (
         f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
         "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr):\n"
         + "\n".join("    " + line for line in lines)
@@ -548,7 +548,7 @@ def attention_source(match, name: str) -> KernelSource:
         f"mask={printer.mask(ov)})"
     )
     args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe()) + (
+    text = _HEADER.format(describe=match.describe(outputs=True)) + (
         f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
         "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
         + "\n".join("    " + line for line in lines)
@@ -609,7 +609,7 @@ def chain_source(match, name: str) -> KernelSource:
         f"mask={printer.mask(ov)})"
     )
     args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe()) + (
+    text = _HEADER.format(describe=match.describe(outputs=True)) + (
         f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
         "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
         + "\n".join("    " + line for line in lines)

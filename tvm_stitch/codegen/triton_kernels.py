@@ -16,6 +16,10 @@ their numerics that way, in a subprocess); otherwise they compile for the GPU, a
 from __future__ import annotations
 
 import functools
+import os
+
+# Triton 3.9 warns that its default floating-point fusion will change; keep today's behaviour
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import triton
 import triton.language as tl
