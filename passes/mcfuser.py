@@ -17,7 +17,6 @@ nothing, with the reason logged.
 
 from __future__ import annotations
 
-import heapq
 import logging
 
 import tvm
@@ -28,6 +27,8 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.embed import can_embed
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source
 from tvm_stitch.graph import build_graph
+
+from .order import topological
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
 
@@ -301,40 +302,21 @@ def _rewrite_block(block, kernels):
     for i, b in enumerate(block.bindings):
         if b.var not in replaced:
             nodes.append((i, [b]))
-    return relax.DataflowBlock(_topological(nodes))
+    deps = _dependences(nodes)
+    order = topological(deps, {k: nodes[k][0] for k in deps})
+    return relax.DataflowBlock([b for k in order for b in nodes[k][1]])
 
 
-def _topological(nodes):
-    """Bindings of ``nodes`` (``(priority, [bindings])``) so every variable is defined before it
-    is read; among ready nodes, the lowest priority first."""
-    defines = {}
+def _dependences(nodes) -> dict:
+    """Node -> the nodes defining the variables its bindings read."""
+    defines = {b.var: k for k, (_, bindings) in enumerate(nodes) for b in bindings}
+    deps = {}
     for k, (_, bindings) in enumerate(nodes):
-        for b in bindings:
-            defines[b.var] = k
-    deps = []
-    for _, bindings in nodes:
         inside = {b.var for b in bindings}
-        needed = set()
-        for b in bindings:
-            for v in relax.analysis.free_vars(b.value):
-                if v not in inside and v in defines:
-                    needed.add(defines[v])
-        deps.append(needed)
-    users = [[] for _ in nodes]
-    for k, needed in enumerate(deps):
-        for d in needed:
-            users[d].append(k)
-    pending = [len(d) for d in deps]
-    ready = [(nodes[k][0], k) for k in range(len(nodes)) if not pending[k]]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        out.extend(nodes[k][1])
-        for u in users[k]:
-            pending[u] -= 1
-            if not pending[u]:
-                heapq.heappush(ready, (nodes[u][0], u))
-    if len(out) != sum(len(b) for _, b in nodes):
-        raise RuntimeError("Triton kernels: the rewritten block has a cycle")
-    return out
+        deps[k] = {
+            defines[v]
+            for b in bindings
+            for v in relax.analysis.free_vars(b.value)
+            if v not in inside and v in defines
+        }
+    return deps

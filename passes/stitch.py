@@ -13,7 +13,6 @@ to TVM.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 
@@ -21,6 +20,8 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.stitch.former import form_groups
+
+from .order import topological
 
 logger = logging.getLogger("tvm_stitch.stitch")
 
@@ -97,7 +98,8 @@ def _rewrite_block(builder, block, groups, func):
                 dk = ("g", member[j].gid) if j in member else ("b", j)
                 if dk != key:
                     deps[key].add(dk)
-    order = _topo(nodes, deps)
+    # the former keeps patterns convex: their calls never form a cycle
+    order = topological(deps, {k: min(v) for k, v in nodes.items()})
     out = []
     for key in order:
         idxs = nodes[key]
@@ -168,28 +170,6 @@ def _uses(block, func):
         return var in escaping or bool(readers.get(var, set()) - group)
 
     return used_later
-
-
-def _topo(nodes, deps):
-    first = {k: min(v) for k, v in nodes.items()}
-    users = {k: set() for k in nodes}
-    for k, ds in deps.items():
-        for d in ds:
-            users[d].add(k)
-    pending = {k: len(ds) for k, ds in deps.items()}
-    ready = [(first[k], k) for k, n in pending.items() if n == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        order.append(k)
-        for u in users[k]:
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, (first[u], u))
-    if len(order) != len(nodes):
-        raise RuntimeError("stitch: fusion patterns form a cycle")  # the former keeps them convex
-    return order
 
 
 def _constants(expr):

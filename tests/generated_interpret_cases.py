@@ -18,25 +18,22 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
-from tvm import relax  # noqa: E402
 
-import tvm_stitch  # noqa: E402
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
 from tvm_stitch.codegen import triton_gen  # noqa: E402
 from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
 from tvm_stitch.graph import build_graph  # noqa: E402
+from tvm_stitch.pipeline import run_until  # noqa: E402
 from tvm_stitch.workloads import get_workload  # noqa: E402
 
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_H": 16, "GROUP_M": 2}
 TOL = {"float32": 2e-4, "float16": 2e-2}
 
 
 def legalized(mod):
-    with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
-        mod = tvm_stitch.passes.FoldStaticShapes()(mod)
-        mod = tvm_stitch.passes.AccumulateFloat32()(mod)
-        mod = relax.transform.LegalizeOps()(mod)
-        return relax.transform.EliminateCommonSubexpr()(mod)
+    """``mod`` as FuseMBCI sees it in the stitch pipeline for the H100."""
+    return run_until(mod, CUDA, "StitchFuseMBCI")
 
 
 def random_input(shape, dtype, rng):

@@ -16,6 +16,7 @@ from tvm_stitch.passes import FuseMBCI
 import tvm_stitch
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.te_reference import reference_func
+from tvm_stitch.pipeline import run_until
 from tvm_stitch.tune.database import TuningDatabase
 from tvm_stitch.workloads import get_workload
 from tvm_stitch.workloads.subgraphs import relax_function
@@ -24,12 +25,8 @@ CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
 def legalized(mod):
-    """``mod`` as FuseMBCI sees it in the stitch pipeline."""
-    with CUDA:
-        mod = tvm_stitch.passes.FoldStaticShapes()(mod)
-        mod = tvm_stitch.passes.AccumulateFloat32()(mod)
-        mod = relax.transform.LegalizeOps()(mod)
-        return relax.transform.EliminateCommonSubexpr()(mod)
+    """``mod`` as FuseMBCI sees it in the stitch pipeline for the H100."""
+    return run_until(mod, CUDA, "StitchFuseMBCI")
 
 
 def reference_builder(calls):

@@ -27,6 +27,7 @@ import tvm_stitch
 from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.codegen.te_reference import reference_func
 from tvm_stitch.graph import build_graph
+from tvm_stitch.pipeline import run_until
 from tvm_stitch.tune.database import TuningDatabase
 from tvm_stitch.workloads import get_workload
 
@@ -62,11 +63,8 @@ def instance(name, dtype):
 
 
 def legalized(mod):
-    with CUDA:
-        mod = tvm_stitch.passes.FoldStaticShapes()(mod)
-        mod = tvm_stitch.passes.AccumulateFloat32()(mod)
-        mod = relax.transform.LegalizeOps()(mod)
-        return relax.transform.EliminateCommonSubexpr()(mod)
+    """``mod`` as FuseMBCI sees it in the stitch pipeline for the H100."""
+    return run_until(mod, CUDA, "StitchFuseMBCI")
 
 
 def run_llvm(mod, inst):

@@ -121,6 +121,24 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
     ]
 
 
+def run_until(mod: tvm.IRModule, target, pass_name: str, **options) -> tvm.IRModule:
+    """``mod`` after the stitch pipeline's passes that come before ``pass_name`` (e.g.
+    ``"StitchFuseMBCI"``: the legalized module that recognition reads).
+
+    Raises
+    ------
+    ValueError
+        When the pipeline for ``target`` has no such pass.
+    """
+    target = as_target(target)
+    seq = [p for _, group in phases(target, "stitch", **options) for p in group]
+    names = [p.info.name for p in seq]
+    if pass_name not in names:
+        raise ValueError(f"no pass {pass_name!r} in the stitch pipeline; it has {names}")
+    with target:
+        return tvm.transform.Sequential(seq[: names.index(pass_name)])(mod)
+
+
 def pipeline(target=None, **options) -> tvm.transform.Pass:
     """The stitch Relax pipeline, for ``tvm.compile(mod, target, relax_pipeline=...)``.
 

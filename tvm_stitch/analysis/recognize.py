@@ -1022,25 +1022,30 @@ def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Ma
     bad = [x for x in leaves(score) if x.tensor != c1.out and _uses(x, frame.vars.get("d"))]
     if bad:
         raise NotRecognizedError("the logits depend on the head dimension")
-    epi, others = _epilogue(graph, frame, composer, c2, _out_index(c2, vmap2), region, stop)
-    if others:
-        raise NotRecognizedError("the output's epilogue reads another product")
-    covered = [c1.node.name, c2.node.name]
-    covered += _region_nodes(graph, c1, c2)
-    covered += _calls_nodes(graph, epi.covered_calls)
-    epi.output.accumulators = (c2.out,)
+    output, covered = _pair_output(graph, frame, composer, c1, c2, vmap2, region, stop)
     match = Match(
         "attention",
         frame,
         {"q": q, "k": k, "v": v},
         dtype,
         covered,
-        outputs=[epi.output],
+        outputs=[output],
         score=score,
         score_tensor=c1.out,
         acc_dtype=c2.acc_dtype,
     )
     return match
+
+
+def _pair_output(graph, frame, composer, c1, c2, vmap2, region, stop):
+    """The output of a kernel computing ``c1`` then ``c2`` (its epilogue ``region`` after
+    ``c2``), and the graph nodes the kernel replaces."""
+    epi, others = _epilogue(graph, frame, composer, c2, _out_index(c2, vmap2), region, stop)
+    if others:
+        raise NotRecognizedError("the output's epilogue reads another product")
+    epi.output.accumulators = (c2.out,)
+    covered = [c1.node.name, c2.node.name, *_region_nodes(graph, c1, c2)]
+    return epi.output, covered + _calls_nodes(graph, epi.covered_calls)
 
 
 def _is(expr, var) -> bool:
@@ -1083,19 +1088,14 @@ def _chain(graph, frame, composer, c1, c2, between, vmap2, region, stop) -> Matc
     a = _operand(graph, frame, composer, *c1.a, vmap1, "A", stop)
     b = _operand(graph, frame, composer, *c1.b, vmap1, "B", stop)
     d = _operand(graph, frame, composer, *c2.b, vmap2, "D", stop)
-    epi, others = _epilogue(graph, frame, composer, c2, _out_index(c2, vmap2), region, stop)
-    if others:
-        raise NotRecognizedError("the output's epilogue reads another product")
-    covered = [c1.node.name, c2.node.name, *_region_nodes(graph, c1, c2)]
-    covered += _calls_nodes(graph, epi.covered_calls)
-    epi.output.accumulators = (c2.out,)
+    output, covered = _pair_output(graph, frame, composer, c1, c2, vmap2, region, stop)
     return Match(
         "chain",
         frame,
         {"a": a, "b": b, "d": d},
         dtype,
         covered,
-        outputs=[epi.output],
+        outputs=[output],
         score_tensor=c1.out,
         acc_dtype=c2.acc_dtype,
     )

@@ -343,6 +343,34 @@ def _base(view: Strided, pointers, scalars: dict) -> str:
     return " + ".join(terms)
 
 
+def _store(printer: ElemPrinter, value: str, view: Strided) -> str:
+    """The store of ``value`` through the output view ``view``."""
+    return (
+        f"tl.store({printer.address(view)}, {value}.to({tl_dtype(view.dtype)}), "
+        f"mask={printer.mask(view)})"
+    )
+
+
+def _write_output(match, pointers, tiles, masks, accumulator: str) -> list[str]:
+    """Lines computing and storing the one output of an attention or chain kernel, whose
+    accumulator (float32) is the Triton value ``accumulator``."""
+    (out,) = match.outputs
+    acc = {t: (accumulator, "float32") for t in out.accumulators}
+    printer = ElemPrinter(tiles, masks, pointers, _extra_views(match), acc, prefix="y")
+    value = printer.expr(out.elem)
+    return [*printer.lines, _store(printer, value, match.views["out0"])]
+
+
+def _function(match, name, inputs, outputs, constexprs, lines) -> str:
+    """The module text: header, then the jitted kernel over the pointer arguments."""
+    pointers = [f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))]
+    params = ", ".join(pointers + [f"{c}: tl.constexpr" for c in constexprs])
+    body = "\n".join("    " + line for line in lines)
+    return _HEADER.format(describe=match.describe(outputs=True)) + (
+        f"@triton.jit\ndef {name}({params}):\n{body}\n"
+    )
+
+
 def gemm_source(match, name: str) -> KernelSource:
     """The GEMM kernel: ``A`` (b, m, k) times each segment's ``B`` (b, k, n), epilogues, stores."""
     pointers, inputs, outputs = _pointers(match)
@@ -439,24 +467,15 @@ def gemm_source(match, name: str) -> KernelSource:
         body = []
         for oi, out in enumerate(seg.outputs):
             value = printer.expr(out.elem)
-            ov = views[f"out{si}.{oi}"]
             body += printer.lines
             printer.lines = []
-            body.append(
-                f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
-                f"mask={printer.mask(ov)})"
-            )
+            body.append(_store(printer, value, views[f"out{si}.{oi}"]))
         if head:
             lines.append(head)
             body = ["    " + line for line in body]
         lines += body
-    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe(outputs=True)) + (
-        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
-        "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr):\n"
-        + "\n".join("    " + line for line in lines)
-        + "\n"
-    )
+    constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "DOT_PREC"]
+    text = _function(match, name, inputs, outputs, constexprs, lines)
     return KernelSource(name, text, inputs, outputs, {}, "gemm")
 
 
@@ -529,31 +548,11 @@ def attention_source(match, name: str) -> KernelSource:
     ]
     lines += ["    " + line for line in loop]
     lines.append("o = acc / l_i[:, None]")
-    (out,) = match.outputs
-    otiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
-    omasks = {"m": f"(rm < {m})[:, None]", "d": f"(rh < {dh})[None, :]"}
-    printer = ElemPrinter(
-        otiles,
-        omasks,
-        pointers,
-        extras,
-        {a: ("o", "float32") for a in out.accumulators},
-        prefix="y",
-    )
-    value = printer.expr(out.elem)
-    ov = views["out0"]
-    lines += printer.lines
-    lines.append(
-        f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
-        f"mask={printer.mask(ov)})"
-    )
-    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe(outputs=True)) + (
-        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
-        "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
-        + "\n".join("    " + line for line in lines)
-        + "\n"
-    )
+    tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
+    masks = {"m": f"(rm < {m})[:, None]", "d": f"(rh < {dh})[None, :]"}
+    lines += _write_output(match, pointers, tiles, masks, "o")
+    constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC"]
+    text = _function(match, name, inputs, outputs, constexprs, lines)
     return KernelSource(
         name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention"
     )
@@ -590,31 +589,11 @@ def chain_source(match, name: str) -> KernelSource:
         f"mask=(rn < {n})[:, None] & (rh < {d})[None, :], other=0.0)",
         "    acc += tl.dot(c.to(dd.dtype), dd, input_precision=DOT_PREC)",
     ]
-    (out,) = match.outputs
     tiles = {"b": "bb", "h": "hh", "m": "rm[:, None]", "d": "rh[None, :]"}
     masks = {"m": f"(rm < {m})[:, None]", "d": f"(rh < {d})[None, :]"}
-    printer = ElemPrinter(
-        tiles,
-        masks,
-        pointers,
-        _extra_views(match),
-        {t: ("acc", "float32") for t in out.accumulators},
-        prefix="y",
-    )
-    value = printer.expr(out.elem)
-    ov = views["out0"]
-    lines += printer.lines
-    lines.append(
-        f"tl.store({printer.address(ov)}, {value}.to({tl_dtype(ov.dtype)}), "
-        f"mask={printer.mask(ov)})"
-    )
-    args = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
-    text = _HEADER.format(describe=match.describe(outputs=True)) + (
-        f"@triton.jit\ndef {name}({args}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
-        "BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PREC: tl.constexpr):\n"
-        + "\n".join("    " + line for line in lines)
-        + "\n"
-    )
+    lines += _write_output(match, pointers, tiles, masks, "acc")
+    constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC"]
+    text = _function(match, name, inputs, outputs, constexprs, lines)
     return KernelSource(name, text, inputs, outputs, {}, "chain")
 
 
