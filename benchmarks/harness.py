@@ -74,6 +74,11 @@ def tvm_device(target: tvm.target.Target):
     return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
 
 
+def _pipeline(target, kind: str):
+    """The stitch pipeline or TVM's default one for ``target``."""
+    return tvm_stitch.pipeline(target) if kind == "stitch" else tvm_stitch.default_pipeline(target)
+
+
 def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True):
     """Compile ``inst.mod`` with the stitch or the default pipeline.
 
@@ -83,11 +88,7 @@ def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True):
         The VM, compile seconds, and a note (e.g. why CUDA graphs were turned off).
     """
     target = as_target(target)
-    pipe = (
-        tvm_stitch.pipeline(target)
-        if pipeline_kind == "stitch"
-        else (tvm_stitch.default_pipeline(target))
-    )
+    pipe = _pipeline(target, pipeline_kind)
     graphs = use_cuda_graph and target.kind.name == "cuda"
     note = ""
     start = time.perf_counter()
@@ -133,10 +134,7 @@ def run_isolated(inst, target, pipeline_kind: str) -> tuple[float, list[np.ndarr
     import tempfile
 
     target = as_target(target)
-    pipe = (
-        tvm_stitch.pipeline(target) if pipeline_kind == "stitch"
-        else tvm_stitch.default_pipeline(target)
-    )
+    pipe = _pipeline(target, pipeline_kind)
     start = time.perf_counter()
     ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
     seconds = time.perf_counter() - start

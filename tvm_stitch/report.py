@@ -177,10 +177,10 @@ def fusion_report(
     fused = fused_module(mod, target, pipeline, **options)
     graph = build_graph(fused, legalize=False)
     groups = groups_of(graph)
+    funcs = {gv.name_hint: func for gv, func in fused.functions.items()}
     for group in groups:
-        func = fused.functions.get(fused.get_global_var(group.func)) if group.func in [
-            gv.name_hint for gv in fused.functions] else None
-        group.kernel = str((func.attrs or {}).get("tvm_stitch.kernel", "")) if func else ""
+        attrs = getattr(funcs.get(group.func), "attrs", None) or {}
+        group.kernel = str(attrs.get("tvm_stitch.kernel", ""))
     return FusionReport(pipeline, str(target.kind.name), groups)
 
 

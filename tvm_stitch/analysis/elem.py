@@ -367,7 +367,8 @@ class Composer:
         if _index_only(expr):
             value = self.analyzer.simplify(substitute(expr, vmap))
             if "float" in dtype_of(expr):
-                return Op("cast", (Iter(_uncast(value), _int_type(value)),), dtype_of(expr))
+                index = _uncast(value)
+                return Op("cast", (Iter(index, dtype_of(index)),), dtype_of(expr))
             return Iter(value, dtype_of(expr))
         for cls, name in _BINARY.items():
             if isinstance(expr, cls):
@@ -427,10 +428,6 @@ def _uncast(expr):
     while isinstance(expr, P.Cast) and "float" in dtype_of(expr):
         expr = expr.value
     return expr
-
-
-def _int_type(expr) -> str:
-    return dtype_of(expr)
 
 
 def _split_reduction(store) -> tuple[str | None, object]:

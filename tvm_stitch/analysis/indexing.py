@@ -79,12 +79,13 @@ def flat_offset(index, shape):
     offset = tirx.const(0, "int64")
     stride = 1
     for i, d in reversed(list(zip(index, shape))):
-        offset = offset + _int64(i) * stride
+        offset = offset + as_int64(i) * stride
         stride *= int(d)
     return offset
 
 
-def _int64(expr):
+def as_int64(expr):
+    """``expr`` as an int64 index expression."""
     return expr if dtype_of(expr) == "int64" else P.Cast("int64", expr)
 
 

@@ -37,6 +37,7 @@ from tvm import ir, sym, tirx
 from tvm.ir.prim import expr as P
 
 from tvm_stitch.graph import Node, OpKind, TensorDependencyGraph
+from tvm_stitch.graph.access import vars_in
 
 from .elem import (
     Composer,
@@ -56,6 +57,7 @@ from .elem import (
 from .indexing import (
     Strided,
     UnsupportedExprError,
+    as_int64,
     bind,
     dtype_of,
     new_var,
@@ -93,14 +95,10 @@ class Frame:
 
     def same(self, a, b) -> bool:
         """Whether two indices are equal at every coordinate."""
+        diffs = [self.simplify(as_int64(x) - as_int64(y)) for x, y in zip(a, b)]
         return len(a) == len(b) and all(
-            isinstance(d := self.simplify(_i64(x) - _i64(y)), P.IntImm) and int(d.value) == 0
-            for x, y in zip(a, b)
+            isinstance(d, P.IntImm) and int(d.value) == 0 for d in diffs
         )
-
-
-def _i64(expr):
-    return expr if dtype_of(expr) == "int64" else P.Cast("int64", expr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,16 +207,8 @@ def contraction(node: Node) -> Contraction:
 
 
 def _vars_of(index) -> set[str]:
-    names, stack = set(), list(index)
-    while stack:
-        e = stack.pop()
-        if isinstance(e, ir.expr.Var):
-            names.add(e.name)
-        for field in ("a", "b", "value"):
-            child = getattr(e, field, None)
-            if isinstance(child, ir.expr.Expr):
-                stack.append(child)
-    return names
+    """Names of the variables an index uses."""
+    return {v.name for i in index for v in vars_in(i)}
 
 
 # -- matches ---------------------------------------------------------------------------------------

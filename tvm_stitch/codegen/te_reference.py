@@ -16,7 +16,7 @@ from tvm import te, tirx
 from tvm.ir.prim import expr as P
 
 from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf
-from tvm_stitch.analysis.indexing import Strided, dtype_of
+from tvm_stitch.analysis.indexing import Strided, as_int64, dtype_of
 
 from .triton_gen import UnsupportedKernelError, _extra_views
 
@@ -31,16 +31,12 @@ def _read(view: Strided, tensor, coords: dict):
         if stride:
             c = coords[axis]
             c = c.var if isinstance(c, tirx.IterVar) else c
-            flat = flat + _i64(c) * stride
+            flat = flat + as_int64(c) * stride
     idx, rest = [], flat
     for d in reversed(view.shape):
         idx.append(tirx.floormod(rest, d))
         rest = tirx.floordiv(rest, d)
     return tensor[tuple(reversed(idx))]
-
-
-def _i64(x):
-    return x if dtype_of(x) == "int64" else P.Cast("int64", x)
 
 
 def _cast(x, dtype):
@@ -134,7 +130,7 @@ def _write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
         flat = tirx.const(0, "int64")
         stride = 1
         for i, d in reversed(list(zip(idx, shape))):
-            flat = flat + _i64(i) * stride
+            flat = flat + as_int64(i) * stride
             stride *= int(d)
         flat = flat - view.offset
         coords = {a: tirx.const(0, "int64") for a in extents}
@@ -165,7 +161,7 @@ def _gemm(match, tensors, shapes) -> dict:
             def value_at(coords, out=out, accs=accs, n_axis=n_axis):
                 def acc_reader(name):
                     full, _ = accs[name]
-                    return lambda c: full[_i64(c.get("b", _ZERO)), c["m"], c[n_axis]]
+                    return lambda c: full[as_int64(c.get("b", _ZERO)), c["m"], c[n_axis]]
 
                 ev = _Evaluator(
                     tensors, extras, coords, {t: acc_reader(t) for t in out.accumulators}
@@ -246,7 +242,7 @@ def _attention(match, tensors, shapes) -> dict:
 
     def value_at(coords):
         def acc(c):
-            bb, hh = _i64(c.get("b", _ZERO)), _i64(c.get("h", _ZERO))
+            bb, hh = as_int64(c.get("b", _ZERO)), as_int64(c.get("h", _ZERO))
             return o[bb, hh, c["m"], c["d"]] / den[bb, hh, c["m"]]
 
         ev = _Evaluator(tensors, extras, coords, {t: acc for t in out.accumulators})
@@ -287,7 +283,7 @@ def _chain(match, tensors, shapes) -> dict:
 
     def value_at(cs):
         def acc(cc):
-            return e[_i64(cc.get("b", _ZERO)), _i64(cc.get("h", _ZERO)), cc["m"], cc["d"]]
+            return e[as_int64(cc.get("b", _ZERO)), as_int64(cc.get("h", _ZERO)), cc["m"], cc["d"]]
 
         ev = _Evaluator(tensors, _extra_views(match), cs, {t: acc for t in out.accumulators})
         ev.vars = _frame_vars(match)

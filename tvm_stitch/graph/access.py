@@ -139,7 +139,7 @@ def analyze_access(
     all_vars = [iv.var for iv in spatial] + [iv.var for iv in reduce]
     simplified = [analyzer.simplify(i) for i in indices]
     data_dependent = any(loads_in_index(i) for i in simplified)
-    dim_vars = tuple(tuple(sorted({v.name for v in _vars_in(i)})) for i in simplified)
+    dim_vars = tuple(tuple(sorted({v.name for v in vars_in(i)})) for i in simplified)
     used = {name for names in dim_vars for name in names}
     region = tuple(
         (iv.var.name, int(iv.dom.min), int(iv.dom.extent)) for iv in reduce if iv.var.name in used
@@ -181,7 +181,7 @@ def analyze_access(
     )
 
 
-def _vars_in(expr) -> list:
+def vars_in(expr) -> list:
     out, stack = [], [expr]
     while stack:
         node = stack.pop()
@@ -227,7 +227,7 @@ def _footprint(indices, shape, analyzer: sym.Analyzer, iter_vars) -> int:
         dim = int(size)
         nested = loads_in_index(idx)
         if nested:
-            names = {v.name for load in nested for i in load.indices for v in _vars_in(i)}
+            names = {v.name for load in nested for i in load.indices for v in vars_in(i)}
             extent = 1
             for iv in iter_vars:
                 if iv.var.name in names:
