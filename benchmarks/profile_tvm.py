@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", choices=["stitch", "default"], default="stitch")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
+    parser.add_argument(
+        "--cupti", action="store_true", help="GPU time of every kernel (torch.profiler, CUDA)"
+    )
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
     cuda = args.target == "cuda"
@@ -40,6 +43,8 @@ def main(argv=None) -> int:
     vm = relax.VirtualMachine(ex, dev)
     vm_args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
     vm[inst.func](*vm_args)  # warm up (and tune/compile nothing more)
+    if args.cupti:
+        return _cupti(vm, inst, vm_args, dev, args.top)
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     started: dict[str, float] = {}
 
@@ -59,6 +64,27 @@ def main(argv=None) -> int:
     print(f"{inst.name} ({args.pipeline}): {total:.0f} us in {calls} calls")
     for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n:4d} calls  {name}")
+    return 0
+
+
+def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
+    """Kernel times as CUPTI sees them (TVM's and Triton's kernels alike), per run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            vm[inst.func](*vm_args)
+        dev.sync()
+    totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type.name == "CUDA" and event.device_time > 0:
+            totals[event.name][0] += event.device_time / runs
+            totals[event.name][1] += 1
+    total = sum(t for t, _ in totals.values())
+    calls = sum(n for _, n in totals.values()) // runs
+    print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI)")
+    for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n // runs:4d} calls  {name[:90]}")
     return 0
 
 

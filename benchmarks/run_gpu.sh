@@ -4,7 +4,7 @@
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
 # STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains | attention |
-#       mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]]
+#       mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] | profile:WORKLOAD[:KEY=VALUE,...]
 # Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -55,6 +55,12 @@ for step in "$@"; do
             for kv in ${shape//,/ }; do args+=(-p "$kv"); done
             python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
                 --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
+            ;;
+        profile:*)
+            spec=${step#profile:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
+            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
+            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --cupti --top 14 \
+                2>&1 | tee -a "$out/profile.log" || status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

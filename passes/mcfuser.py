@@ -36,21 +36,25 @@ _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
 
 
 class _Tuner:
-    """Template configs per (family, shapes): tuning database first, else Algorithm 1."""
+    """Configs of generated kernels: tuning database first, else Algorithm 1 timing the kernel
+    itself (or the analytical model alone without a GPU)."""
 
     def __init__(self, hw, database, on_device):
         self.hw, self.db, self.on_device = hw, database, on_device
         self.seen: dict[str, dict] = {}  # model-only choices of this compile
 
-    def config(self, match) -> dict:
-        family, shape, tune = _tuning_problem(match, self.hw)
-        key = self.db.key(family, shape, match.dtype, self.hw.arch)
+    def config(self, match, source, shapes, constants) -> dict:
+        from tvm_stitch.tune.kernels import tune_generated
+
+        key = tuning_key(self.db, match, source, self.hw)
         rec = self.db.get(key)
         if rec is not None:
             return rec["config"]
         if key in self.seen:
             return self.seen[key]
-        tuned = tune(on_device=self.on_device)
+        tuned = tune_generated(
+            match, source, shapes, constants, self.hw, on_device=self.on_device
+        )
         if self.on_device:  # model-only choices are not kept: a GPU compile measures them
             self.db.put(
                 key,
@@ -60,10 +64,8 @@ class _Tuner:
                 correlation=tuned.result.correlation,
             )
         logger.info(
-            "%s %s %s: %s, %.1f us (%s)",
-            family,
-            "x".join(map(str, shape)),
-            match.dtype,
+            "%s: %s, %.1f us (%s)",
+            match.describe(),
             tuned.config,
             tuned.time * 1e6,
             "measured" if self.on_device else "model",
@@ -72,26 +74,11 @@ class _Tuner:
         return tuned.config
 
 
-def _tuning_problem(match, hw):
-    """``(family, shape key, tune(on_device) -> Tuned)``: the template search standing for the
-    kernel (epilogues add the same work to every tiling and are not timed)."""
-    from tvm_stitch.tune import kernels
-
-    ext, dtype = match.frame.extents, match.dtype
-    if match.family == "gemm":
-        m = ext["m"] * ext.get("b", 1)
-        n = sum(s.n * len(s.products) for s in match.segments)
-        shape = (m, n, ext["k"])
-        return "gemm", shape, lambda **kw: kernels.tune_gemm(*shape, dtype, hw, **kw)
-    batch = ext.get("b", 1) * ext.get("h", 1)
-    if match.family == "attention":
-        masked = any(isinstance(r, tuple) for r in match.views)
-        shape = (batch, ext["m"], ext["n"], ext["k"], ext["d"], int(masked))
-        return "attention", shape, lambda **kw: kernels.tune_attention(
-            *shape[:5], dtype, hw, mask=masked, **kw
-        )
-    shape = (batch, ext["m"], ext["n"], ext["k"], ext["d"])
-    return "chain", shape, lambda **kw: kernels.tune_chain(*shape, dtype, hw, **kw)
+def tuning_key(database, match, source, hw) -> str:
+    """The tuning database's key of a generated kernel: its name (family and content digest),
+    the frame's extents, dtype and architecture."""
+    ext = match.frame.extents
+    return database.key(source.name, [ext[a] for a in sorted(ext)], match.dtype, hw.arch)
 
 
 def _smem_limit() -> int:
@@ -177,6 +164,7 @@ class _Rewriter:
         self.mod, self.builder, self.tuner = mod, builder, tuner
         self.ctx = relax.BlockBuilder(mod)  # hands out typed GlobalVars for new PrimFuncs
         self.funcs: dict[str, relax.GlobalVar] = {}
+        self.prims: dict[str, tvm.tirx.PrimFunc] = {}
         self.externals = list((mod.attrs or {}).get("external_mods", []))
         self.counts: dict[str, int] = {}
 
@@ -231,11 +219,14 @@ class _Rewriter:
     def _kernel(self, graph, match):
         """``(GlobalVar, output types)`` of the kernel of ``match`` (built once per variant)."""
         source = kernel_source(match)
-        config = self.tuner.config(match)
-        if match.family == "gemm" and any(len(s.products) > 1 for s in match.segments):
-            config = _dual(config)
         tensors = [*source.inputs, *source.outputs]
         shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
+        constants = {
+            t: graph.values[t].value.numpy()
+            for t in source.inputs
+            if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
+        }
+        config = self.tuner.config(match, source, shapes, constants)
         key = f"{source.name}_{embed._tag(config)}"
         if key not in self.funcs:
             func, ext, config = self._build(match, source, config, shapes)
@@ -244,10 +235,16 @@ class _Rewriter:
                 {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()}
             )
             self.funcs[key] = self.ctx.add_func(func, key)
+            self.prims[key] = func
             self.externals.extend(ext)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
-        types = [relax.TensorType(tuple(shapes[t][0]), shapes[t][1]) for t in source.outputs]
         args = [graph.values[t] for t in source.inputs]
+        # the kernel's outputs, then buffers it needs besides them (Triton's scratch memory)
+        prim = self.prims[key]
+        types = [
+            relax.TensorType(tuple(int(d) for d in buf.shape), buf.dtype)
+            for buf in list(prim.params)[len(args):]
+        ]
         outs = [graph.values[t] for t in source.outputs]
         return self.funcs[key], args, types, outs
 
@@ -267,14 +264,6 @@ class _Rewriter:
                 config = {**config, "num_stages": stages - 1}
 
 
-def _dual(config: dict) -> dict:
-    """Tiles for two accumulators per program: at most 128×64 outputs (the registers of one)."""
-    config = dict(config)
-    while config["BLOCK_M"] * config["BLOCK_N"] > 128 * 64 and config["BLOCK_N"] > 32:
-        config["BLOCK_N"] //= 2
-    return config
-
-
 def _defined_in(block, value) -> bool:
     var = value.tuple_value if isinstance(value, relax.TupleGetItem) else value
     return any(b.var.same_as(var) for b in block.bindings)
@@ -289,13 +278,13 @@ def _rewrite_block(block, kernels):
     for _, (gv, args, types, outs) in kernels:
         call = relax.call_tir(gv, args, types[0] if len(types) == 1 else types)
         first = min(position[o] for o in outs)
-        if len(outs) == 1:
+        if len(types) == 1:
             bindings = [relax.VarBinding(outs[0], call)]
         else:
             tup = relax.DataflowVar(f"{outs[0].name}_kernel", relax.TupleType(types))
             bindings = [relax.VarBinding(tup, call)]
             bindings += [relax.VarBinding(o, relax.TupleGetItem(tup, i)) for i, o in
-                         enumerate(outs)]
+                         enumerate(outs)]  # buffers past the outputs are left unread
         for o in outs:
             replaced[o] = True
         nodes.append((first, bindings))

@@ -64,16 +64,24 @@ def run_case(label, match, graph, rng):
     # the generated kernel, interpreted
     fn = triton_gen.load(source)
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
-    got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1])) for t in source.outputs]
-    consts = {**TILES, **source.constexprs, "DOT_PREC": "ieee"}
-    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
-    fn[source.grid(consts, match)](*args, *got, **consts)
-    for t, r, out in zip(source.outputs, refs, got):
-        g = out.float().numpy()
-        err = float(np.abs(g - r).max())
-        scale = max(1.0, float(np.abs(r).max()))
-        ok = bool(err <= TOL[match.dtype] * scale and np.isfinite(g).all())
-        print(json.dumps({"case": f"{label} {match.describe()} {t}", "max_err": err, "ok": ok}))
+    # both formulations of a GEMM that TMA can read: one program per tile, and persistent
+    # programs (fewer than the tiles, so each walks several) loading through TMA
+    for persistent in (False, True) if source.persistent else (False,):
+        consts = {**TILES, **source.constexprs, "DOT_PREC": "ieee"}
+        consts.update(PERSISTENT=persistent, NUM_SMS=3)
+        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+        got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
+               for t in source.outputs]
+        fn[source.grid(consts, match)](*args, *got, **consts)
+        kind = " persistent" if persistent else ""
+        for t, r, out in zip(source.outputs, refs, got):
+            g = out.float().numpy()
+            err = float(np.abs(g - r).max())
+            scale = max(1.0, float(np.abs(r).max()))
+            ok = bool(err <= TOL[match.dtype] * scale and np.isfinite(g).all())
+            print(json.dumps(
+                {"case": f"{label} {match.describe()}{kind} {t}", "max_err": err, "ok": ok}
+            ))
 
 
 def main(specs):

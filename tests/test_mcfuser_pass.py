@@ -12,10 +12,14 @@ import pytest
 import tvm
 from tvm import relax, te
 from tvm_stitch.passes import FuseMBCI
+from tvm_stitch.passes.mcfuser import tuning_key
 
 import tvm_stitch
+from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.te_reference import reference_func
+from tvm_stitch.codegen.triton_gen import kernel_source
+from tvm_stitch.graph import build_graph
 from tvm_stitch.pipeline import run_until
 from tvm_stitch.tune.database import TuningDatabase
 from tvm_stitch.workloads import get_workload
@@ -148,10 +152,14 @@ def test_unknown_family_is_an_error():
 def test_tuning_database_is_used_first(database):
     """A stored config is used as is; model-only choices (no GPU) are not stored."""
     hw = tvm_stitch.HardwareModel.from_target(CUDA)
-    key = database.key("gemm", (38, 384, 128), "float32", hw.arch)  # Q, K and V together
+    inst = get_workload("bert-tiny").instance("float32", batch=2, seq=19)
+    graph = build_graph(legalized(inst.mod), legalize=False)
+    # Q, K and V together: the kernel's own key (its name digests its text)
+    (qkv, *_) = [m for m in recognize(graph, ("gemm",)).matches if len(m.segments) == 3]
+    key = tuning_key(database, qkv, kernel_source(qkv), hw)
+    assert key.startswith("stitch_gemm_") and "|float32|sm_90" in key
     stored = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
     database.put(key, stored)
-    inst = get_workload("bert-tiny").instance("float32", batch=2, seq=19)
     calls = []
     with CUDA:
         FuseMBCI(database, placeholder_builder(calls), families=("gemm",))(legalized(inst.mod))

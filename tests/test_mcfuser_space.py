@@ -168,3 +168,24 @@ def test_code_generator_legality_restricts_the_space():
     assert all(chain_legality(spec, c) is None for c in space.candidates())
     result = evolutionary_search(space, lambda c: estimate(spec, c, H100).time)
     assert chain_legality(spec, result.best) is None  # mutation stays legal too
+
+
+def test_gemm_space_holds_the_hopper_seeds_with_their_launches():
+    """Every GEMM seed survives pruning and legality at BERT's shapes and is measured with its
+    own launch (warps, stages, persistent); row tiles below a warpgroup's 64 rows are illegal."""
+    from tvm_stitch.codegen import triton_kernels as tk
+    from tvm_stitch.tune.kernels import SEEDS
+    from tvm_stitch.tune.measure import _seeded
+
+    spec = ChainSpec.gemm(4096, 3072, 768)
+    space = build_search_space(spec, H100.smem_per_block, legal=lambda c: tk.gemm_legality(spec, c))
+    assert all(c.tile_dict["m"] >= 64 for c in space.candidates())
+    seeded = _seeded(space, SEEDS["gemm_epilogue"])
+    assert len(seeded) == len(SEEDS["gemm_epilogue"])
+    first, launch = seeded[0]
+    assert first.tile_dict == {"m": 128, "n": 256, "k": 64}
+    assert launch == {"num_warps": 8, "num_stages": 4, "PERSISTENT": True}
+    # few rows (batch 1): small row tiles stay legal
+    small = ChainSpec.gemm(16, 768, 768)
+    assert tk.gemm_legality(small, next(iter(build_search_space(
+        small, H100.smem_per_block).candidates()))) is None

@@ -160,6 +160,21 @@ def test_generated_launch_carries_pointers_only():
     # scratch pointers, threads, one program per 128x128 tile (then the batch axis), smem
     assert ints[:5] == [0, 0, 256, 24, 1] and ints[5] > 0
 
+    # the persistent formulation: one program per SM, operands through TMA (tensor-map
+    # copies in the PTX), the descriptors' scratch memory an extra output buffer of the launch
+    assert source.persistent
+    launch = embed.generated_launch(source, ffn, {**cfg, "PERSISTENT": True, "NUM_SMS": 132},
+                                    shapes)
+    assert "cp.async.bulk.tensor" in launch.ptx and "wgmma.mma_async" in launch.ptx
+    assert launch.symbol.endswith("p")  # its own PTX symbol
+    params = list(launch.func.params)
+    assert len(params) == 5 and params[-1].dtype == "uint8"
+    # 24 tiles of 128x128 for 128 tokens: 24 programs, 2 descriptors of 128 bytes each
+    assert int(params[-1].shape[0]) == 24 * 256
+    call = launch.func.body.block.body.value
+    assert str(call.args[5]) == "scratch.data" and launch.arg_types[4:] == ["handle", "int64"]
+    assert [int(a) for a in call.args[7:10]] == [256, 24, 1]
+
 
 def test_template_legality():
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)

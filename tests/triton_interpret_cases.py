@@ -111,5 +111,22 @@ for dtype in (torch.float32, torch.float16):
             {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16},
         )
         check(f"gemm bias gelu={gelu} residual={residual} {dtype}", got, y, dtype)
+        # persistent programs walking several tiles each, operands read through TMA (rows of
+        # A and B a multiple of 16 bytes: K = 72)
+        x72, w72 = torch.cat([x, x[:, :2]], 1), torch.cat([w, w[:, :2]], 1)
+        y = x72.float() @ w72.float().T + bias.float()
+        if gelu:
+            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
+        if residual:
+            y = y + res.float()
+        got = tk.run_gemm_epilogue(
+            x72,
+            w72,
+            bias,
+            res if residual else None,
+            gelu,
+            {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "PERSISTENT": True, "NUM_SMS": 2},
+        )
+        check(f"gemm persistent gelu={gelu} residual={residual} {dtype}", got, y, dtype)
 
 json.dump(records, sys.stdout)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import tvm
 
@@ -162,13 +163,20 @@ def plan_launch(
         raise SharedMemoryError(
             f"{symbol} needs {meta.shared} bytes of shared memory, the device has {smem_limit}"
         )
-    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
-        raise NotImplementedError(f"{symbol} needs Triton scratch memory")
+    if getattr(meta, "profile_scratch_size", 0):
+        raise NotImplementedError(f"{symbol} needs Triton's profiling scratch memory")
+    scratch = getattr(meta, "global_scratch_size", 0)
+    if scratch:  # per program (TMA descriptors made on the device): one more output buffer
+        align = max(getattr(meta, "global_scratch_align", 1), 1)
+        size = -(-scratch // align) * align * math.prod(grid)
+        params = [*params, Param("scratch", (size,), "uint8")]
+        outputs += 1
     arg_types = [
         "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32")
         for t in signature.values()
     ]
-    arg_types += ["int64"] * _SCRATCH_ARGS  # null scratch pointers
+    # Triton's scratch pointers: the global one when the kernel needs it, else null
+    arg_types += ["handle" if scratch else "int64", "int64"]
     tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
     extents = [meta.num_warps * 32, *grid]
     if meta.shared:
@@ -196,7 +204,10 @@ def plan_launch(
                     call.append(T.float32(v))
                 else:
                     call.append(T.int32(v))
-            call += [T.int64(0)] * _SCRATCH_ARGS + [T.int32(e) for e in extents]
+            nulls = [T.int64(0)] * _SCRATCH_ARGS
+            if scratch:
+                nulls[0] = bufs["scratch"].data
+            call += nulls + [T.int32(e) for e in extents]
             with T.sblock("root"):
                 T.reads(*[whole(p) for p in params[:-outputs]])
                 T.writes(*[whole(p) for p in params[-outputs:]])
@@ -219,7 +230,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
         for n, t in zip(names, [*source.inputs, *source.outputs])
     ]
     fn = load(source)
-    constexprs = {"GROUP_M": 8, **config, **source.constexprs}
+    constexprs = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1, **config, **source.constexprs}
     constexprs["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config)})}"
@@ -247,4 +258,5 @@ def _launch(config: dict) -> dict:
 
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
-    return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
+    persistent = "p" if config.get("PERSISTENT") else ""
+    return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}{persistent}"

@@ -113,6 +113,45 @@ def _tile_product2(
     return acc0, acc1
 
 
+@triton.jit
+def _tile_product_tma(
+    acc,
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    K,
+    BLOCK_K: tl.constexpr,
+    B_NK: tl.constexpr,
+    OPERAND: tl.constexpr = None,
+):
+    """``acc + A[off_m:+BM, :K] @ B[:K, off_n:+BN]`` with both tiles brought in by TMA (tensor
+    descriptors; out-of-bounds elements read as zero, so no masks).  ``B_NK``: B's descriptor
+    is over (N, K) (a Linear weight) and its tiles are transposed in the product, else over
+    (K, N).  ``OPERAND`` as for :func:`_tile_product`."""
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        if B_NK:
+            b = b_desc.load([off_n, k0]).T
+        else:
+            b = b_desc.load([k0, off_n])
+        if OPERAND is not None:
+            a = a.to(OPERAND)
+            b = b.to(OPERAND)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Row and column tile of output tile number ``tile``: consecutive tiles walk ``GROUP_M``
+    row tiles of one column band, so the B tiles they share are still in L2."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
 def _gemm_chain(
     A,
     B,
@@ -209,23 +248,48 @@ def _gemm_epilogue(
     HAS_RES: tl.constexpr,
     GROUP_M: tl.constexpr,
     DOT_PREC: tl.constexpr = "tf32",
+    PERSISTENT: tl.constexpr = False,
+    NUM_SMS: tl.constexpr = 1,
 ):
     """``C = act(A @ B + bias) + residual`` with fp32 accumulation.
 
-    The grid is one-dimensional (m tiles · n tiles); consecutive programs walk ``GROUP_M`` row
-    tiles of one column band, so the B tiles they share are still in L2.
+    The grid is one-dimensional (m tiles · n tiles, grouped by :func:`_tile_of`).  With
+    ``PERSISTENT`` it is ``NUM_SMS`` programs that walk the tiles, loading through TMA
+    (:func:`_tile_product_tma`; A and B must be contiguous along K), the software pipeline
+    running across tiles.
     """
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = tl.minimum(tl.cdiv(M, BLOCK_M) - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:
+        a_desc = tl.make_tensor_descriptor(A, [M, K], [s_am, 1], [BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(B, [N, K], [s_bn, 1], [BLOCK_N, BLOCK_K])
+        done = tl.program_id(0) - NUM_SMS
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):
+            pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = _tile_product_tma(
+                acc, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_K, True
+            )
+            done += NUM_SMS  # the epilogue's own counter keeps it apart from the prologue
+            pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
+            _epilogue(acc, C, Bias, Res, pid_m, pid_n, M, N, s_cm, s_cn, s_rm, s_rn, BLOCK_M,
+                      BLOCK_N, HAS_BIAS, GELU, HAS_RES)
+    else:
+        pid_m, pid_n = _tile_of(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tile_product(acc, A, B, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, BLOCK_K,
+                            DOT_PREC)
+        _epilogue(acc, C, Bias, Res, pid_m, pid_n, M, N, s_cm, s_cn, s_rm, s_rn, BLOCK_M,
+                  BLOCK_N, HAS_BIAS, GELU, HAS_RES)
+
+
+@triton.jit
+def _epilogue(acc, C, Bias, Res, pid_m, pid_n, M, N, s_cm, s_cn, s_rm, s_rn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+              GELU: tl.constexpr, HAS_RES: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _tile_product(acc, A, B, rm, rn, M, N, K, s_am, s_ak, s_bk, s_bn, BLOCK_K, DOT_PREC)
     if HAS_BIAS:
         acc += tl.load(Bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if GELU == 1:  # erf form
@@ -356,6 +420,29 @@ def powers_of_two(cand) -> str | None:
     return None
 
 
+#: rows of one Hopper warpgroup's matrix instruction (wgmma): a GEMM tile of fewer rows leaves
+#: the warpgroup's instruction unusable (Triton falls back to Ampere's mma)
+WARPGROUP_ROWS = 64
+
+
+def gemm_legality(spec, cand, accumulators: int = 1) -> str | None:
+    """Why the GEMM template cannot run ``cand`` well enough to be worth measuring, or None.
+
+    Tiles are powers of two, and a row tile holds at least a warpgroup's 64 rows when M has
+    that many.  With two ``accumulators`` (a gate and an up projection) a program holds at most
+    128×64 outputs (the registers of one 128×128 tile).
+    """
+    reason = powers_of_two(cand)
+    if reason:
+        return reason
+    tiles = cand.tile_dict["m"] * cand.tile_dict["n"]
+    if accumulators > 1 and tiles > 128 * 128 // accumulators:
+        return f"{accumulators} accumulators of {tiles} elements spill registers"
+    if spec.extents["m"] >= WARPGROUP_ROWS and cand.tile_dict["m"] < WARPGROUP_ROWS:
+        return f"row tile {cand.tile_dict['m']}: a warpgroup's wgmma takes {WARPGROUP_ROWS} rows"
+    return None
+
+
 def num_warps(block_m: int, block_n: int) -> int:
     """Warps per program: 8 for tiles of 128x128 elements or more, else 4."""
     return 8 if block_m * block_n >= 128 * 128 else 4
@@ -367,11 +454,17 @@ def gemm_config(cand) -> dict:
     return {"BLOCK_M": t["m"], "BLOCK_N": t["n"], "BLOCK_K": t["k"]}
 
 
+#: the largest query or key tile of an attention kernel: beyond it the score and accumulator
+#: tiles spill registers (generated kernels also rely on it to leave out bounds checks)
+ATTENTION_MAX_TILE = 128
+
+
 def attention_legality(spec, cand) -> str | None:
     """Why the attention template cannot run ``cand``, or None when it can.
 
     The template keeps the whole head dimension in one tile (``k`` and ``h`` have one trip; the
-    launcher pads them to powers of two), and its ``m`` and ``n`` tiles must be powers of two.
+    launcher pads them to powers of two), and its ``m`` and ``n`` tiles must be powers of two of
+    at most :data:`ATTENTION_MAX_TILE`.
     """
     from tvm_stitch.explore.tiling import trip_counts
 
@@ -379,7 +472,10 @@ def attention_legality(spec, cand) -> str | None:
     if trips["k"] > 1 or trips["h"] > 1:
         return "attention keeps the whole head dimension in one tile"
     odd = {x: cand.tile_dict[x] for x in "mn" if cand.tile_dict[x] & (cand.tile_dict[x] - 1)}
-    return f"m and n tiles {odd} are not powers of two" if odd else None
+    if odd:
+        return f"m and n tiles {odd} are not powers of two"
+    big = {x: cand.tile_dict[x] for x in "mn" if cand.tile_dict[x] > ATTENTION_MAX_TILE}
+    return f"m and n tiles {big} exceed {ATTENTION_MAX_TILE} (registers)" if big else None
 
 
 def attention_config(cand) -> dict:
@@ -394,7 +490,13 @@ def default_launch(config: dict) -> dict:
 
 #: launch options the search tries for its best tile candidates (``num_warps`` x ``num_stages``)
 LAUNCHES = {
-    "gemm_epilogue": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (3, 4)],
+    # PERSISTENT: one program per SM loading through TMA (the template's other formulation)
+    "gemm_epilogue": [
+        {"num_warps": w, "num_stages": s, "PERSISTENT": p}
+        for p in (False, True)
+        for w in (4, 8)
+        for s in (3, 4)
+    ],
     "gemm_chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
     "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
 }
@@ -475,11 +577,25 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
     import torch
 
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, **(config or {})}
+    if "PERSISTENT" in launch:  # the search passes it with the launch options
+        cfg["PERSISTENT"] = launch.pop("PERSISTENT")
     m, k = a.shape
     n = w.shape[0]
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     res = residual if residual is not None else c
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    if cfg.get("PERSISTENT"):
+        rows = (a.stride(0) * a.element_size(), w.stride(0) * w.element_size())
+        if a.stride(1) != 1 or w.stride(1) != 1 or any(r % 16 for r in rows):
+            raise ValueError(
+                "the persistent GEMM reads A and B through TMA: K contiguous, rows a multiple "
+                "of 16 bytes"
+            )
+        _tma_allocator()
+        if a.is_cuda:
+            sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+            cfg.setdefault("NUM_SMS", sms)
+        grid = (min(cfg.setdefault("NUM_SMS", 132), grid[0]),)
     kernel("gemm_epilogue")[grid](
         a,
         w,
@@ -504,6 +620,15 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
         **{**precision(a.dtype), **launch},
     )
     return c
+
+
+def _tma_allocator():
+    """Give Triton the scratch memory its on-device TMA descriptors need (torch tensors)."""
+    import torch
+
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+    )
 
 
 def run_attention(q, k, v, mask=None, scale=None, config=None, out=None, **launch):
@@ -579,9 +704,11 @@ def compile_ptx(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    constexprs = {"DOT_PREC": "tf32", **constexprs}
+    fn = kernel(name)
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, "DOT_PREC": "tf32", **constexprs}
     src = ASTSource(
-        kernel(name), {**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs
+        fn, {**signature, **dict.fromkeys(constexprs, "constexpr")}, constexprs=constexprs
     )
     target = GPUTarget("cuda", arch, 32)
     return triton.compile(src, target=target, options=options or {}).asm["ptx"]

@@ -29,38 +29,62 @@ def _bytes(dtype) -> int:
     return 2 if str(dtype) == "float16" else 4
 
 
+def _gemm_seed(m, n, k, warps, stages, persistent):
+    return {"m": m, "n": n, "k": k, "launch": {
+        "num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}}
+
+
 #: tiles measured besides the search's picks (known to suit Hopper's tensor cores): a warpgroup
-#: takes 64 rows; FlashAttention runs 64-128 query rows against 32-128 keys
+#: takes 64 rows; FlashAttention runs 64-128 query rows against 32-128 keys.  GEMM seeds carry
+#: their launch: the best of a sweep of formulations on the H100 for BERT's GEMMs at 4096 and
+#: 128 tokens (``python -m tvm_stitch.benchmarks.gemm_study``)
 SEEDS = {
     "gemm_epilogue": [
-        {"m": m, "n": n, "k": 64} for m, n in ((128, 128), (128, 256), (64, 128), (128, 64))
+        _gemm_seed(128, 256, 64, 8, 4, True),
+        _gemm_seed(128, 256, 64, 8, 3, True),
+        _gemm_seed(256, 128, 64, 8, 3, True),
+        _gemm_seed(128, 128, 64, 4, 4, True),
+        _gemm_seed(128, 128, 64, 8, 3, False),
+        _gemm_seed(128, 128, 64, 4, 3, False),
+        _gemm_seed(64, 128, 64, 4, 4, False),
+        _gemm_seed(64, 64, 128, 4, 4, False),
+        _gemm_seed(64, 64, 64, 4, 4, False),
+        _gemm_seed(64, 32, 128, 4, 4, False),
     ],
     "attention": [{"m": m, "n": n} for m in (64, 128) for n in (32, 64, 128)],
     "gemm_chain": [],
 }
 
 
-def _search(spec, hw, make, legal, config, family, template, on_device, desc) -> Tuned:
+def _search(
+    spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None
+) -> Tuned:
     tuned = measured_search(
         spec,
         hw,
         make,
         legal,
         config,
-        tk.LAUNCHES[family],
+        tk.LAUNCHES[family] if launches is None else launches,
         lambda c: tk.default_launch(template(c)),
         desc=desc,
         on_device=on_device,
-        seeds=SEEDS[family],
+        seeds=SEEDS[family] if seeds is None else seeds,
     )
     tuned.config = {**template(tuned.result.best), **tuned.launch}
+    if tuned.config.get("PERSISTENT"):
+        tuned.config["NUM_SMS"] = hw.num_sms
     return tuned
 
 
-def tune_gemm(m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True) -> Tuned:
+def tune_gemm(
+    m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True, persistent=True
+) -> Tuned:
     """Tiles and launch of ``x (m,k) @ w (n,k)^T + bias`` (the Linear template).
 
     Epilogues (GELU, residual) are not timed: they add the same work to every tiling.
+    ``persistent``: the kernel has the persistent TMA formulation to choose (a GEMM whose
+    operands TMA cannot read has not).
     """
     spec = ChainSpec.gemm(m, n, k, dtype_bytes=_bytes(dtype))
     inputs = ()
@@ -68,19 +92,25 @@ def tune_gemm(m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True) -> Tuned:
         inputs = (_randn((m, k), dtype), _randn((n, k), dtype, k**-0.5), _randn((n,), dtype))
 
     def make(cand, launch):
-        conf = tk.gemm_config(cand)
+        conf = {**tk.gemm_config(cand), "NUM_SMS": hw.num_sms}
         return lambda: tk.run_gemm_epilogue(*inputs, config=conf, **launch)
 
     tuned = _search(
         spec,
         hw,
         make,
-        tk.powers_of_two,
+        lambda c: tk.gemm_legality(spec, c),
         config,
         "gemm_epilogue",
         tk.gemm_config,
         on_device,
         f"gemm {m}x{n}x{k}",
+        launches=[o for o in tk.LAUNCHES["gemm_epilogue"] if persistent or not o["PERSISTENT"]],
+        seeds=[
+            {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
+            if not persistent else seed
+            for seed in SEEDS["gemm_epilogue"]
+        ],
     )
     tuned.inputs = inputs
     return tuned
@@ -151,3 +181,105 @@ def tune_attention(
     )
     tuned.inputs = inputs
     return tuned
+
+
+def tune_generated(
+    match, source, shapes, constants=None, hw=None, config=PASS_SEARCH, on_device=True
+) -> Tuned:
+    """Tiles and launch of a generated kernel (:mod:`tvm_stitch.codegen.triton_gen`), searched
+    by timing that kernel itself: its epilogue, masks, causal block skipping and layouts are in
+    every measurement, so the tiles chosen are the shipped kernel's best, not a template's.
+
+    Parameters
+    ----------
+    match : Match
+        The recognized kernel.
+    source : KernelSource
+        Its generated text.
+    shapes : dict
+        Graph tensor -> ``(shape, dtype)`` of the kernel's inputs and outputs.
+    constants : dict, optional
+        Graph tensor -> numpy array, for inputs that are constants (folded masks): measured
+        with their values, random data for the rest.
+    hw : HardwareModel
+    config : SearchConfig
+    on_device : bool
+        False: the analytical model alone picks (no GPU needed; nothing is launched).
+    """
+    import dataclasses
+
+    ext = match.frame.extents
+    family = match.family
+    batch = ext.get("b", 1) * (ext.get("h", 1) if family != "gemm" else 1)
+    if family == "gemm":
+        products = len(match.segments[0].products)
+        n = sum(s.n for s in match.segments)
+        spec = dataclasses.replace(
+            ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=_bytes(match.dtype)), batch=batch
+        )
+
+        def legal(c):
+            return tk.gemm_legality(spec, c, accumulators=products)
+
+        template, tfamily = tk.gemm_config, "gemm_epilogue"
+        launches = [o for o in tk.LAUNCHES[tfamily] if source.persistent or not o["PERSISTENT"]]
+        seeds = [
+            seed if source.persistent
+            else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
+            for seed in SEEDS[tfamily]
+        ]
+    else:
+        d = ext["d"]
+        spec = ChainSpec.gemm_chain(
+            batch, ext["m"], ext["n"], ext["k"], d, dtype_bytes=_bytes(match.dtype)
+        )
+        if family == "attention":
+            legal = lambda c: tk.attention_legality(spec, c)  # noqa: E731
+            template, tfamily = tk.attention_config, "attention"
+        else:
+            legal = lambda c: tk.chain_legality(spec, c)  # noqa: E731
+            template, tfamily = (lambda c: tk.chain_config(spec, c)), "gemm_chain"
+        launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
+    make = None  # the model alone decides: nothing is launched
+    if on_device:
+        make = _generated_runner(match, source, shapes, constants or {}, hw, template)
+    tuned = _search(
+        spec, hw, make, legal, config, tfamily, template, on_device, source.name,
+        launches=launches, seeds=seeds,
+    )
+    return tuned
+
+
+def _generated_runner(match, source, shapes, constants, hw, template):
+    """``make(candidate, launch)`` for the search: a function launching the generated kernel on
+    device tensors of the right shapes (constants with their values)."""
+    import torch
+
+    from tvm_stitch.codegen.triton_gen import load
+
+    fn = load(source)
+    inputs = []
+    for t in source.inputs:
+        shape, dtype = shapes[t]
+        if t in constants:
+            inputs.append(torch.from_numpy(constants[t]).to("cuda"))
+        elif "float" in dtype:
+            inputs.append(_randn(tuple(shape), dtype, 0.5))
+        else:
+            inputs.append(torch.zeros(tuple(shape), dtype=getattr(torch, dtype), device="cuda"))
+    outputs = [
+        torch.empty(tuple(shapes[t][0]), dtype=getattr(torch, shapes[t][1]), device="cuda")
+        for t in source.outputs
+    ]
+    base = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": hw.num_sms, **source.constexprs}
+    base["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
+    tk._tma_allocator()
+
+    def make(cand, launch):
+        opts = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages")}
+        consts = {**base, **template(cand), **{k: v for k, v in launch.items() if k not in opts}}
+        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+        grid = source.grid(consts, match)
+        return lambda: fn[grid](*inputs, *outputs, **consts, **opts)
+
+    return make

@@ -154,7 +154,8 @@ def measured_search(
     seeds : sequence of dict
         Tile sizes (loop -> tile) measured besides the search's picks, one candidate each when
         the space has them: what is known to work on the device (FlashAttention's tiles), so a
-        model that ranks poorly cannot hide them.
+        model that ranks poorly cannot hide them.  A seed's ``"launch"`` entry gives the launch
+        options it is measured with (else the candidate's default).
     """
     from tqdm.auto import tqdm
 
@@ -186,11 +187,15 @@ def measured_search(
     best, launch, best_time = result.best, default_launch(result.best), result.best_time
     times = dict(result.times)
     if on_device:
-        for cand in _seeded(space, seeds):
-            if cand not in times:
-                times[cand] = measure(cand)
-            if times[cand] < best_time:
-                best, launch, best_time = cand, default_launch(cand), times[cand]
+        for cand, given in _seeded(space, seeds):
+            opt = default_launch(cand) if given is None else given
+            if given is None and cand in times:
+                t = times[cand]
+            else:
+                t = measure(cand, opt)
+                times[cand] = min(times.get(cand, math.inf), t)
+            if t < best_time:
+                best, launch, best_time = cand, dict(opt), t
     ranked = sorted(times.items(), key=lambda item: item[1])[:refine_top]
     for cand, _ in ranked:
         for opt in launches:
@@ -206,14 +211,18 @@ def measured_search(
 
 
 def _seeded(space, seeds) -> list:
-    """One candidate of ``space`` for each tile-size dict of ``seeds`` it holds."""
-    wanted = [tuple(sorted(seed.items())) for seed in seeds]
+    """``(candidate, launch)`` of ``space`` for each seed it holds: a seed is a tile-size dict,
+    with its launch options under ``"launch"`` (else None: the candidate's default)."""
+    wanted = [
+        (tuple(sorted((x, t) for x, t in seed.items() if x != "launch")), seed.get("launch"))
+        for seed in seeds
+    ]
     found = {}
     for cand in space.candidates():
         tiles = cand.tile_dict
-        for key in wanted:
-            if key not in found and all(tiles.get(x) == t for x, t in key):
-                found[key] = cand
+        for i, (key, _) in enumerate(wanted):
+            if i not in found and all(tiles.get(x) == t for x, t in key):
+                found[i] = cand
         if len(found) == len(wanted):
             break
-    return list(found.values())
+    return [(found[i], wanted[i][1]) for i in sorted(found)]
