@@ -297,13 +297,14 @@ def rule3_padding(extent: int, tile: int) -> bool:
 
 
 def _rule3(extent: int, tiles: list[int]) -> list[int]:
-    """Rule 3 over one loop's tile sizes; when every size pads too much (a small extent such as
-    19), the sizes with the least padding are kept rather than none."""
+    """Rule 3 over one loop's tile sizes; when every size pads too much (an extent such as 19 or
+    134), the sizes with the least padding are kept rather than none, and so are the powers of
+    two (the only tiles Triton's code generator has; masks handle the ragged edge)."""
     kept = [t for t in tiles if rule3_padding(extent, t)]
     if kept or not tiles:
         return kept
     pad = {t: math.ceil(extent / t) * t - extent for t in tiles}
-    return [t for t in tiles if pad[t] == min(pad.values())]
+    return [t for t in tiles if pad[t] == min(pad.values()) or t & (t - 1) == 0]
 
 
 def smem_estimate(spec: ChainSpec, expr: TilingExpr, tiles: dict[str, int]) -> int:

@@ -9,6 +9,8 @@ PyTorch; with ``on_device=False`` the analytical model alone picks the tiles.  E
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.explore.tiling import ChainSpec
 
@@ -77,6 +79,17 @@ def _search(
     return tuned
 
 
+def _gemm_options(persistent: bool) -> tuple[list, list]:
+    """Launch options and seeds of a GEMM search; without the persistent formulation, seeds
+    run their tiles one program per tile."""
+    launches = [o for o in tk.LAUNCHES["gemm_epilogue"] if persistent or not o["PERSISTENT"]]
+    seeds = [
+        seed if persistent else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
+        for seed in SEEDS["gemm_epilogue"]
+    ]
+    return launches, seeds
+
+
 def tune_gemm(
     m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True, persistent=True
 ) -> Tuned:
@@ -105,12 +118,7 @@ def tune_gemm(
         tk.gemm_config,
         on_device,
         f"gemm {m}x{n}x{k}",
-        launches=[o for o in tk.LAUNCHES["gemm_epilogue"] if persistent or not o["PERSISTENT"]],
-        seeds=[
-            {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
-            if not persistent else seed
-            for seed in SEEDS["gemm_epilogue"]
-        ],
+        *_gemm_options(persistent),
     )
     tuned.inputs = inputs
     return tuned
@@ -206,8 +214,6 @@ def tune_generated(
     on_device : bool
         False: the analytical model alone picks (no GPU needed; nothing is launched).
     """
-    import dataclasses
-
     ext = match.frame.extents
     family = match.family
     batch = ext.get("b", 1) * (ext.get("h", 1) if family != "gemm" else 1)
@@ -222,12 +228,7 @@ def tune_generated(
             return tk.gemm_legality(spec, c, accumulators=products)
 
         template, tfamily = tk.gemm_config, "gemm_epilogue"
-        launches = [o for o in tk.LAUNCHES[tfamily] if source.persistent or not o["PERSISTENT"]]
-        seeds = [
-            seed if source.persistent
-            else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
-            for seed in SEEDS[tfamily]
-        ]
+        launches, seeds = _gemm_options(source.persistent)
     else:
         d = ext["d"]
         spec = ChainSpec.gemm_chain(
