@@ -12,9 +12,10 @@ Formulations (all ``C = A @ W^T``, fp16, fp32 accumulation, W stored (N, K) as n
 - ``splitk``: ``tma`` with the K loop split over ``SPLIT`` programs adding into an fp32 output
   (for few rows: every SM pulls its share of the weights).
 
-Each formulation runs a fixed list of tile configs on BERT-base's four GEMMs at 4096 tokens and
-at 128 tokens (batch 1); the best of each is printed next to ``torch.matmul`` (cuBLAS) from the
-same run, in µs and TFLOP/s.
+The product loops and tile order are the templates' own (``_tile_product``,
+``_tile_product_tma``, ``_tile_of``).  Each formulation runs a fixed list of tile configs on
+BERT-base's four GEMMs at 4096 tokens and at 128 tokens (batch 1); the best of each is printed
+next to ``torch.matmul`` (cuBLAS) from the same run, in µs and TFLOP/s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import triton
 import triton.language as tl
 
-from tvm_stitch.codegen.triton_kernels import _tile_product
+from tvm_stitch.codegen.triton_kernels import _tile_of, _tile_product, _tile_product_tma
 
 SHAPES = {
     "qkv": (4096, 2304, 768),
@@ -57,23 +58,22 @@ CONFIGS = [
 
 
 @triton.jit
-def _pid(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    per_group = GROUP_M * tiles_n
-    first_m = (tile // per_group) * GROUP_M
-    group_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+def _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16),
+             mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
 @triton.jit
 def gemm_ptr(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = _pid(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = _tile_product(acc, A, W, rm, rn, M, N, K, K, 1, 1, K, BLOCK_K, "tf32")
-    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -81,16 +81,11 @@ def gemm_tma(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    pid_m, pid_n = _pid(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-        w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-        acc = tl.dot(a, w.T, acc)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    acc = _tile_product_tma(acc, a_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_K,
+                            True)
+    _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -99,21 +94,15 @@ def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     tile_c = tl.program_id(0) - NUM_SMS
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):
-        pid_m, pid_n = _pid(tile, tiles_m, tiles_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K])
-            acc = tl.dot(a, w.T, acc)
+        acc = _tile_product_tma(acc, a_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+                                BLOCK_K, True)
         tile_c += NUM_SMS
-        pid_m, pid_n = _pid(tile_c, tiles_m, tiles_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.float16),
-                 mask=(rm < M)[:, None] & (rn < N)[None, :])
+        pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
+        _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -121,7 +110,7 @@ def gemm_splitk(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr):
     a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    pid_m, pid_n = _pid(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     part = tl.program_id(1)
     per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -91,42 +91,29 @@ for dtype in (torch.float32, torch.float16):
     # GEMM + epilogues (a Linear layer: weight is (N, K))
     x, w = torch.randn(33, 70, dtype=dtype), torch.randn(50, 70, dtype=dtype) * 0.2
     bias, res = torch.randn(50, dtype=dtype), torch.randn(33, 50, dtype=dtype)
+
+    def linear(xx, ww, gelu, residual, bias=bias, res=res):
+        y = xx.float() @ ww.float().T + bias.float()
+        if gelu:
+            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
+        return y + res.float() if residual else y
+
+    # persistent programs walking several tiles each, operands read through TMA (rows of A and
+    # B a multiple of 16 bytes: K = 72)
+    x72, w72 = torch.cat([x, x[:, :2]], 1), torch.cat([w, w[:, :2]], 1)
+    tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16}
     for gelu, residual in [
         (tk.GELU_NONE, False),
         (tk.GELU_ERF, False),
         (tk.GELU_TANH, True),
         (tk.GELU_NONE, True),
     ]:
-        y = x.float() @ w.float().T + bias.float()
-        if gelu:
-            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
-        if residual:
-            y = y + res.float()
-        got = tk.run_gemm_epilogue(
-            x,
-            w,
-            bias,
-            res if residual else None,
-            gelu,
-            {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16},
-        )
-        check(f"gemm bias gelu={gelu} residual={residual} {dtype}", got, y, dtype)
-        # persistent programs walking several tiles each, operands read through TMA (rows of
-        # A and B a multiple of 16 bytes: K = 72)
-        x72, w72 = torch.cat([x, x[:, :2]], 1), torch.cat([w, w[:, :2]], 1)
-        y = x72.float() @ w72.float().T + bias.float()
-        if gelu:
-            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
-        if residual:
-            y = y + res.float()
-        got = tk.run_gemm_epilogue(
-            x72,
-            w72,
-            bias,
-            res if residual else None,
-            gelu,
-            {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "PERSISTENT": True, "NUM_SMS": 2},
-        )
-        check(f"gemm persistent gelu={gelu} residual={residual} {dtype}", got, y, dtype)
+        for label, (xx, ww), config in (
+            ("bias", (x, w), tiles),
+            ("persistent", (x72, w72), {**tiles, "PERSISTENT": True, "NUM_SMS": 2}),
+        ):
+            got = tk.run_gemm_epilogue(xx, ww, bias, res if residual else None, gelu, config)
+            check(f"gemm {label} gelu={gelu} residual={residual} {dtype}", got,
+                  linear(xx, ww, gelu, residual), dtype)
 
 json.dump(records, sys.stdout)

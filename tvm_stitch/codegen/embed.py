@@ -221,7 +221,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     """
-    from .triton_gen import load
+    from .triton_gen import launch_constexprs, load
 
     names = [f"I{i}" for i in range(len(source.inputs))]
     names += [f"O{i}" for i in range(len(source.outputs))]
@@ -230,9 +230,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
         for n, t in zip(names, [*source.inputs, *source.outputs])
     ]
     fn = load(source)
-    constexprs = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1, **config, **source.constexprs}
-    constexprs["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
-    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    constexprs = launch_constexprs(source, match, config, fn.arg_names)
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config)})}"
     grid = source.grid(constexprs, match)
     return plan_launch(

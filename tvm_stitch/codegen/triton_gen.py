@@ -133,6 +133,15 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> dict:
+    """The ``tl.constexpr`` values of ``source``'s kernel for the tiles and options in
+    ``config`` (keys the kernel does not take are dropped: launch options, another
+    formulation's)."""
+    consts = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1, **config, **source.constexprs}
+    consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
+    return {k: v for k, v in consts.items() if k in arg_names}
+
+
 def pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, math.ceil(math.log2(max(1, n)))))
 
@@ -588,9 +597,11 @@ def attention_source(match, name: str) -> KernelSource:
         if not even
     }
 
-    def mask(rows, cols):
-        parts = [f"{bound[rows]}[:, None]"] if rows in bound else []
-        parts += [f"{bound[cols]}[None, :]"] if cols in bound else []
+    rows = {a: f"{b}[:, None]" for a, b in bound.items()}  # broadcast along a tile's rows
+    cols = {a: f"{b}[None, :]" for a, b in bound.items()}  # ... and along its columns
+
+    def mask(row_axis, col_axis):
+        parts = [x for x in (rows.get(row_axis), cols.get(col_axis)) if x]
         return f", mask={' & '.join(parts)}, other=0.0" if parts else ""
 
     lines = [
@@ -621,16 +632,15 @@ def attention_source(match, name: str) -> KernelSource:
         lines.append(f"hi = {n}")
     lines.append("for n0 in range(0, hi, BLOCK_N):")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
-    masks = {a: f"{bound[a]}{'[:, None]' if a == 'm' else '[None, :]'}"
-             for a in ("m", "n") if a in bound}
+    masks = {a: x for a, x in (("m", rows.get("m")), ("n", cols.get("n"))) if x}
     score = ElemPrinter(
         tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g"
     )
     g = score.expr(match.score)
     # base-2 exponentials: the logits are scaled by log2(e) once, exp2 is one instruction
     z = f"({g}).to(tl.float32) * {LOG2E}"
-    if "n" in bound:
-        z = f"tl.where({bound['n']}[None, :], {z}, float('-inf'))"
+    if "n" in cols:
+        z = f"tl.where({cols['n']}, {z}, float('-inf'))"
     loop = [
         "rn = n0 + tl.arange(0, BLOCK_N)",
         f"k = tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}"
@@ -651,8 +661,7 @@ def attention_source(match, name: str) -> KernelSource:
     lines += ["    " + line for line in loop]
     lines.append("o = acc / l_i[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
-    out_masks = {a: f"{bound[a]}{'[:, None]' if a == 'm' else '[None, :]'}"
-                 for a in ("m", "d") if a in bound}
+    out_masks = {a: x for a, x in (("m", rows.get("m")), ("d", cols.get("d"))) if x}
     lines += _write_output(match, pointers, tiles, out_masks, "o")
     constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC"]
     text = _function(match, name, inputs, outputs, constexprs, lines)

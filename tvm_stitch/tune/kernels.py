@@ -256,7 +256,7 @@ def _generated_runner(match, source, shapes, constants, hw, template):
     device tensors of the right shapes (constants with their values)."""
     import torch
 
-    from tvm_stitch.codegen.triton_gen import load
+    from tvm_stitch.codegen.triton_gen import launch_constexprs, load
 
     fn = load(source)
     inputs = []
@@ -272,14 +272,12 @@ def _generated_runner(match, source, shapes, constants, hw, template):
         torch.empty(tuple(shapes[t][0]), dtype=getattr(torch, shapes[t][1]), device="cuda")
         for t in source.outputs
     ]
-    base = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": hw.num_sms, **source.constexprs}
-    base["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     tk._tma_allocator()
 
     def make(cand, launch):
         opts = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages")}
-        consts = {**base, **template(cand), **{k: v for k, v in launch.items() if k not in opts}}
-        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+        config = {"NUM_SMS": hw.num_sms, **template(cand), **launch}
+        consts = launch_constexprs(source, match, config, fn.arg_names)
         grid = source.grid(consts, match)
         return lambda: fn[grid](*inputs, *outputs, **consts, **opts)
 
