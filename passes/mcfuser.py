@@ -11,8 +11,10 @@ a GPU).  Operands are read in place, so the layout ops around them and the epilo
 are removed.  What is not recognized stays for TVM; every rejection is logged
 (``tvm_stitch.recognize``).
 
-Without a GPU the pass only plans (``plan_only``: the fusion report of a CUDA target) or does
-nothing, with the reason logged.
+Without a GPU the kernels are still compiled (Triton emits sm_90 PTX anywhere) and embedded, with
+tiles from the tuning database or, for kernels it does not hold, the cost model: an executable
+compiled on a CPU machine and exported with ``export_library`` runs on the GPU host.  Without
+Triton the pass does nothing, with the reason logged.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tvm import relax
 
 from tvm_stitch.analysis.recognize import FAMILIES, recognize
 from tvm_stitch.codegen import embed
-from tvm_stitch.codegen.embed import can_embed
+from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source
 from tvm_stitch.graph import build_graph
 
@@ -40,8 +42,13 @@ class _Tuner:
     itself (or the analytical model alone without a GPU)."""
 
     def __init__(self, hw, database, on_device):
+        from tvm_stitch.cost.model import CostModel
+
         self.hw, self.db, self.on_device = hw, database, on_device
         self.seen: dict[str, dict] = {}  # model-only choices of this compile
+        self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
+        if self.cost.fit_database(database):
+            logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
 
     def config(self, match, source, shapes, constants) -> dict:
         from tvm_stitch.tune.kernels import tune_generated
@@ -53,7 +60,7 @@ class _Tuner:
         if key in self.seen:
             return self.seen[key]
         tuned = tune_generated(
-            match, source, shapes, constants, self.hw, on_device=self.on_device
+            match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
         )
         if self.on_device:  # model-only choices are not kept: a GPU compile measures them
             self.db.put(
@@ -62,7 +69,10 @@ class _Tuner:
                 time_us=tuned.time * 1e6,
                 search_s=tuned.seconds,
                 correlation=tuned.result.correlation,
+                workload=tuned.workload,
+                measurements=tuned.measurements,
             )
+            self.cost.fit_database(self.db)  # refit as measurements arrive
         logger.info(
             "%s: %s, %.1f us (%s)",
             match.describe(),
@@ -88,14 +98,13 @@ def _smem_limit() -> int:
 
 
 def embed_builder(match, source, config, shapes):
-    """The launch PrimFunc of a generated kernel and its CUDA module (needs a GPU runtime)."""
+    """The launch PrimFunc of a generated kernel and its CUDA module."""
     launch = embed.generated_launch(source, match, config, shapes, _smem_limit())
     return launch.func, [launch.module()]
 
 
 def plan_builder(match, source, config, shapes):
-    """The launch PrimFunc alone: Triton compiles the kernel to sm_90 PTX without a GPU, but the
-    module cannot be loaded here (fusion reports of a CUDA target on a CPU machine)."""
+    """The launch PrimFunc alone, without the module holding the kernel (fusion reports)."""
     return embed.generated_launch(source, match, config, shapes, _smem_limit()).func, []
 
 
@@ -110,15 +119,15 @@ class FuseMBCI:
         Where tuned configurations are kept (default: the user's tuning database).
     builder : callable, optional
         ``builder(match, source, config, shapes) -> (PrimFunc, external_mods)``; default
-        :func:`embed_builder` (needs a GPU), or :func:`plan_builder` with ``plan_only``.  Tests
-        pass :func:`tvm_stitch.codegen.te_reference` builders to run the rewrite on a CPU.
+        :func:`embed_builder`, or :func:`plan_builder` with ``plan_only``.  Tests pass
+        :func:`tvm_stitch.codegen.te_reference` builders to run the rewrite on a CPU.
     families : tuple of str
         Which of ``"attention"``, ``"chain"``, ``"gemm"`` to rewrite.
     plan_only : bool
-        Without a GPU, still recognize and plan (the kernels cannot be loaded: reports only).
+        Plan the launches without making the modules holding the kernels (fusion reports).
     measure : bool
-        Search tiles by measuring on the GPU (when there is one); else the analytical model's
-        choice is taken and not stored.
+        Search tiles by measuring on the GPU (when there is one); else the tuning database's
+        or the cost model's choice is taken (model choices are not stored).
     """
 
     def __init__(
@@ -137,16 +146,18 @@ class FuseMBCI:
         from tvm_stitch.hardware import HardwareModel
         from tvm_stitch.tune.database import TuningDatabase
 
-        on_device, why = can_embed()
+        compiles, why = can_compile()
+        on_device, no_gpu = can_measure()
         builder = self.builder
         if builder is None:
-            if on_device:
-                builder = embed_builder
-            elif self.plan_only:
-                builder = plan_builder
-            else:
+            if not compiles:
                 logger.info("Triton kernels not used: %s; TVM keeps every operator", why)
                 return mod
+            builder = plan_builder if self.plan_only else embed_builder
+        if not on_device and self.measure:
+            logger.info(
+                "tiles not measured (%s): from the tuning database, else the cost model", no_gpu
+            )
         target = tvm.target.Target.current(allow_none=True)
         try:
             hw = HardwareModel.from_target(target)

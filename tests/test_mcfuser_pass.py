@@ -134,14 +134,46 @@ def test_unrecognized_attention_is_left_to_tvm(database, caplog, kwargs, reason)
     assert reason in caplog.text
 
 
-def test_no_gpu_means_no_rewrite(caplog):
-    if embed.can_embed()[0]:
-        pytest.skip("this machine can embed Triton kernels")
+def test_no_triton_means_no_rewrite(caplog, monkeypatch):
+    import tvm_stitch.passes.mcfuser as pass_module
+
+    monkeypatch.setattr(pass_module, "can_compile", lambda: (False, "triton is not installed"))
     mod = legalized(get_workload("bert-tiny").instance("float32", batch=1, seq=8).mod)
     with CUDA, caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
         out = FuseMBCI()(mod)
     tvm.ir.assert_structural_equal(out, mod)
-    assert "Triton kernels not used" in caplog.text
+    assert "Triton kernels not used: triton is not installed" in caplog.text
+
+
+def test_a_cpu_machine_compiles_for_the_gpu(tmp_path, caplog, monkeypatch):
+    """Without a GPU the stitch pipeline still embeds its Triton kernels: compiled to sm_90 PTX,
+    tiles from the cost model, kept in the exported library as sources the GPU host's compile
+    hook (installed by ``import tvm_stitch``) hands back as PTX."""
+    import tvm_ffi
+
+    from tvm_stitch.codegen import ptx
+
+    if embed.can_measure()[0]:
+        pytest.skip("this machine has a GPU: kernels are loaded, not saved for another")
+    inst = get_workload("bert-tiny").instance("float16", batch=2, seq=67)
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "tuning.json"))
+    with caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
+        ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    assert "tiles not measured" in caplog.text and "(model)" in caplog.text
+    kernels = [
+        m for host in ex.mod.imports for m in host.imports
+        if m.kind == "cuda" and m.inspect_source().startswith(ptx.PREFIX)
+    ]
+    assert len(kernels) >= 4  # attention, Q/K/V, out-projection, FFN1, FFN2 (variants shared)
+    text = kernels[0].inspect_source()[len(ptx.PREFIX):]
+    assert ".version 8.7" in text and ".target sm_90a" in text
+    ex.export_library(str(tmp_path / "mod.so"))
+    blob = (tmp_path / "mod.so").read_bytes()
+    assert blob.count(ptx.PREFIX.encode()) == len(kernels)
+    # what the GPU host's loader does with such a source, and with any other
+    hook = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+    assert bytes(hook(ptx.as_source(text))) == text.encode()
+    assert TuningDatabase(tmp_path / "tuning.json").records == {}  # model choices: not stored
 
 
 def test_unknown_family_is_an_error():

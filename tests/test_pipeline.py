@@ -73,7 +73,9 @@ def test_cuda_build_for_sm90a_without_a_gpu():
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     ex = tvm.compile(inst.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
     source = cuda_source(ex)
-    assert source.count("__global__") >= 20 and "blockIdx.x" in source and "half" in source
+    # TVM's kernels as CUDA C, the Triton kernels (attention, GEMMs) as sm_90a PTX
+    assert source.count("__global__") >= 10 and "blockIdx.x" in source and "half" in source
+    assert source.count(".entry stitch_") >= 5 and ".target sm_90a" in source
 
 
 def test_options_and_targets_are_checked():

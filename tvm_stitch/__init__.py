@@ -45,8 +45,10 @@ from .report import FusionReport, compare_pipelines, fusion_report  # noqa: E402
 _attach_source_subpackage("passes", "passes")
 _attach_source_subpackage("benchmarks", "benchmarks")
 from . import passes  # noqa: E402
+from .codegen import ptx  # noqa: E402
 
 register()
+ptx.install()  # libraries compiled without a CUDA runtime hold Triton PTX: load it as such
 
 __all__ = [
     "FusionReport",

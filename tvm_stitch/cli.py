@@ -1,4 +1,5 @@
-"""Command line: ``tvm-stitch run | report | bench | list`` (also ``python -m tvm_stitch``)."""
+"""Command line: ``tvm-stitch run | report | bench | build | check | list``
+(also ``python -m tvm_stitch``)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,46 @@ def cmd_bench(args) -> int:
     return 1 if any(r.correct is False for r in records if r.impl.startswith("tvm")) else 0
 
 
+def cmd_build(args) -> int:
+    """Compile a workload (no GPU needed for ``--target cuda``) and save it for ``check``."""
+    import time
+
+    import tvm
+
+    from tvm_stitch import library, pipeline
+    from tvm_stitch.pipeline import as_target
+
+    inst = _instance(args)
+    target = as_target(args.target)
+    start = time.perf_counter()
+    graphs = {"relax.backend.use_cuda_graph": target.kind.name == "cuda"}
+    with tvm.transform.PassContext(config=graphs):
+        ex = tvm.compile(inst.mod, target, relax_pipeline=pipeline(target))
+    seconds = time.perf_counter() - start
+    folder = library.save(
+        ex, args.output, target, args.workload, inst.dtype, _params(args.param),
+        compile_s=seconds,
+    )
+    print(f"{inst.name}: compiled for {args.target} in {seconds:.1f} s, saved to {folder}")
+    print(f"run it where the device is: tvm-stitch check {folder}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    """Load a folder written by ``build``, run it, compare with its references, time it."""
+    from tvm_stitch import library
+
+    try:
+        res = library.check(args.folder)
+    except (ValueError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(
+        f"{res['workload']}: {res['time_us']:.1f} us, max error {res['max_err']}, "
+        f"{'correct' if res['correct'] else 'WRONG' if res['correct'] is False else 'unchecked'}"
+    )
+    return 1 if res["correct"] is False else 0
+
+
 def cmd_list(_args) -> int:
     from tvm_stitch.benchmarks import STUDIES
     from tvm_stitch.workloads import WORKLOADS
@@ -179,6 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", metavar="FILE", help="append JSON lines to FILE")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "build",
+        help="compile a workload and save executable, inputs and references to a folder "
+        "(for --target cuda no GPU is needed; run it with `check` on the GPU host)",
+    )
+    common(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("check", help="run a folder saved by `build`: numerics and time")
+    p.add_argument("folder")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("list", help="list workloads and studies")
     p.set_defaults(func=cmd_list)

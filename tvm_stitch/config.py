@@ -37,12 +37,13 @@ class PipelineOptions:
         Which kernel families are recognized on the tensor graph and generated in Triton
         (MCFuser): ``"attention"``, ``"chain"`` (GEMM chains), ``"gemm"`` (matrix products with
         their epilogues, side by side when they share an input).  ``()`` turns the pass off.
-        Needs a GPU at compile time; without one the pass logs why and TVM keeps every operator
-        (the fusion report of a CUDA target still lists the kernels).
+        Needs Triton at compile time, not a GPU: without one the kernels are compiled to sm_90a
+        PTX and embedded, with the tuning database's or the cost model's tiles.
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
-        ``"model"`` takes the analytical model's choice (no measurement, nothing stored).
+        ``"model"`` takes the cost model's choice (no measurement, nothing stored), as a build
+        without a GPU does.
     """
 
     fold: bool = True

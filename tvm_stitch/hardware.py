@@ -77,6 +77,13 @@ class HardwareModel:
         (scheduling, index set-up, the reduction tail).  Fitted to the H100 plan sweep
         (``python -m tvm_stitch.benchmarks.stitch_plans``: 49152 one-warp blocks of a softmax
         take ~32 µs where their bytes need 8 µs).
+    sm_l2_bytes_per_cycle : float
+        Bytes per clock one SM can pull from L2 (its port), however idle the other SMs are.
+        An estimate (64 B/clk, the L1 line fill rate), consistent with the H100 GEMM sweep.
+    loop_overhead_cycles : float
+        Cycles a tiled main loop spends per iteration beyond its loads and products (barrier
+        waits, wgmma issue and commit).  Fitted to the H100 GEMM measurements of the tuning
+        database (``python -m tvm_stitch.benchmarks.model_study``).
     """
 
     name: str
@@ -106,6 +113,8 @@ class HardwareModel:
     l2_bandwidth_ratio: float = 2.0
     sfu_per_sm: int = 16
     block_overhead_cycles: float = 150.0
+    sm_l2_bytes_per_cycle: float = 64.0
+    loop_overhead_cycles: float = 100.0
 
     @property
     def max_warps_per_sm(self) -> int:

@@ -4,9 +4,10 @@ A kernel launch is planned in two steps.  :func:`plan_launch` compiles the Trito
 of time for sm_90 (no GPU needed) and builds a PrimFunc whose body is one ``T.call_packed`` of
 the kernel with every argument it takes: buffer pointers, integers, Triton's two scratch
 pointers, then the launch dimensions.  :meth:`Launch.module` wraps the PTX in a TVM CUDA module
-for the IRModule's ``external_mods`` attribute (``tvm.compile`` links it into the executable);
-that needs TVM's CUDA runtime.  :func:`can_embed` says whether this process can embed and tune
-(passes fall back to TVM's own kernels, with the reason logged, when it cannot).
+for the IRModule's ``external_mods`` attribute (``tvm.compile`` links it into the executable,
+``export_library`` saves it), with or without a GPU here.  :func:`can_compile` says whether this
+process can compile and embed, :func:`can_measure` whether it can also run the kernels to tune
+them (passes fall back to TVM's own kernels, with the reason logged, when it cannot compile).
 
 TVM's own ``T.call_kernel`` passes ``tl.constexpr`` values as kernel arguments and omits
 Triton's scratch pointers, which does not match the PTX of Triton 3.3+; the launch here is
@@ -26,6 +27,10 @@ import tvm
 from .triton_kernels import kernel, precision
 
 _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
+#: PTX ISA of the kernels: 8.7 (CUDA 12.8) has everything sm_90a kernels use, and drivers from
+#: R570 on compile it; a newer Triton would otherwise emit its own ptxas's ISA (9.4 for 13.4),
+#: which the GPU host's driver may not know
+PTX_ISA = 87
 _TRITON_TYPES = {
     "float16": "*fp16",
     "bfloat16": "*bf16",
@@ -39,19 +44,32 @@ _TRITON_TYPES = {
 
 
 @functools.cache
-def can_embed() -> tuple[bool, str]:
-    """Whether Triton kernels can be compiled and embedded here, and why not if they cannot."""
-    import tvm_ffi
-
+def can_compile() -> tuple[bool, str]:
+    """Whether Triton kernels can be compiled (for sm_90, no GPU needed) and embedded in a TVM
+    module here, and why not if they cannot."""
     try:
-        import torch
         import triton  # noqa: F401
     except ImportError as err:
         return False, f"{err.name} is not installed"
+    return True, ""
+
+
+@functools.cache
+def can_measure() -> tuple[bool, str]:
+    """Whether generated kernels can also be run here (tuned by timing them), and why not."""
+    import tvm_ffi
+
+    ok, why = can_compile()
+    if not ok:
+        return ok, why
+    try:
+        import torch
+    except ImportError as err:
+        return False, f"{err.name} is not installed"
     if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None:
-        return False, "this TVM has no CUDA runtime to load the kernels into"
+        return False, "this TVM has no CUDA runtime"
     if not tvm.cuda(0).exist or not torch.cuda.is_available():
-        return False, "no CUDA GPU to tune the kernels on"
+        return False, "no CUDA GPU"
     return True, ""
 
 
@@ -79,10 +97,23 @@ class Launch:
     tags: list
 
     def module(self):
-        """The TVM CUDA module holding the PTX (needs TVM's CUDA runtime)."""
-        from tvm.tirx.script.builder.external_kernel import BaseKernel
+        """The TVM CUDA module holding the PTX.
 
-        return BaseKernel()._create_cuda_module(self.ptx, self.arg_types, self.tags, self.symbol)
+        With TVM's CUDA runtime it is a loaded module; without one (a CPU machine) it is the
+        module TVM's own CUDA code generator makes there, which ``export_library`` saves and a
+        GPU host loads: the executable is compiled here and run there.
+        """
+        import tvm_ffi
+
+        if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None:
+            from tvm.tirx.script.builder.external_kernel import BaseKernel
+
+            return BaseKernel()._create_cuda_module(
+                self.ptx, self.arg_types, self.tags, self.symbol
+            )
+        from .ptx import build_module
+
+        return build_module(self.ptx, self.symbol, self.arg_types, self.tags)
 
 
 def plan_launch(
@@ -157,7 +188,9 @@ def plan_launch(
     src = ASTSource(
         fn, {**signature, **dict.fromkeys(consts, "constexpr")}, constexprs=consts, attrs=attrs
     )
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(launch))
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={**launch, "ptx_version": PTX_ISA}
+    )
     meta = compiled.metadata
     if smem_limit is not None and meta.shared > smem_limit:
         raise SharedMemoryError(

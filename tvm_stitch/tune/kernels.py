@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from tvm_stitch.codegen import triton_kernels as tk
+from tvm_stitch.cost.model import Workload
 from tvm_stitch.explore.tiling import ChainSpec
 
 from .evolution import SearchConfig
@@ -59,7 +60,8 @@ SEEDS = {
 
 
 def _search(
-    spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None
+    spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
+    workload=None, cost=None,
 ) -> Tuned:
     tuned = measured_search(
         spec,
@@ -72,6 +74,8 @@ def _search(
         desc=desc,
         on_device=on_device,
         seeds=SEEDS[family] if seeds is None else seeds,
+        workload=workload,
+        cost=cost,
     )
     tuned.config = {**template(tuned.result.best), **tuned.launch}
     if tuned.config.get("PERSISTENT"):
@@ -192,7 +196,7 @@ def tune_attention(
 
 
 def tune_generated(
-    match, source, shapes, constants=None, hw=None, config=PASS_SEARCH, on_device=True
+    match, source, shapes, constants=None, hw=None, config=PASS_SEARCH, on_device=True, cost=None
 ) -> Tuned:
     """Tiles and launch of a generated kernel (:mod:`tvm_stitch.codegen.triton_gen`), searched
     by timing that kernel itself: its epilogue, masks, causal block skipping and layouts are in
@@ -212,7 +216,9 @@ def tune_generated(
     hw : HardwareModel
     config : SearchConfig
     on_device : bool
-        False: the analytical model alone picks (no GPU needed; nothing is launched).
+        False: the cost model alone picks (no GPU needed; nothing is launched).
+    cost : CostModel, optional
+        The model ranking candidates (default: the analytical model alone).
     """
     ext = match.frame.extents
     family = match.family
@@ -241,23 +247,30 @@ def tune_generated(
             legal = lambda c: tk.chain_legality(spec, c)  # noqa: E731
             template, tfamily = (lambda c: tk.chain_config(spec, c)), "gemm_chain"
         launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
+    workload = Workload(
+        family, dict(spec.extents), spec.batch, spec.dtype_bytes,
+        products if family == "gemm" else 1, bool(source.persistent),
+    )
     make = None  # the model alone decides: nothing is launched
     if on_device:
         make = _generated_runner(match, source, shapes, constants or {}, hw, template)
     tuned = _search(
         spec, hw, make, legal, config, tfamily, template, on_device, source.name,
-        launches=launches, seeds=seeds,
+        launches=launches, seeds=seeds, workload=workload, cost=cost,
     )
+    tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned
 
 
-def _generated_runner(match, source, shapes, constants, hw, template):
-    """``make(candidate, launch)`` for the search: a function launching the generated kernel on
-    device tensors of the right shapes (constants with their values)."""
+def generated_runner(match, source, shapes, constants=None, hw=None):
+    """``run(config) -> fn``: ``fn()`` launches the generated kernel with ``config`` (template
+    parameters and launch options) on device tensors of the right shapes (constants with their
+    values, random data for the rest)."""
     import torch
 
     from tvm_stitch.codegen.triton_gen import launch_constexprs, load
 
+    constants = constants or {}
     fn = load(source)
     inputs = []
     for t in source.inputs:
@@ -274,11 +287,17 @@ def _generated_runner(match, source, shapes, constants, hw, template):
     ]
     tk._tma_allocator()
 
-    def make(cand, launch):
-        opts = {k: v for k, v in launch.items() if k in ("num_warps", "num_stages")}
-        config = {"NUM_SMS": hw.num_sms, **template(cand), **launch}
+    def run(config):
+        opts = {k: v for k, v in config.items() if k in ("num_warps", "num_stages")}
+        config = {"NUM_SMS": hw.num_sms, **config}
         consts = launch_constexprs(source, match, config, fn.arg_names)
         grid = source.grid(consts, match)
         return lambda: fn[grid](*inputs, *outputs, **consts, **opts)
 
-    return make
+    return run
+
+
+def _generated_runner(match, source, shapes, constants, hw, template):
+    """``make(candidate, launch)`` for the search (:func:`generated_runner`)."""
+    run = generated_runner(match, source, shapes, constants, hw)
+    return lambda cand, launch: run({**template(cand), **launch})

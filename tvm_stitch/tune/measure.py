@@ -1,5 +1,5 @@
 """Measuring on the device: the timer every benchmark and the tuner use, and Algorithm 1 with
-measurements (the analytical model ranks, the GPU times the top candidates).
+measurements (the cost model ranks, the GPU times the top candidates).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import statistics
 import time
 
-from tvm_stitch.cost.mcfuser import estimate
+from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import build_search_space
 
 from .evolution import SearchConfig, SearchResult, evolutionary_search
@@ -92,12 +92,17 @@ class Tuned:
         Wall time of the whole search, compilation included.
     failures : list of str
         Candidates that failed to compile or run (skipped).
+    measurements : list of dict
+        Every timing taken: ``{"tiles", "expr", "launch", "model_s", "time_s"}`` (failures
+        with ``time_s`` infinite) — what the tuning database keeps for fitting the cost model.
     run : callable
         Runs the best candidate with ``launch`` (returns the kernel's output).
     inputs : tuple
         The tensors ``run`` reads (set by the tuning functions of ``tvm_stitch.tune.kernels``).
     config : dict
         Template parameters and launch options of the best candidate (set by the same).
+    workload : dict
+        What was tuned, for the cost model (:func:`tvm_stitch.cost.model.workload`).
     """
 
     space: object
@@ -106,9 +111,11 @@ class Tuned:
     time: float
     seconds: float
     failures: list
+    measurements: list = dataclasses.field(default_factory=list)
     run: object = None
     inputs: tuple = ()
     config: dict = dataclasses.field(default_factory=dict)
+    workload: dict = dataclasses.field(default_factory=dict)
 
 
 def measured_search(
@@ -123,6 +130,8 @@ def measured_search(
     desc: str = "search",
     on_device: bool = True,
     seeds=(),
+    workload: Workload | None = None,
+    cost: CostModel | None = None,
 ) -> Tuned:
     """Algorithm 1 over ``spec``'s pruned space, timing candidates on the GPU.
 
@@ -149,8 +158,8 @@ def measured_search(
     desc : str
         Label of the progress bar.
     on_device : bool
-        False searches with the analytical model only (no GPU): ``make_fn`` is not called, the
-        best candidate keeps its default launch and ``time`` is the model's estimate.
+        False searches with the cost model only (no GPU): ``make_fn`` is not called; the model
+        also picks the launch of its best candidates, and ``time`` is its prediction.
     seeds : sequence of dict
         Tile sizes (loop -> tile) measured besides the search's picks, one candidate each when
         the space has them: what is known to work on the device (FlashAttention's tiles), so a
@@ -162,7 +171,14 @@ def measured_search(
     cfg = config or SearchConfig()
     space = build_search_space(spec, hw.smem_per_block, legal=legal)
     failures = []
+    measurements = []
     default_launch = default_launch or (lambda cand: {})
+    workload = workload or Workload(
+        "gemm" if len(spec.blocks) == 1 else "chain", dict(spec.extents), spec.batch,
+        spec.dtype_bytes,
+    )
+    cost = cost or CostModel(hw)
+    model_launches = list(launches)
     if not on_device:
         launches = ()
     bar = tqdm(total=cfg.max_rounds + refine_top * len(launches), desc=desc, disable=None)
@@ -170,19 +186,32 @@ def measured_search(
     def measure(cand, launch=None):
         launch = default_launch(cand) if launch is None else launch
         try:
-            return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+            t = time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
         except Exception as err:  # noqa: BLE001 - a candidate that fails to compile is skipped
             failures.append(f"{cand} {launch}: {type(err).__name__}")
-            return math.inf
+            t = math.inf
+        measurements.append({
+            "tiles": cand.tile_dict,
+            "expr": str(cand.expr),
+            "launch": dict(launch),
+            "model_s": model(cand),
+            "time_s": t,
+        })
+        return t
 
     def progress(rounds, best):
         bar.update(1)
         bar.set_postfix(best_us=f"{best * 1e6:.1f}")
 
+    def model(cand, launch=None):
+        if launch is None and not on_device and model_launches:
+            # nothing is measured: a candidate is priced at the best launch the model sees
+            return min(cost.predict(workload, cand.tile_dict, la) for la in model_launches)
+        launch = default_launch(cand) if launch is None else launch
+        return cost.predict(workload, cand.tile_dict, launch)
+
     start = time.perf_counter()
-    result = evolutionary_search(
-        space, lambda c: estimate(spec, c, hw).time, measure if on_device else None, cfg, progress
-    )
+    result = evolutionary_search(space, model, measure if on_device else None, cfg, progress)
     bar.update(cfg.max_rounds - result.rounds)
     best, launch, best_time = result.best, default_launch(result.best), result.best_time
     times = dict(result.times)
@@ -197,6 +226,13 @@ def measured_search(
             if t < best_time:
                 best, launch, best_time = cand, dict(opt), t
     ranked = sorted(times.items(), key=lambda item: item[1])[:refine_top]
+    if not on_device and model_launches:  # the model also picks the launch
+        best_time = math.inf
+        for cand, _ in ranked:
+            for opt in model_launches:
+                t = model(cand, opt)
+                if t < best_time:
+                    best, launch, best_time = cand, dict(opt), t
     for cand, _ in ranked:
         for opt in launches:
             t = measure(cand, opt)
@@ -207,7 +243,7 @@ def measured_search(
     result = dataclasses.replace(result, best=best, best_time=best_time)
     seconds = time.perf_counter() - start
     run = make_fn(best, launch) if on_device else None
-    return Tuned(space, result, launch, best_time, seconds, failures, run)
+    return Tuned(space, result, launch, best_time, seconds, failures, measurements, run)
 
 
 def _seeded(space, seeds) -> list:

@@ -1,0 +1,157 @@
+"""The cost model that ranks generated kernels (issue 11): its terms, its fit on tuning databases
+recorded on the H100, and its use by the search without a GPU.
+
+``data/h100-tuning-*.json`` are tuning databases written by BERT-base compiles on the H100
+(``benchmarks/run_gpu.sh OUT bert:1x128``, ``bert:8x512 bert:32x128``): every candidate the
+search measured, with its tiles, launch and time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_stitch.cost.model import CostModel, Workload, analytical, samples, spearman, terms
+from tvm_stitch.explore.tiling import ChainSpec
+from tvm_stitch.hardware import HardwareModel
+from tvm_stitch.tune.measure import measured_search
+
+HW = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+DATA = Path(__file__).parent / "data"
+SMALL, LARGE = "h100-tuning-bert-base-1x128.json", "h100-tuning-bert-base-8x512-32x128.json"
+FFN2 = Workload("gemm", {"m": 4096, "n": 768, "k": 3072}, persistent=True)
+
+
+def _records(name):
+    return json.loads((DATA / name).read_text())["records"]
+
+
+def _launch(warps=8, stages=3, persistent=False):
+    return {"num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}
+
+
+def test_spearman_matches_scipy_with_ties():
+    scipy = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 5, 40).astype(float)
+    b = a + rng.normal(0, 2, 40)
+    assert spearman(a, b) == pytest.approx(scipy.spearmanr(a, b).correlation)
+    assert math.isnan(spearman([1, 2], [2, 1]))
+    assert spearman([1, 2, 3, math.inf], [3, 2, 1, 0]) == pytest.approx(-1.0)
+
+
+def test_accumulators_beyond_the_registers_spill():
+    """128x256 fp32 accumulators are 256 registers a thread with 4 warps (over 255: spills,
+    ~8x slower on the H100) and 128 with 8 warps."""
+    tiles = {"m": 128, "n": 256, "k": 64}
+    four, eight = (terms(FFN2, tiles, _launch(w), HW) for w in (4, 8))
+    assert four["spill"] > 0 and eight["spill"] == 0
+    assert four["time"] > 3 * eight["time"]
+
+
+def test_a_warpgroup_takes_64_rows():
+    tiles = {"m": 64, "n": 128, "k": 64}
+    assert terms(FFN2, tiles, _launch(4), HW)["row_use"] == 1.0
+    assert terms(FFN2, tiles, _launch(8), HW)["row_use"] == 0.5  # two warpgroups of 32 rows
+
+
+def test_short_k_tiles_pay_per_iteration():
+    """BLOCK_K 16 runs four times the main-loop iterations of 64 (measured 62 vs 34 µs for
+    BERT's Q/K/V at 4096 tokens; the model sees the direction, not the size: ~1.1x)."""
+    w = Workload("gemm", {"m": 4096, "n": 2304, "k": 768})
+    t16, t64 = (terms(w, {"m": 128, "n": 128, "k": k}, _launch(), HW) for k in (16, 64))
+    assert t16["iters"] == 4 * t64["iters"]
+    assert t16["time"] > t64["time"]
+
+
+def test_stages_that_do_not_fit_are_priced_as_built():
+    """Four stages of 128x256x128 tiles need 384 KiB: the pass builds them with two; one stage
+    serializes loads and products."""
+    tiles = {"m": 128, "n": 256, "k": 128}
+    assert analytical(FFN2, tiles, _launch(stages=4), HW) == analytical(
+        FFN2, tiles, _launch(stages=2), HW
+    )
+    assert analytical(FFN2, tiles, _launch(stages=1), HW) > analytical(
+        FFN2, tiles, _launch(stages=2), HW
+    )
+
+
+def test_waves_quantize():
+    """4096x768: 96 tiles of 128x256 fill one wave of 132 SMs; 256x256 leaves half the SMs idle
+    and 64x64 runs 768 tiles over several waves."""
+    t = {
+        (m, n): terms(FFN2, {"m": m, "n": n, "k": 64}, _launch(), HW)
+        for m, n in ((128, 256), (64, 64))
+    }
+    assert t[128, 256]["waves"] == 1 and t[64, 64]["waves"] > 1
+
+
+def test_analytical_model_ranks_the_recorded_compiles():
+    """Over every measured candidate of each recorded BERT-base compile (pooled), the analytical
+    model alone ranks with Spearman >= 0.8 (the first MCFuser model's: -0.65…0.39 per kernel)."""
+    for name in (SMALL, LARGE):
+        pred, meas = [], []
+        for w, tiles, launch, seconds in samples(_records(name), "sm_90"):
+            if math.isfinite(seconds):
+                pred.append(analytical(w, tiles, launch, HW))
+                meas.append(seconds)
+        assert len(meas) > 100
+        assert spearman(pred, meas) >= 0.8, name
+
+
+def test_corrected_model_fits_held_out_compiles():
+    """The correction learned on one recorded compile keeps ranking the other (held out) at
+    Spearman >= 0.8, and it fits its own training data better than the analytical model."""
+    pytest.importorskip("xgboost")
+    for train, test in ((SMALL, LARGE), (LARGE, SMALL)):
+        model = CostModel(HW)
+        assert model.fit(samples(_records(train), "sm_90"))
+        assert model.fitted_on > 100
+        held = [s for s in samples(_records(test), "sm_90") if math.isfinite(s[3])]
+        pred = [model.predict(w, t, la) for w, t, la, _ in held]
+        assert spearman(pred, [s for *_, s in held]) >= 0.8, test
+        own = [s for s in samples(_records(train), "sm_90") if math.isfinite(s[3])]
+        err_fit = [abs(math.log(model.predict(w, t, la) / s)) for w, t, la, s in own]
+        err_ana = [abs(math.log(analytical(w, t, la, HW) / s)) for w, t, la, s in own]
+        assert np.mean(err_fit) < 0.5 * np.mean(err_ana)
+
+
+def test_too_few_measurements_leave_the_analytical_model():
+    model = CostModel(HW)
+    some = samples(_records(SMALL), "sm_90")[:10]
+    assert not model.fit(some)
+    tiles = {"m": 128, "n": 256, "k": 64}
+    assert model.predict(FFN2, tiles, _launch()) == analytical(FFN2, tiles, _launch(), HW)
+    assert samples(_records(SMALL), "sm_80") == []  # another GPU's measurements are not used
+
+
+def test_model_only_search_chooses_the_launch():
+    """Without a GPU the model prices every candidate at its best launch: BERT's FFN2 at 4096
+    tokens gets 128x256-class tiles with 8 warps (their 4-warp default spills), the launch the
+    model prices lowest; nothing is launched."""
+    from tvm_stitch.codegen import triton_kernels as tk
+
+    spec = ChainSpec.gemm(4096, 768, 3072)
+    launches = [_launch(w, s, p) for w in (4, 8) for s in (3, 4) for p in (False, True)]
+    tuned = measured_search(
+        spec,
+        HW,
+        None,
+        lambda c: tk.gemm_legality(spec, c),
+        launches=launches,
+        default_launch=lambda c: _launch(4, 3),
+        on_device=False,
+        workload=FFN2,
+    )
+    tiles = tuned.result.best.tile_dict
+    assert tk.gemm_legality(spec, tuned.result.best) is None
+    assert tiles["m"] * tiles["n"] >= 128 * 256 and tuned.launch["num_warps"] == 8
+    prices = [analytical(FFN2, tiles, la, HW) for la in launches]
+    assert tuned.time == pytest.approx(min(prices))
+    assert min(prices) < analytical(FFN2, tiles, _launch(4, 3), HW)
+    assert tuned.measurements == []

@@ -1,0 +1,81 @@
+"""Triton PTX in executables compiled where TVM has no CUDA runtime.
+
+A TVM built without CUDA (the CPU machine) makes every CUDA module from source: its code generator
+keeps the kernels' CUDA text and the receiving GPU host compiles it when the library is loaded,
+through the ``tvm_callback_cuda_compile`` hook, which may hand back PTX.  A Triton kernel has PTX,
+not CUDA text, so its module keeps :data:`PREFIX` + the PTX as "source", and :func:`install`
+(run by ``import tvm_stitch``) wraps the hook so that such a source is handed back as the PTX it
+holds; any other source goes to the hook it wraps.  Loaded without tvm_stitch imported, the
+prefix makes the compile fail with a message saying so, rather than run something else.
+"""
+
+from __future__ import annotations
+
+import threading
+
+PREFIX = "#error tvm-stitch: Triton PTX, import tvm_stitch before loading this library\n"
+_COMPILE = "tvm_callback_cuda_compile"
+_POSTPROC = "tvm_callback_cuda_postproc"
+_pending = threading.local()
+_installed: list = []  # one entry once install() has run
+
+
+def as_source(ptx: str) -> str:
+    """The module "source" holding ``ptx``."""
+    return PREFIX + ptx
+
+
+def install() -> None:
+    """Wrap TVM's CUDA compile hook (PTX sources are handed back as PTX) and its source
+    post-processing hook (which :func:`build_module` uses to put the PTX in); idempotent."""
+    if _installed:
+        return
+    import tvm.support.nvcc  # noqa: F401 - registers TVM's compile hook, wrapped here
+    import tvm_ffi
+
+    compile_cuda = tvm_ffi.get_global_func(_COMPILE, allow_missing=True)
+    postproc = tvm_ffi.get_global_func(_POSTPROC, allow_missing=True)
+
+    def compile_hook(code, *rest):
+        text = str(code)
+        if text.startswith(PREFIX):
+            return text[len(PREFIX) :].encode()
+        return compile_cuda(code, *rest)
+
+    def postproc_hook(code, target):
+        ptx = getattr(_pending, "ptx", None)
+        if ptx is not None:
+            return as_source(ptx)
+        return postproc(code, target) if postproc is not None else code
+
+    if compile_cuda is not None:
+        tvm_ffi.register_global_func(_COMPILE, compile_hook, override=True)
+    tvm_ffi.register_global_func(_POSTPROC, postproc_hook, override=True)
+    _installed.append(True)
+
+
+def build_module(ptx: str, symbol: str, arg_types: list, tags: list):
+    """A CUDA module holding ``ptx`` (kernel ``symbol``) made by TVM's own CUDA code generator,
+    for a TVM without a CUDA runtime: the generator is given an empty kernel of the same
+    signature and launch tags (so the module's function table is TVM's own), and its source is
+    replaced by the PTX.  ``export_library`` saves it; a GPU host with tvm_stitch imported
+    loads it."""
+    import tvm
+    import tvm_ffi
+
+    install()
+    params = [tvm.tirx.Var(f"arg{i}", t) for i, t in enumerate(arg_types)]
+    func = tvm.tirx.PrimFunc(params, tvm.tirx.Evaluate(0)).with_attrs(
+        {
+            "global_symbol": symbol,
+            "calling_conv": 2,  # a device kernel launched from the host
+            "tirx.kernel_launch_params": tags,
+            "tirx.noalias": True,
+        }
+    )
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    _pending.ptx = ptx
+    try:
+        return tvm_ffi.get_global_func("target.build.cuda")(tvm.IRModule({symbol: func}), target)
+    finally:
+        _pending.ptx = None

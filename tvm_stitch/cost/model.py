@@ -1,0 +1,296 @@
+"""The cost model that ranks generated kernels' tiles and launches: MCFuser's analytical model
+recalibrated for Hopper, times a learned correction.
+
+:func:`analytical` prices one candidate — tile sizes plus launch options (warps, pipeline stages,
+persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts alone:
+
+* per main-loop iteration of a program, the larger of its tensor-core time (a warpgroup's wgmma
+  takes 64 rows; fewer rows per warpgroup leave the rest idle), the time to bring its operand
+  tiles from L2 (the SM's share of L2 bandwidth), its exponentials for attention (the SFUs) and
+  the memory latency its ``stages - 1`` loads in flight cannot hide;
+* programs resident on an SM at once (shared memory and registers permitting) share its tensor
+  cores, SFUs and bandwidth but overlap their latencies; programs run in waves over the SMs
+  (wave quantization); a persistent kernel pays its pipeline fill once per SM, not per tile;
+* accumulators beyond the registers a thread has spill to local memory: a large penalty;
+* the whole kernel moves at least its unique bytes through DRAM, and pays one launch.
+
+:class:`CostModel` multiplies that by a correction learned from every measurement the tuning
+database holds (an xgboost regressor of ``log(measured / analytical)`` on the model's terms and
+the candidate's knobs), refit as measurements arrive.  Without xgboost, or with too few
+measurements, the analytical model ranks alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+
+from tvm_stitch.hardware import HardwareModel
+
+logger = logging.getLogger("tvm_stitch.cost")
+
+WGMMA_ROWS = 64  # rows one warpgroup's wgmma instruction takes
+BASE_REGISTERS = 48  # registers a GEMM thread needs besides its accumulators (addresses, loop)
+MIN_FIT = 40  # measurements below which no correction is learned
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What the model needs to know about a kernel besides its tiles.
+
+    Attributes
+    ----------
+    family : {"gemm", "attention", "chain"}
+    extents : dict
+        Loop extents: ``m, n, k`` for a GEMM (``n`` summed over merged products), ``m, n, k, h``
+        for attention and chains (``k`` the head dim of Q·Kᵀ, ``h`` of P·V).
+    batch : int
+        Independent instances (batch × heads for attention).
+    dtype_bytes : int
+    accumulators : int
+        Products sharing the A operand (two for gate × up).
+    persistent : bool
+        The kernel has the persistent formulation (its launch may choose it).
+    """
+
+    family: str
+    extents: dict
+    batch: int = 1
+    dtype_bytes: int = 2
+    accumulators: int = 1
+    persistent: bool = False
+
+    @staticmethod
+    def from_dict(d: dict) -> Workload:
+        """From the ``workload`` entry of a tuning record."""
+        return Workload(
+            d["family"],
+            dict(d["extents"]),
+            int(d.get("batch", 1)),
+            int(d.get("dtype_bytes", 2)),
+            int(d.get("accumulators", 1)),
+            bool(d.get("persistent", False)),
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _cdiv(a, b) -> int:
+    return -(-int(a) // int(b))
+
+
+def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
+    """The analytical model's terms for one candidate (seconds unless named otherwise)."""
+    warps = int(launch.get("num_warps", 4))
+    stages = max(int(launch.get("num_stages", 3)), 1)
+    persistent = bool(launch.get("PERSISTENT", False)) and w.persistent
+    ext, b = w.extents, w.dtype_bytes
+    bm, bn = tiles["m"], tiles["n"]
+    flops_sm = hw.peak_flops_fp16 / hw.num_sms
+    latency = hw.mem_latency_cycles / hw.clock_hz
+    groups = max(warps // 4, 1)
+    row_use = min(1.0, bm / groups / WGMMA_ROWS)
+    threads = 32 * warps
+    if w.family == "gemm":
+        bk, acc = tiles["k"], w.accumulators
+        programs = w.batch * _cdiv(ext["m"], bm) * _cdiv(ext["n"], bn)
+        iters = _cdiv(ext["k"], bk)
+        flops = 2 * bm * bn * bk * acc
+        loaded = (bm * bk + acc * bk * bn) * b
+        sfu = 0.0
+        registers = bm * bn * acc / threads + BASE_REGISTERS
+        smem = stages * loaded
+        unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
+        epilogue = bm * bn * b
+    else:  # flash-style: one program per (instance, query tile), a loop over key tiles
+        dk, dh = ext["k"], ext["h"]
+        programs = w.batch * _cdiv(ext["m"], bm)
+        iters = _cdiv(ext["n"], bn)
+        flops = 2 * bm * bn * (dk + dh)
+        loaded = bn * (dk + dh) * b
+        sfu = bm * bn / (hw.sfu_per_sm * hw.clock_hz) if w.family == "attention" else 0.0
+        # the output accumulator, the logits tile and its half-precision copy
+        registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
+        smem = stages * loaded + bm * dk * b
+        unique = w.batch * (ext["m"] * dk + ext["n"] * (dk + dh) + ext["m"] * dh) * b
+        epilogue = bm * dh * b
+    epilogue_bytes = epilogue
+    # a kernel whose stages do not fit in shared memory is built with fewer (the pass retries)
+    fixed = smem - stages * loaded
+    stages = max(1, min(stages, (hw.smem_per_block - fixed) // max(loaded, 1)))
+    smem = fixed + stages * loaded
+    spill = max(0.0, registers - hw.max_registers_per_thread)
+    by_smem = hw.smem_per_sm // max(smem, 1)
+    by_regs = hw.registers_per_sm // (threads * min(registers, hw.max_registers_per_thread))
+    resident = int(max(1, min(by_smem, by_regs, hw.max_threads_per_sm // threads)))
+    resident = min(resident, _cdiv(programs, hw.num_sms))
+    comp = flops / (flops_sm * row_use)
+    # L2 bandwidth of an SM: its port, or its share of the whole when every SM pulls
+    active = min(programs, hw.num_sms)
+    l2_sm = min(
+        hw.sm_l2_bytes_per_cycle * hw.clock_hz,
+        hw.mem_bandwidth * hw.l2_bandwidth_ratio / active,
+    )
+    load = loaded / l2_sm
+    epilogue = epilogue_bytes / l2_sm
+    hidden = latency / max(stages - 1, 1)
+    overhead = hw.loop_overhead_cycles / hw.clock_hz
+    # resident programs share the SM's throughput and overlap their latencies
+    t_iter = max(resident * comp, resident * load, resident * sfu, hidden) + overhead
+    if stages == 1:  # nothing in flight: every load's latency and time precede its product
+        t_iter = resident * (comp + load + sfu) + latency + overhead
+    spill_factor = 1.0 + spill / 8.0
+    fill = latency * 2  # the pipeline's first loads and the last tile's store
+    slots = hw.num_sms * resident
+    waves = _cdiv(programs, slots)
+    per_program = iters * t_iter * spill_factor + resident * epilogue
+    if persistent:
+        tiles_per_sm = _cdiv(programs, hw.num_sms)
+        step = t_iter if resident == 1 else max(comp, load, sfu, hidden) + overhead
+        main = tiles_per_sm * (iters * step * spill_factor + epilogue)
+        main += fill
+    else:
+        main = waves * (per_program + fill)
+    dram = unique / hw.mem_bandwidth
+    return {
+        "time": max(main, dram) + hw.launch_overhead,
+        "main": main,
+        "dram": dram,
+        "comp": comp,
+        "load": load,
+        "sfu": sfu,
+        "hidden": hidden,
+        "programs": programs,
+        "waves": waves,
+        "resident": resident,
+        "iters": iters,
+        "registers": registers,
+        "spill": spill,
+        "row_use": row_use,
+        "tail": programs / slots - math.floor(programs / slots),
+    }
+
+
+def analytical(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> float:
+    """Seconds the analytical model predicts for ``tiles`` launched with ``launch``."""
+    return terms(w, tiles, launch, hw)["time"]
+
+
+_KNOBS = ("m", "n", "k")
+_TERMS = ("main", "dram", "comp", "load", "sfu", "hidden")
+
+
+def features(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> list[float]:
+    """The learned correction's inputs: the analytical terms (log), the candidate's knobs and
+    the kernel's shape — the same for every family (absent knobs are 0)."""
+    t = terms(w, tiles, launch, hw)
+    ext = w.extents
+    return [
+        *(math.log(t[k] + 1e-9) for k in _TERMS),
+        *(math.log2(tiles.get(k, 1)) for k in _KNOBS),
+        float(launch.get("num_warps", 4)),
+        float(launch.get("num_stages", 3)),
+        float(bool(launch.get("PERSISTENT", False)) and w.persistent),
+        math.log2(t["programs"]),
+        float(t["waves"]),
+        float(t["resident"]),
+        float(t["iters"]),
+        t["registers"],
+        t["spill"],
+        t["row_use"],
+        t["tail"],
+        float(w.family == "gemm"),
+        float(w.family == "attention"),
+        float(w.accumulators),
+        *(math.log2(ext.get(k, 1)) for k in ("m", "n", "k", "h")),
+        math.log2(w.batch),
+    ]
+
+
+class CostModel:
+    """Analytical model times a correction learned from measurements.
+
+    Parameters
+    ----------
+    hw : HardwareModel
+    """
+
+    def __init__(self, hw: HardwareModel):
+        self.hw = hw
+        self.booster = None
+        self.fitted_on = 0
+
+    def predict(self, w: Workload, tiles: dict, launch: dict) -> float:
+        """Predicted seconds of one candidate."""
+        base = analytical(w, tiles, launch, self.hw)
+        if self.booster is None:
+            return base
+        import xgboost
+
+        x = xgboost.DMatrix(np.array([features(w, tiles, launch, self.hw)]))
+        return base * math.exp(float(self.booster.predict(x)[0]))
+
+    def fit(self, samples) -> bool:
+        """Learn the correction from ``samples``: ``(Workload, tiles, launch, seconds)``
+        (failed measurements, infinite, are left out).  Returns whether a correction is in use.
+        """
+        rows = [(w, t, la, s) for w, t, la, s in samples if math.isfinite(s) and s > 0]
+        if len(rows) < MIN_FIT:
+            self.booster = None
+            return False
+        try:
+            import xgboost
+        except ImportError:
+            logger.info("xgboost is not installed: the analytical cost model ranks alone")
+            self.booster = None
+            return False
+        x = np.array([features(w, t, la, self.hw) for w, t, la, _ in rows])
+        y = np.array([math.log(s / analytical(w, t, la, self.hw)) for w, t, la, s in rows])
+        params = {"max_depth": 4, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": 0}
+        self.booster = xgboost.train(params, xgboost.DMatrix(x, label=y), num_boost_round=200)
+        self.fitted_on = len(rows)
+        return True
+
+    def fit_database(self, database, exclude=()) -> bool:
+        """:meth:`fit` on every measurement ``database`` holds for this GPU (records whose keys
+        are in ``exclude`` left out)."""
+        return self.fit(samples(database.records, self.hw.arch, exclude))
+
+
+def samples(records: dict, arch: str | None = None, exclude=()) -> list:
+    """``(Workload, tiles, launch, seconds)`` of every measurement in tuning ``records``
+    (optionally only those of ``arch``)."""
+    out = []
+    for key, rec in records.items():
+        if key in exclude or "workload" not in rec or (arch and not key.endswith(f"|{arch}")):
+            continue
+        w = Workload.from_dict(rec["workload"])
+        for m in rec.get("measurements", ()):
+            out.append((w, m["tiles"], m["launch"], float(m["time_s"])))
+    return out
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (ties take their average rank); nan under three pairs."""
+    pairs = [(x, y) for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    if len(pairs) < 3:
+        return math.nan
+    ra, rb = (_ranks([p[i] for p in pairs]) for i in (0, 1))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / den) if den else math.nan
+
+
+def _ranks(values) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    order = np.argsort(v, kind="mergesort")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    for value in np.unique(v):  # ties: average rank
+        tied = v == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
