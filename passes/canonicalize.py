@@ -128,7 +128,8 @@ def _evaluate(mod, static) -> list:
     for gv in _global_vars(func):
         funcs[gv.name_hint] = mod[gv]
     sub = tvm.IRModule(funcs)
-    with tvm.target.Target("llvm"):
+    # a context of its own: the enclosing build's options (CUDA graphs) are not this one's
+    with tvm.transform.PassContext(opt_level=3), tvm.target.Target("llvm"):
         ex = tvm.compile(sub, target="llvm")
     result = relax.VirtualMachine(ex, tvm.cpu())["fold"]()
     return [result[i].numpy() for i in range(len(static.frontier))]

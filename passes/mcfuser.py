@@ -39,7 +39,7 @@ _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
 
 class _Tuner:
     """Configs of generated kernels: tuning database first, else Algorithm 1 timing the kernel
-    itself (or the analytical model alone without a GPU)."""
+    itself, ranked by the cost model (or the cost model alone without a GPU)."""
 
     def __init__(self, hw, database, on_device):
         from tvm_stitch.cost.model import CostModel

@@ -190,6 +190,7 @@ def tune_attention(
         tk.attention_config,
         on_device,
         f"attention {batch}x{m}x{n}x{dk}x{dh}",
+        workload=Workload("attention", dict(spec.extents), batch, spec.dtype_bytes),
     )
     tuned.inputs = inputs
     return tuned
