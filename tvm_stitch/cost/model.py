@@ -34,6 +34,7 @@ logger = logging.getLogger("tvm_stitch.cost")
 
 WGMMA_ROWS = 64  # rows one warpgroup's wgmma instruction takes
 BASE_REGISTERS = 48  # registers a GEMM thread needs besides its accumulators (addresses, loop)
+SOFTMAX_OPS = 8  # fp32 operations per logit of an online softmax (scale, max, subtract, sum, ...)
 MIN_FIT = 40  # measurements below which no correction is learned
 
 
@@ -112,7 +113,10 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         iters = _cdiv(ext["n"], bn)
         flops = 2 * bm * bn * (dk + dh)
         loaded = bn * (dk + dh) * b
-        sfu = bm * bn / (hw.sfu_per_sm * hw.clock_hz) if w.family == "attention" else 0.0
+        sfu = 0.0
+        if w.family == "attention":  # an exponential and the row statistics per logit
+            lanes = hw.peak_flops_fp32 / 2 / hw.num_sms  # fp32 results per second of an SM
+            sfu = bm * bn / (hw.sfu_per_sm * hw.clock_hz) + SOFTMAX_OPS * bm * bn / lanes
         # the output accumulator, the logits tile and its half-precision copy
         registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
         smem = stages * loaded + bm * dk * b
@@ -141,6 +145,9 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
     t_iter = max(resident * comp, resident * load, resident * sfu, hidden) + overhead
+    if sfu:  # the softmax sits between the two products: one program's steps do not overlap,
+        # and resident programs contend for the same issue slots
+        t_iter = max(resident * (comp + sfu), resident * load, hidden) + overhead
     if stages == 1:  # nothing in flight: every load's latency and time precede its product
         t_iter = resident * (comp + load + sfu) + latency + overhead
     spill_factor = 1.0 + spill / 8.0
