@@ -328,3 +328,24 @@ def test_attention_and_chain_on_the_gpu(tmp_path, monkeypatch, dtype):
         assert any(gv.name_hint.startswith("stitch_") for gv in fused.functions)
         out = _gpu_run(inst)
         np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+@pytest.mark.gpu
+def test_a_library_built_as_without_a_gpu_runs_on_the_gpu(tmp_path, monkeypatch):
+    """The cross-compile path on one machine: with ``TVM_COMPILE_FORCE_FALLBACK`` (TVM's switch)
+    TVM's kernels and the Triton kernels are built as on a machine without a CUDA runtime (CUDA
+    source, Triton PTX kept as source), exported, loaded back and run against PyTorch."""
+    from tvm_stitch.codegen import ptx
+    from tvm_stitch.report import cuda_source
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    monkeypatch.setenv("TVM_COMPILE_FORCE_FALLBACK", "1")
+    inst = get_workload("bert-tiny").instance("float16", batch=2, seq=67)
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    assert cuda_source(ex).count(ptx.PREFIX) >= 4  # attention and the GEMMs, as sources
+    ex.export_library(str(tmp_path / "mod.so"))
+    monkeypatch.delenv("TVM_COMPILE_FORCE_FALLBACK")
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "mod.so")), dev)
+    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
+    np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)

@@ -90,7 +90,9 @@ def cmd_run(args) -> int:
         print(
             f"=> {before.kernels} kernels become {after.kernels}, "
             f"{before.bytes / 1e6:.2f} MB of estimated traffic become {after.bytes / 1e6:.2f} MB"
-            "\n   (on a GPU host: tvm-stitch run --target cuda)\n"
+            "\n   (on a GPU host: tvm-stitch run --target cuda; or build the GPU executable "
+            f"here: tvm-stitch build {args.workload} --target cuda -o DIR, then on the GPU "
+            "host: tvm-stitch check DIR)\n"
         )
         print(f"Checked on this CPU (llvm): {inst.name}, both pipelines against PyTorch")
     else:

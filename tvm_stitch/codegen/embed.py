@@ -99,13 +99,20 @@ class Launch:
     def module(self):
         """The TVM CUDA module holding the PTX.
 
-        With TVM's CUDA runtime it is a loaded module; without one (a CPU machine) it is the
-        module TVM's own CUDA code generator makes there, which ``export_library`` saves and a
-        GPU host loads: the executable is compiled here and run there.
+        With TVM's CUDA runtime it is a loaded module; without one (a CPU machine, or
+        ``TVM_COMPILE_FORCE_FALLBACK=1``, TVM's own switch) it is the module TVM's CUDA code
+        generator makes there, which ``export_library`` saves and a GPU host loads: the
+        executable is compiled here and run there.
         """
+        import os
+
         import tvm_ffi
 
-        if tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is not None:
+        runtime = tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True)
+        # TVM_COMPILE_FORCE_FALLBACK: TVM's switch for building as if it had no CUDA runtime
+        forced = os.environ.get("TVM_COMPILE_FORCE_FALLBACK", "") not in ("", "0", "false",
+                                                                        "False", "FALSE")
+        if runtime is not None and not forced:
             from tvm.tirx.script.builder.external_kernel import BaseKernel
 
             return BaseKernel()._create_cuda_module(
