@@ -22,6 +22,7 @@ import os
 import numpy as np
 import tvm
 
+from tvm_stitch.cost.model import spearman
 from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.pipeline import phases
@@ -68,13 +69,6 @@ def _build(func, plan):
     return tvm.compile(tvm.IRModule({"main": scheduled}), target=TARGET)
 
 
-def _spearman(a, b) -> float:
-    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    if len(a) < 3 or np.std(ra) == 0 or np.std(rb) == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
@@ -114,7 +108,7 @@ def sweep(dtype: str, top: int, hw: HardwareModel) -> list[dict]:
                 "chosen_us": rows[0][1],
                 "best_us": best,
                 "chosen_over_best": rows[0][1] / best if best else math.nan,
-                "spearman": _spearman(est, measured),
+                "spearman": spearman(est, measured),
                 "plans": [
                     {"plan": _label(p, reductions), "est_us": p.latency_us, "us": t, "error": e}
                     for p, t, e in rows
