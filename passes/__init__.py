@@ -7,7 +7,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .canonicalize import FoldStaticShapes
 from .mcfuser import FuseMBCI
-from .precision import AccumulateFloat32
+from .precision import AccumulateFloat32, HalfActivations
 from .stitch import StitchFusion, StitchSchedule
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "AnalyzeTensorGraph",
     "FoldStaticShapes",
     "FuseMBCI",
+    "HalfActivations",
     "ReportFusion",
     "StitchFusion",
     "StitchSchedule",

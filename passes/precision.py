@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -75,3 +76,133 @@ class AccumulateFloat32:
             return mod
         logger.info("precision: %d half-precision reductions accumulate in float32", promoter.count)
         return promoter.builder_.get()
+
+
+# -- half-precision activations -------------------------------------------------------------------
+#: Ops whose dtypes are left as they are: products and convolutions (``ToMixedPrecision`` already
+#: gives them half-precision operands and float32 accumulation) and casts (they say their dtype).
+_KEEP = ("relax.matmul", "relax.linear", "relax.astype", "relax.nn.conv1d", "relax.nn.conv2d",
+         "relax.nn.conv3d", "relax.nn.conv2d_transpose")
+_F16_MAX = 65504.0
+
+
+@relax.expr_functor.mutator
+class _Narrower(relax.PyExprMutator):
+    """Float32 activations computed in float16: each op with a float32 result (but products and
+    casts) is re-emitted on float16 operands when its type then comes out float16; its float32
+    form stays as a cast for consumers that want float32 (dead, and removed, when none do)."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.half: dict = {}  # original float32 var -> its float16 value
+        self.count = 0
+
+    def _narrow(self, arg):
+        if isinstance(arg, relax.Var) and arg in self.half:
+            return self.half[arg]
+        new = self.visit_expr(arg)
+        if _dtype(new) != "float32":
+            return new
+        bound = self.lookup_binding(new) if isinstance(new, relax.Var) else None
+        for const in (new, bound):
+            if isinstance(const, tvm.ir.expr.Constant):
+                return _saturated(const)
+        return self.builder_.emit(relax.op.astype(new, "float16"))
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        source = _cast(value, "float32")
+        if source is not None and _dtype(source) in HALF:  # astype(x16, float32)
+            self.half[binding.var] = self.visit_expr(source)
+        target = _cast(value, "float16")
+        if target is not None and isinstance(target, relax.Var) and target in self.half:
+            self._rebind(binding, self.half[target])  # astype(x32, float16) of a narrowed x
+            return
+        if isinstance(target, tvm.ir.expr.Constant) and _dtype(target) == "float32":
+            self._rebind(binding, _saturated(target))
+            return
+        if not self._narrowable(value):
+            super().visit_var_binding_(binding)
+            return
+        call = relax.Call(value.op, [self._narrow(a) for a in value.args], value.attrs,
+                          value.ty_args)
+        try:
+            call = self.builder_.normalize(call)
+        except Exception:  # noqa: BLE001 - an op that insists on float32 stays as it is
+            call = None
+        if call is None or not _tensor_of(call.ty, "float16"):
+            super().visit_var_binding_(binding)
+            return
+        half = self.builder_.emit(call)
+        self.half[binding.var] = half
+        self.count += 1
+        self._rebind(binding, relax.op.astype(half, "float32"))
+
+    def _rebind(self, binding, value):
+        """Bind ``value`` where ``binding`` was (a dataflow var, or a block's output)."""
+        var = binding.var
+        if isinstance(var, relax.DataflowVar) or not self.builder_.current_block_is_dataflow():
+            new = self.builder_.emit(value, var.name)
+        else:
+            new = self.builder_.emit_output(value, var.name)
+        self.set_var_remap(var, new)
+
+    @staticmethod
+    def _narrowable(value) -> bool:
+        return (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, tvm.ir.Op)
+            and value.op.name not in _KEEP
+            and _tensor_of(value.ty, "float32")
+        )
+
+
+def _saturated(const):
+    """A float32 constant as float16, its extremes saturated: ``finfo(float32).min``, which
+    masks are made of, becomes float16's lowest finite value (as in a float16 model), not -inf
+    (``0 * -inf`` is NaN)."""
+    value = np.clip(const.value.numpy(), -_F16_MAX, _F16_MAX).astype("float16")
+    return relax.const(value, "float16")
+
+
+def _cast(value, dtype):
+    """``x`` of ``astype(x, dtype)``, else None."""
+    if (
+        isinstance(value, relax.Call)
+        and value.op == tvm.ir.Op.get("relax.astype")
+        and str(value.attrs.dtype) == dtype
+    ):
+        return value.args[0]
+    return None
+
+
+def _tensor_of(ty, dtype) -> bool:
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == dtype
+
+
+@tvm.transform.module_pass(opt_level=0, name="HalfActivations")
+class HalfActivations:
+    """Activations in float16, as after PyTorch's ``model.half()``.
+
+    Runs after ``relax.transform.ToMixedPrecision``, which gives products float16 operands but
+    computes every other op in float32 unless all its operands come from products: a transformer's
+    embedding lookup (``take``, no mixed-precision policy in TVM) then keeps the whole residual
+    stream — its adds and LayerNorms — in float32, twice the bytes PyTorch moves for the same
+    model in float16.  Here every op with a float32 result but products and casts is computed on
+    float16 operands (float32 constants saturated to float16's range, as a float16 model's
+    ``finfo.min`` masks are); reductions still accumulate in float32 (:class:`AccumulateFloat32`,
+    TVM's norms).  The function's signature is unchanged.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        narrower = _Narrower(mod)
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function) and not any(
+                k in (func.attrs or {}) for k in _KERNEL_ATTRS
+            ):
+                narrower.builder_.update_func(gv, narrower.visit_expr(func))
+        if not narrower.count:
+            return mod
+        logger.info("precision: %d ops computed in float16 instead of float32", narrower.count)
+        out = narrower.builder_.get()
+        return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))

@@ -5,8 +5,10 @@
 
 The model is exported with ``torch.export`` in float32 and imported with TVM's
 ``from_exported_program``.  For ``float16``, ``relax.transform.ToMixedPrecision`` converts the
-module afterwards (float16 operands, float32 accumulation, float16 weights): TVM 0.27 cannot import
-a model exported in float16 (mixed dtypes in its linear layers).  Tensors cross between PyTorch and
+module afterwards (float16 operands, float32 accumulation, float16 weights) and
+``HalfActivations`` keeps the activations in float16 as ``model.half()`` does (reductions still
+accumulate in float32): TVM 0.27 cannot import a model exported in float16 (mixed dtypes in its
+linear layers).  Tensors cross between PyTorch and
 TVM through DLPack, without copies, on PyTorch's current CUDA stream.
 """
 
@@ -103,8 +105,11 @@ def import_torch(
         # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
         # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
         # parameters instead of float32 ones cast on every call
+        from tvm_stitch.passes.precision import HalfActivations
+
         names = [v.name for v in mod["main"].params[num_inputs:]]
         mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
+        mod = HalfActivations()(mod)  # float16 activations, as model.half() computes them
         weights = [w.astype("float16") if w.dtype == np.float32 else w for w in weights]
     return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
 

@@ -1158,8 +1158,10 @@ def _attention_finalize(graph, match: Match) -> None:
     raise first
 
 
-#: logits at or below this (or -inf) add nothing to a softmax: exp underflows to 0 exactly
-MASKED = -1e30
+#: logits at or below this (or -inf) add nothing to a softmax: float16's lowest finite value,
+#: what float16 models mask with (``finfo(float16).min``; float32 ones use float32's, far below);
+#: ``exp(-65504 - max)`` underflows to 0 exactly in every float format
+MASKED = -65504.0
 
 
 def _constant_grid(graph, match, leaf):

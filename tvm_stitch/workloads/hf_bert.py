@@ -1,7 +1,8 @@
 """Hugging Face ``BertModel`` imported from PyTorch.
 
 Imported as :func:`tvm_stitch.from_torch` imports (:func:`tvm_stitch.frontend.import_torch`):
-exported in float32 and, for float16, converted afterwards with ``ToMixedPrecision``.
+exported in float32 and, for float16, converted afterwards (``ToMixedPrecision``,
+``HalfActivations``).
 """
 
 from __future__ import annotations

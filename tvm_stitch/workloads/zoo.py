@@ -1,7 +1,7 @@
 """The model zoo: Hugging Face models as users bring them, built from configs with random weights.
 
 Each model is exported with ``torch.export`` and imported with ``from_exported_program`` through
-:func:`tvm_stitch.frontend.import_torch` (float16 through ``ToMixedPrecision``), exactly as
+:func:`tvm_stitch.frontend.import_torch` (float16 as ``model.half()`` computes it), exactly as
 ``tvm_stitch.from_torch`` does for a user.  Nothing is downloaded: ``transformers`` builds the
 models from the configs below, initialised by its own ``_init_weights`` from a seeded generator,
 with every one-dimensional parameter (biases, norm scales) then perturbed so that a lost bias or
