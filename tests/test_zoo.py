@@ -95,7 +95,7 @@ def test_zoo_recognition_per_layer(name):
 
 
 @pytest.mark.parametrize(("name", "dtype"), [(n, "float32") for n in ZOO] + [
-    ("llama-tiny", "float16"), ("hf-bert-tiny", "float16")])
+    ("llama-tiny", "float16"), ("hf-bert-tiny", "float16"), ("gpt2-tiny", "float16")])
 def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype):
     """Every recognized kernel replaced by its TE reference: still PyTorch's numbers."""
     inst = instance(name, dtype)
