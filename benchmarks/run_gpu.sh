@@ -3,8 +3,9 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains | attention |
-#       mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] | profile:WORKLOAD[:KEY=VALUE,...]
+# STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
+#       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
+#       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -25,6 +26,13 @@ for step in "$@"; do
             ;;
         tests)
             python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/pytest-gpu.log" || status=1
+            ;;
+        tests:*)  # one file (the whole suite outlasts one call): tests:tests/test_zoo.py
+            python3 -m pytest -q -m gpu "${step#tests:}" --durations=5 2>&1 \
+                | tee -a "$out/pytest-gpu.log" || status=1
+            ;;
+        check:*)
+            python3 -m tvm_stitch check "${step#check:}" 2>&1 | tee -a "$out/check.log" || status=1
             ;;
         bert:*)
             shape=${step#bert:}
