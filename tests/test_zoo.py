@@ -136,10 +136,12 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
     """The Triton text of every distinct kernel against its TE reference (irregular shapes)."""
     script = Path(__file__).with_name("generated_interpret_cases.py")
     env = {**os.environ, "TRITON_INTERPRET": "1", "TVM_STITCH_CACHE": str(tmp_path)}
-    # the last: sequences a multiple of 128 and power-of-two heads, printed without bounds checks
+    # the last two: sequences a multiple of 128 and power-of-two heads, and GEMMs of 256 rows and
+    # 512 columns, printed without bounds checks along those axes
     specs = ["bert-tiny:float32:batch=2,seq=19", "llama-tiny:float16:seq=33",
              "gpt2-tiny:float16:seq=33",
-             "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1"]
+             "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1",
+             "bert-tiny:float16:batch=2,seq=128"]
     res = subprocess.run([sys.executable, str(script), *specs], capture_output=True, text=True,
                          env=env, check=False, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -27,7 +27,7 @@ from tvm.ir.prim import expr as P
 
 from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Op, Reduce
 from tvm_stitch.analysis.indexing import Strided, dtype_of
-from tvm_stitch.codegen.triton_kernels import ATTENTION_MAX_TILE
+from tvm_stitch.codegen.triton_kernels import ATTENTION_MAX_TILE, GEMM_MAX_TILE
 
 _TL_DTYPES = {
     "float16": "tl.float16",
@@ -170,6 +170,7 @@ class ElemPrinter:
         self.pointers, self.views, self.acc = pointers, views, accumulators
         self.lines: list[str] = []
         self._names: dict = {}
+        self._keys: dict = {}  # id -> structural key (the elements outlive the printer)
         self._prefix = prefix
         self._count = 0
 
@@ -180,7 +181,11 @@ class ElemPrinter:
         return name
 
     def expr(self, e: Elem) -> str:
-        key = id(e)
+        # structurally equal subexpressions are printed once (an epilogue's tree repeats them:
+        # GELU's x appears twice, with its bias load and add); Triton does not merge loads
+        key = self._keys.get(id(e))
+        if key is None:
+            key = self._keys[id(e)] = e.key()
         if key in self._names:
             return self._names[key]
         text = self._print(e)
@@ -475,7 +480,15 @@ def gemm_source(match, name: str) -> KernelSource:
         head = heads[si][0]
         n_axis = n_axes[si]
         tiles = {"b": "pid_b", "m": "rm[:, None]", n_axis: "rn[None, :]"}
-        masks = {"m": f"(rm < {m})[:, None]", n_axis: f"(rn < {seg.n})[None, :]"}
+        # no bounds checks along an axis every legal tile divides
+        masks = {
+            axis: text
+            for axis, extent, text in (
+                ("m", m, f"(rm < {m})[:, None]"),
+                (n_axis, seg.n, f"(rn < {seg.n})[None, :]"),
+            )
+            if extent % GEMM_MAX_TILE
+        }
         acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
         printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_")
         body = []

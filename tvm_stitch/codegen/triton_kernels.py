@@ -425,16 +425,24 @@ def powers_of_two(cand) -> str | None:
 WARPGROUP_ROWS = 64
 
 
+#: the widest row or column tile of a GEMM: a 256x256 float32 accumulator already fills all of
+#: 8 warps' registers (generated kernels also rely on it to leave out bounds checks)
+GEMM_MAX_TILE = 256
+
+
 def gemm_legality(spec, cand, accumulators: int = 1) -> str | None:
     """Why the GEMM template cannot run ``cand`` well enough to be worth measuring, or None.
 
-    Tiles are powers of two, and a row tile holds at least a warpgroup's 64 rows when M has
-    that many.  With two ``accumulators`` (a gate and an up projection) a program holds at most
-    128×64 outputs (the registers of one 128×128 tile).
+    Tiles are powers of two of at most :data:`GEMM_MAX_TILE`, and a row tile holds at least a
+    warpgroup's 64 rows when M has that many.  With two ``accumulators`` (a gate and an up
+    projection) a program holds at most 128×64 outputs (the registers of one 128×128 tile).
     """
     reason = powers_of_two(cand)
     if reason:
         return reason
+    big = max(cand.tile_dict["m"], cand.tile_dict["n"])
+    if big > GEMM_MAX_TILE:
+        return f"a {big}-wide tile: its accumulators spill registers"
     tiles = cand.tile_dict["m"] * cand.tile_dict["n"]
     if accumulators > 1 and tiles > 128 * 128 // accumulators:
         return f"{accumulators} accumulators of {tiles} elements spill registers"
