@@ -47,8 +47,7 @@ class _Tuner:
         self.hw, self.db, self.on_device = hw, database, on_device
         self.seen: dict[str, dict] = {}  # model-only choices of this compile
         self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
-        if self.cost.fit_database(database):
-            logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
+        self.fitted = False  # fit when a kernel first needs a search, not when none does
 
     def config(self, match, source, shapes, constants) -> dict:
         from tvm_stitch.tune.kernels import tune_generated
@@ -59,6 +58,10 @@ class _Tuner:
             return rec["config"]
         if key in self.seen:
             return self.seen[key]
+        if not self.fitted:
+            self.fitted = True
+            if self.cost.fit_database(self.db):
+                logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
         tuned = tune_generated(
             match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
         )

@@ -62,20 +62,26 @@ class AccumulateFloat32:
     """
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        promoter = _Promoter(mod)
-        for gv, func in mod.functions.items():
-            attrs = func.attrs or {}
-            if isinstance(func, relax.Function) and not any(k in attrs for k in _KERNEL_ATTRS):
-                try:
-                    new = promoter.visit_expr(func)
-                except Exception as err:  # noqa: BLE001 - never break a build: keep TVM's dtypes
-                    logger.warning("precision: %s left as it is: %r", gv.name_hint, err)
-                    continue
-                promoter.builder_.update_func(gv, new)
+        promoter = _rewrite_functions(_Promoter(mod), mod)
         if not promoter.count:
             return mod
         logger.info("precision: %d half-precision reductions accumulate in float32", promoter.count)
         return promoter.builder_.get()
+
+
+def _rewrite_functions(mutator, mod):
+    """``mutator`` run over every Relax function of ``mod`` but those standing for one kernel;
+    a function it fails on is left as it is (never break a build: TVM's dtypes are kept)."""
+    for gv, func in mod.functions.items():
+        attrs = func.attrs or {}
+        if isinstance(func, relax.Function) and not any(k in attrs for k in _KERNEL_ATTRS):
+            try:
+                new = mutator.visit_expr(func)
+            except Exception as err:  # noqa: BLE001 - never break a build
+                logger.warning("precision: %s left as it is: %r", gv.name_hint, err)
+                continue
+            mutator.builder_.update_func(gv, new)
+    return mutator
 
 
 # -- half-precision activations -------------------------------------------------------------------
@@ -115,7 +121,7 @@ class _Narrower(relax.PyExprMutator):
         if source is not None and _dtype(source) in HALF:  # astype(x16, float32)
             self.half[binding.var] = self.visit_expr(source)
         target = _cast(value, "float16")
-        if target is not None and isinstance(target, relax.Var) and target in self.half:
+        if isinstance(target, relax.Var) and target in self.half:
             self._rebind(binding, self.half[target])  # astype(x32, float16) of a narrowed x
             return
         if isinstance(target, tvm.ir.expr.Constant) and _dtype(target) == "float32":
@@ -195,12 +201,7 @@ class HalfActivations:
     """
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        narrower = _Narrower(mod)
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function) and not any(
-                k in (func.attrs or {}) for k in _KERNEL_ATTRS
-            ):
-                narrower.builder_.update_func(gv, narrower.visit_expr(func))
+        narrower = _rewrite_functions(_Narrower(mod), mod)
         if not narrower.count:
             return mod
         logger.info("precision: %d ops computed in float16 instead of float32", narrower.count)

@@ -1228,25 +1228,20 @@ def causal_offset(graph, match) -> int | None:
 
     ext = match.frame.extents
     m, n = ext["m"], ext["n"]
-    arrays = {}
+    grids = {}
     for leaf in leaves(match.score):
         if leaf.tensor == match.score_tensor:
             continue
-        value = graph.values.get(leaf.tensor)
-        view = match.views.get(("x", leaf.key()))
-        if not isinstance(value, ir.expr.Constant) or view is None:
+        grid = _constant_grid(graph, match, leaf)
+        if grid is None:
             return None
-        if any(s and a not in ("m", "n") for a, s in view.strides):
-            return None
-        arrays[leaf.key()] = (value.value.numpy().reshape(-1), view)
+        grids[leaf.key()] = grid
     rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
 
     def read(leaf):
         if leaf.tensor == match.score_tensor:
             return np.zeros((m, n), "float32")
-        data, view = arrays[leaf.key()]
-        stride = view.stride
-        return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
+        return grids[leaf.key()]
 
     coords = {v.name: 0 for v in match.frame.vars.values()}
     coords.update({match.frame.vars["m"].name: rows, match.frame.vars["n"].name: cols})

@@ -11,13 +11,13 @@ prefix makes the compile fail with a message saying so, rather than run somethin
 
 from __future__ import annotations
 
+import functools
 import threading
 
 PREFIX = "#error tvm-stitch: Triton PTX, import tvm_stitch before loading this library\n"
 _COMPILE = "tvm_callback_cuda_compile"
 _POSTPROC = "tvm_callback_cuda_postproc"
 _pending = threading.local()
-_installed: list = []  # one entry once install() has run
 
 
 def as_source(ptx: str) -> str:
@@ -25,11 +25,10 @@ def as_source(ptx: str) -> str:
     return PREFIX + ptx
 
 
+@functools.cache  # once: a second wrapping would wrap the first
 def install() -> None:
     """Wrap TVM's CUDA compile hook (PTX sources are handed back as PTX) and its source
-    post-processing hook (which :func:`build_module` uses to put the PTX in); idempotent."""
-    if _installed:
-        return
+    post-processing hook (which :func:`build_module` uses to put the PTX in)."""
     import tvm.support.nvcc  # noqa: F401 - registers TVM's compile hook, wrapped here
     import tvm_ffi
 
@@ -51,7 +50,6 @@ def install() -> None:
     if compile_cuda is not None:
         tvm_ffi.register_global_func(_COMPILE, compile_hook, override=True)
     tvm_ffi.register_global_func(_POSTPROC, postproc_hook, override=True)
-    _installed.append(True)
 
 
 def build_module(ptx: str, symbol: str, arg_types: list, tags: list):

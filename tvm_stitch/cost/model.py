@@ -106,7 +106,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         registers = bm * bn * acc / threads + BASE_REGISTERS
         smem = stages * loaded
         unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
-        epilogue = bm * bn * b
+        stored = bm * bn * b
     else:  # flash-style: one program per (instance, query tile), a loop over key tiles
         dk, dh = ext["k"], ext["h"]
         programs = w.batch * _cdiv(ext["m"], bm)
@@ -121,8 +121,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
         smem = stages * loaded + bm * dk * b
         unique = w.batch * (ext["m"] * dk + ext["n"] * (dk + dh) + ext["m"] * dh) * b
-        epilogue = bm * dh * b
-    epilogue_bytes = epilogue
+        stored = bm * dh * b
     # a kernel whose stages do not fit in shared memory is built with fewer (the pass retries)
     fixed = smem - stages * loaded
     stages = max(1, min(stages, (hw.smem_per_block - fixed) // max(loaded, 1)))
@@ -140,7 +139,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         hw.mem_bandwidth * hw.l2_bandwidth_ratio / active,
     )
     load = loaded / l2_sm
-    epilogue = epilogue_bytes / l2_sm
+    epilogue = stored / l2_sm
     hidden = latency / max(stages - 1, 1)
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
@@ -191,10 +190,9 @@ _KNOBS = ("m", "n", "k")
 _TERMS = ("main", "dram", "comp", "load", "sfu", "hidden")
 
 
-def features(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> list[float]:
-    """The learned correction's inputs: the analytical terms (log), the candidate's knobs and
-    the kernel's shape — the same for every family (absent knobs are 0)."""
-    t = terms(w, tiles, launch, hw)
+def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
+    """The learned correction's inputs: the analytical terms ``t`` (:func:`terms`; log), the
+    candidate's knobs and the kernel's shape — the same for every family (absent knobs are 0)."""
     ext = w.extents
     return [
         *(math.log(t[k] + 1e-9) for k in _TERMS),
@@ -233,13 +231,13 @@ class CostModel:
 
     def predict(self, w: Workload, tiles: dict, launch: dict) -> float:
         """Predicted seconds of one candidate."""
-        base = analytical(w, tiles, launch, self.hw)
+        t = terms(w, tiles, launch, self.hw)
         if self.booster is None:
-            return base
+            return t["time"]
         import xgboost
 
-        x = xgboost.DMatrix(np.array([features(w, tiles, launch, self.hw)]))
-        return base * math.exp(float(self.booster.predict(x)[0]))
+        x = xgboost.DMatrix(np.array([features(w, tiles, launch, t)]))
+        return t["time"] * math.exp(float(self.booster.predict(x)[0]))
 
     def fit(self, samples) -> bool:
         """Learn the correction from ``samples``: ``(Workload, tiles, launch, seconds)``
@@ -255,8 +253,9 @@ class CostModel:
             logger.info("xgboost is not installed: the analytical cost model ranks alone")
             self.booster = None
             return False
-        x = np.array([features(w, t, la, self.hw) for w, t, la, _ in rows])
-        y = np.array([math.log(s / analytical(w, t, la, self.hw)) for w, t, la, s in rows])
+        model = [terms(w, t, la, self.hw) for w, t, la, _ in rows]
+        x = np.array([features(w, t, la, m) for (w, t, la, _), m in zip(rows, model)])
+        y = np.array([math.log(s / m["time"]) for (*_, s), m in zip(rows, model)])
         # shallow trees: across compiles of other shapes deeper ones fit noise (chosen by
         # predicting each recorded H100 compile from the other: mean Spearman per kernel)
         params = {"max_depth": 2, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": 0}
@@ -264,18 +263,17 @@ class CostModel:
         self.fitted_on = len(rows)
         return True
 
-    def fit_database(self, database, exclude=()) -> bool:
-        """:meth:`fit` on every measurement ``database`` holds for this GPU (records whose keys
-        are in ``exclude`` left out)."""
-        return self.fit(samples(database.records, self.hw.arch, exclude))
+    def fit_database(self, database) -> bool:
+        """:meth:`fit` on every measurement ``database`` holds for this GPU."""
+        return self.fit(samples(database.records, self.hw.arch))
 
 
-def samples(records: dict, arch: str | None = None, exclude=()) -> list:
+def samples(records: dict, arch: str | None = None) -> list:
     """``(Workload, tiles, launch, seconds)`` of every measurement in tuning ``records``
     (optionally only those of ``arch``)."""
     out = []
     for key, rec in records.items():
-        if key in exclude or "workload" not in rec or (arch and not key.endswith(f"|{arch}")):
+        if "workload" not in rec or (arch and not key.endswith(f"|{arch}")):
             continue
         w = Workload.from_dict(rec["workload"])
         for m in rec.get("measurements", ()):

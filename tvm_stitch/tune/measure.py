@@ -102,7 +102,7 @@ class Tuned:
     config : dict
         Template parameters and launch options of the best candidate (set by the same).
     workload : dict
-        What was tuned, for the cost model (:func:`tvm_stitch.cost.model.workload`).
+        What was tuned, for the cost model (``Workload.to_dict()`` and the kernel's text).
     """
 
     space: object
@@ -194,7 +194,7 @@ def measured_search(
             "tiles": cand.tile_dict,
             "expr": str(cand.expr),
             "launch": dict(launch),
-            "model_s": model(cand),
+            "model_s": model(cand, launch),
             "time_s": t,
         })
         return t
