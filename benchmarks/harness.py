@@ -74,13 +74,15 @@ def tvm_device(target: tvm.target.Target):
     return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
 
 
-def _pipeline(target, kind: str):
-    """The stitch pipeline or TVM's default one for ``target``."""
-    return tvm_stitch.pipeline(target) if kind == "stitch" else tvm_stitch.default_pipeline(target)
+def _pipeline(target, kind: str, options=None):
+    """The stitch pipeline (with ``options``) or TVM's default one for ``target``."""
+    if kind == "stitch":
+        return tvm_stitch.pipeline(target, **(options or {}))
+    return tvm_stitch.default_pipeline(target)
 
 
-def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True):
-    """Compile ``inst.mod`` with the stitch or the default pipeline.
+def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True, options=None):
+    """Compile ``inst.mod`` with the stitch (``options``: its options) or the default pipeline.
 
     Returns
     -------
@@ -88,7 +90,7 @@ def compile_tvm(inst, target, pipeline_kind: str, use_cuda_graph: bool = True):
         The VM, compile seconds, and a note (e.g. why CUDA graphs were turned off).
     """
     target = as_target(target)
-    pipe = _pipeline(target, pipeline_kind)
+    pipe = _pipeline(target, pipeline_kind, options)
     graphs = use_cuda_graph and target.kind.name == "cuda"
     note = ""
     start = time.perf_counter()

@@ -1,6 +1,7 @@
 """Where a compiled workload spends its time: every VM call timed (synchronised), grouped, ranked.
 
 python -m tvm_stitch.benchmarks.profile_tvm bert-base -p batch=32 -p seq=128 [--pipeline stitch]
+    [--option fold_norms=true]
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def main(argv=None) -> int:
     parser.add_argument("workload")
     parser.add_argument("-p", "--param", action="append", default=[])
     parser.add_argument("--pipeline", choices=["stitch", "default"], default="stitch")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a stitch pipeline option, e.g. fold_norms=true")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     parser.add_argument(
@@ -33,8 +36,11 @@ def main(argv=None) -> int:
     target = (
         tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}) if cuda else tvm.target.Target("llvm")
     )
+    from tvm_stitch.cli import _options
+
+    options = _options(",".join(args.option))
     pipe = (
-        tvm_stitch.pipeline(target)
+        tvm_stitch.pipeline(target, **options)
         if args.pipeline == "stitch"
         else (tvm_stitch.default_pipeline(target))
     )

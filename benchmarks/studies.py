@@ -133,6 +133,7 @@ def run_study(
     torch_baselines: bool = True,
     json_out: str | None = None,
     echo: Callable[[str], None] = print,
+    variants: list[dict] | None = None,
 ) -> list[Record]:
     """Run one study and print its table.
 
@@ -154,6 +155,9 @@ def run_study(
         Append one JSON line per record to this file.
     echo : callable
         Where progress and the table go.
+    variants : list of dict, optional
+        Stitch pipelines with other options measured in the same run (e.g.
+        ``[{"fold_norms": False}]``), each as ``tvm-stitch[key=value]``.
 
     Returns
     -------
@@ -181,7 +185,8 @@ def run_study(
     for name, case_params in cases:
         inst = get_workload(name).instance(dtype, **case_params)
         echo(f"[{study}] {inst.name}")
-        new = bench_instance(study, inst, target, limits, torch_baselines=torch_baselines)
+        new = bench_instance(study, inst, target, limits, torch_baselines=torch_baselines,
+                             variants=variants)
         records.extend(new)
         if json_out:
             with open(json_out, "a", encoding="utf-8") as f:
@@ -191,7 +196,8 @@ def run_study(
     return records
 
 
-def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: bool = True):
+def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: bool = True,
+                   variants=None):
     """Measure every implementation of one workload instance; see :func:`run_study`."""
     kind = target.kind.name
     device = "cuda" if kind == "cuda" else "cpu"
@@ -204,10 +210,12 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
         "dtype": inst.dtype,
     }
     records = []
-    for pipeline in ("default", "stitch"):
-        rec = Record(impl=f"tvm-{pipeline}", **base)
+    runs = [("default", {}), ("stitch", {})] + [("stitch", dict(v)) for v in variants or ()]
+    for pipeline, options in runs:
+        label = ",".join(f"{k}={v}" for k, v in options.items())
+        rec = Record(impl=f"tvm-{pipeline}" + (f"[{label}]" if label else ""), **base)
         try:
-            report = fusion_report(inst.mod, target, pipeline)
+            report = fusion_report(inst.mod, target, pipeline, **options)
             rec.kernels, rec.est_bytes = report.kernels, report.bytes
             if kind == "cuda" and pipeline == "default":
                 # TVM's own kernels may fault on imported models: run them in a child process
@@ -215,23 +223,24 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
                 rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
                 records.append(fill_rates(rec, inst, limits))
                 continue
-            vm, rec.compile_s, rec.note = compile_tvm(inst, target, pipeline)
+            vm, rec.compile_s, rec.note = compile_tvm(inst, target, pipeline, options=options)
             dev = tvm_device(target)
             args, outs = run_tvm(vm, inst, dev)
             rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
             if kind == "cuda" and not all(np.isfinite(o).all() for o in outs):
                 # Relax's CUDA-graph rewrite gave non-finite results (seen on GPT-2, with or
                 # without tvm-stitch's kernels): measure the build without it, and say so
-                vm, rec.compile_s, _ = compile_tvm(inst, target, pipeline, use_cuda_graph=False)
+                vm, rec.compile_s, _ = compile_tvm(inst, target, pipeline, use_cuda_graph=False,
+                                                   options=options)
                 args, outs = run_tvm(vm, inst, dev)
                 rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
                 rec.note = "Relax CUDA graph gave NaN: built without it"
-                rec.graph_us = _graph_time(inst, rec, target, pipeline)
+                rec.graph_us = _graph_time(inst, rec, target, pipeline, options)
             rec.time_us = time_tvm(vm, inst.func, args, dev)
             # a module of one or two kernels is timed as CUDA-graph replays too (as PyTorch
             # is): the VM's per-call cost would otherwise be most of its figure
             if kind == "cuda" and (study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
-                rec.graph_us = _graph_time(inst, rec, target, pipeline)
+                rec.graph_us = _graph_time(inst, rec, target, pipeline, options)
         except Exception as err:
             logger.exception("%s %s failed", inst.name, rec.impl)
             rec.note = f"failed: {type(err).__name__}: {err}"[:200]
@@ -241,14 +250,14 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
     return records
 
 
-def _graph_time(inst, rec, target, pipeline) -> float | None:
+def _graph_time(inst, rec, target, pipeline, options=None) -> float | None:
     """The TVM call timed as CUDA-graph replays; None (with a note) when it cannot be captured.
 
     A VM that runs its kernels through Relax's own CUDA graph cannot be captured inside another
     graph (and a failed capture leaves PyTorch's CUDA state unusable), so this figure comes
     from the same pipeline built without it."""
     try:
-        plain, _, _ = compile_tvm(inst, target, pipeline, use_cuda_graph=False)
+        plain, _, _ = compile_tvm(inst, target, pipeline, use_cuda_graph=False, options=options)
         args, _ = run_tvm(plain, inst, tvm_device(target))
         return time_tvm_graph(plain, inst.func, args)
     except Exception as err:  # noqa: BLE001 - the VM figure stands alone then

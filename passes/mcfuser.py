@@ -131,10 +131,14 @@ class FuseMBCI:
     measure : bool
         Search tiles by measuring on the GPU (when there is one); else the tuning database's
         or the cost model's choice is taken (model choices are not stored).
+    fold_norms : bool
+        Fold normalizations whose every reader is a GEMM kernel into those kernels (see
+        :class:`tvm_stitch.config.PipelineOptions`).
     """
 
     def __init__(
-        self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True
+        self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
+        fold_norms=False,
     ):
         unknown = set(families) - set(FAMILIES)
         if unknown:
@@ -144,6 +148,7 @@ class FuseMBCI:
         self.families = tuple(families)
         self.plan_only = plan_only
         self.measure = measure
+        self.fold_norms = fold_norms
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -168,14 +173,15 @@ class FuseMBCI:
             logger.info("Triton kernels not used: %s", err)
             return mod
         tuner = _Tuner(hw, self.database or TuningDatabase(), on_device and self.measure)
-        return _Rewriter(mod, builder, tuner).run(self.families)
+        return _Rewriter(mod, builder, tuner, self.fold_norms).run(self.families)
 
 
 class _Rewriter:
     """One pass over a module: rewrites matches, collects the new PrimFuncs and CUDA modules."""
 
-    def __init__(self, mod, builder, tuner):
+    def __init__(self, mod, builder, tuner, fold_norms=False):
         self.mod, self.builder, self.tuner = mod, builder, tuner
+        self.fold_norms = fold_norms
         self.ctx = relax.BlockBuilder(mod)  # hands out typed GlobalVars for new PrimFuncs
         self.funcs: dict[str, relax.GlobalVar] = {}
         self.prims: dict[str, tvm.tirx.PrimFunc] = {}
@@ -208,7 +214,7 @@ class _Rewriter:
 
     def _function(self, name, func, families):
         graph = build_graph(self.mod, name, legalize=False)
-        found = recognize(graph, families)
+        found = recognize(graph, families, fold_norms=self.fold_norms)
         kernels = []
         for match in found.matches:
             try:

@@ -89,10 +89,14 @@ def main(specs):
     for spec in specs:
         name, dtype, *rest = spec.split(":")
         params = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
+        fold = params.pop("fold", "0") == "1"  # the kernels with normalizations folded in too
         inst = get_workload(name).instance(dtype, **{k: int(v) for k, v in params.items()})
         graph = build_graph(legalized(inst.mod), legalize=False)
         seen = set()
-        for match in recognize(graph).matches:
+        matches = recognize(graph).matches
+        if fold:
+            matches += recognize(graph, fold_norms=True).matches
+        for match in matches:
             key = triton_gen.kernel_source(match).name
             if key not in seen:
                 seen.add(key)

@@ -74,23 +74,35 @@ def run_llvm(mod, inst):
 @pytest.mark.parametrize("seq", [19, 67])
 def test_bert_layers_become_kernel_calls(database, seq):
     """Per layer: Q, K and V as one kernel, attention, output projection (+ residual), FFN in
-    (+ GELU), FFN out (+ residual); the two layers share their PrimFuncs.  134 rows (seq 67)
-    need warpgroup-sized row tiles with a ragged edge."""
+    (+ GELU), FFN out (+ residual), the LayerNorms between them folded into the GEMMs reading
+    them; layers share their PrimFuncs where they compute the same.  134 rows (seq 67) need
+    warpgroup-sized row tiles with a ragged edge."""
     inst = get_workload("bert-tiny").instance("float32", batch=2, seq=seq)
     calls = []
     with CUDA:
-        out = FuseMBCI(database, reference_builder(calls))(legalized(inst.mod))
-    families = sorted(m.family for m, _, _ in calls)
-    assert families == ["attention", "gemm", "gemm", "gemm", "gemm"]
+        out = FuseMBCI(database, reference_builder(calls), fold_norms=True)(legalized(inst.mod))
+    kernels = sorted(m.describe() for m, _, _ in calls)
+    assert [k.split()[0] for k in kernels] == ["attention"] + ["gemm"] * 6, kernels
     qkv = [m for m, _, _ in calls if len(m.segments) == 3]
-    assert len(qkv) == 1 and [s.n for s in qkv[0].segments] == [128, 128, 128]
+    assert len(qkv) == 2 and all([s.n for s in m.segments] == [128, 128, 128] for m in qkv)
+    # layer 1's Q/K/V and both FFN-in kernels normalize their A (layer 0's Q/K/V reads the
+    # embeddings' LayerNorm: the position embeddings are read modulo the sequence, no view)
+    assert sum(m.prologue is not None for m, _, _ in calls) == 2  # FFN in: one PrimFunc
     text = out.script()
     assert text.count("R.call_tir(cls.stitch_gemm_") == 8
     assert text.count("R.call_tir(cls.stitch_attention_") == 2
+    # LayerNorms left: the embeddings' and the model's output
+    assert text.count("R.call_tir(cls.layer_norm") == 2
     # no matrix product, softmax, GELU, weight transpose or head split/merge is left to TVM
     for name in ("matmul", "softmax", "gelu", "transpose"):
         assert f"R.call_tir(cls.{name}" not in text, name
     np.testing.assert_allclose(run_llvm(out, inst), inst.reference()[0], *inst.tolerance)
+
+    calls = []
+    with CUDA:
+        unfolded = FuseMBCI(database, reference_builder(calls))(legalized(inst.mod))
+    assert unfolded.script().count("R.call_tir(cls.layer_norm") == 5
+    assert all(m.prologue is None for m, _, _ in calls)
 
 
 def test_attention_and_chain_subgraphs_numerics(database):

@@ -96,18 +96,22 @@ def test_zoo_recognition_per_layer(name):
 
 @pytest.mark.parametrize(("name", "dtype"), [(n, "float32") for n in ZOO] + [
     ("llama-tiny", "float16"), ("hf-bert-tiny", "float16"), ("gpt2-tiny", "float16")])
-def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype):
-    """Every recognized kernel replaced by its TE reference: still PyTorch's numbers."""
+@pytest.mark.parametrize("fold", [False, True], ids=["", "folded"])
+def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype, fold):
+    """Every recognized kernel replaced by its TE reference: still PyTorch's numbers — also
+    with every normalization read only by GEMMs folded into them (``fold_norms``)."""
     inst = instance(name, dtype)
     calls = []
 
     def build(match, source, config, shapes):
-        calls.append(match.family)
+        calls.append(match.family if match.prologue is None else "normalized")
         return reference_func(match, source, shapes), []
 
     with CUDA, caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
-        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build)(legalized(inst.mod))
+        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=fold)(
+            legalized(inst.mod))
     assert "attention" in calls and "gemm" in calls
+    assert ("normalized" in calls) == fold  # every zoo model has a norm before a GEMM
     assert "left to TVM" not in caplog.text  # every kernel was built and put in place
     assert mod.script().count("R.call_tir(cls.stitch_") >= len(calls)
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
@@ -132,13 +136,36 @@ def test_cuda_fusion_report_on_a_cpu(name, tmp_path, monkeypatch):
     assert report.kernels < default.kernels * 0.6
 
 
+#: kernels fold_norms saves on the two-layer models: every norm but the model's last (its output)
+#: — two per layer — except BERT's embeddings LayerNorm (its position embeddings are read
+#: modulo the sequence: no strided view over the flattened rows) and, in GPT-2, one kernel for
+#: the embeddings' sum, which shared the first LayerNorm's kernel and is left on its own
+SAVED = {"hf-bert-tiny": 3, "gpt2-tiny": 3, "llama-tiny": 4, "vit-tiny": 4}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_folded_norms_leave_the_kernel_list(name, tmp_path, monkeypatch):
+    """With ``fold_norms`` every LayerNorm / RMSNorm read only by GEMMs is computed inside them:
+    two kernels fewer per layer, the same generated kernels otherwise (CUDA report, CPU)."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
+    inst = instance(name, "float16")
+    _, layers = ZOO[name]
+    plain = tvm_stitch.fusion_report(inst.mod, CUDA)
+    folded = tvm_stitch.fusion_report(inst.mod, CUDA, fold_norms=True)
+    opaque = [len([g for g in r.groups if g.kinds == ["opaque"]]) for r in (plain, folded)]
+    assert opaque[0] == opaque[1] == len(PER_LAYER[name]) * layers
+    assert plain.kernels - folded.kernels == SAVED[name]
+
+
 def test_generated_kernels_under_the_interpreter(tmp_path):
     """The Triton text of every distinct kernel against its TE reference (irregular shapes)."""
     script = Path(__file__).with_name("generated_interpret_cases.py")
     env = {**os.environ, "TRITON_INTERPRET": "1", "TVM_STITCH_CACHE": str(tmp_path)}
     # the last two: sequences a multiple of 128 and power-of-two heads, and GEMMs of 256 rows and
     # 512 columns, printed without bounds checks along those axes
-    specs = ["bert-tiny:float32:batch=2,seq=19", "llama-tiny:float16:seq=33",
+    # (fold=1: also the GEMMs with the LayerNorm / RMSNorm before them folded in)
+    specs = ["bert-tiny:float32:batch=2,seq=19,fold=1", "llama-tiny:float16:seq=33,fold=1",
              "gpt2-tiny:float16:seq=33",
              "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1",
              "bert-tiny:float16:batch=2,seq=128"]
@@ -168,6 +195,24 @@ def test_zoo_on_the_gpu(tmp_path, monkeypatch, name, params):
     pipe = tvm_stitch.pipeline(CUDA, tune="model")
     ex = tvm.compile(inst.mod, CUDA, relax_pipeline=pipe)
     assert any("stitch_attention_" in m.inspect_source() for m in _cuda_modules(ex))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
+    np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "params"), [
+    ("hf-bert-tiny", {"batch": 2, "seq": 67}),
+    ("llama-tiny", {"seq": 45}),
+])
+def test_folded_norms_on_the_gpu(tmp_path, monkeypatch, name, params):
+    """LayerNorm (post-norm BERT: A prologues and residual epilogues) and RMSNorm (LLaMA: the
+    Q/K/V and gate × up prologues) computed inside the GEMMs: PyTorch's numbers on the GPU."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload(name).instance("float16", **params)
+    pipe = tvm_stitch.pipeline(CUDA, tune="model", fold_norms=True)
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=pipe)
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
     out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()

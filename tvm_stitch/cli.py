@@ -112,6 +112,18 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _options(text: str) -> dict:
+    """``fold_norms=false,tune=model`` -> pipeline options (booleans and integers parsed)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --variant takes KEY=VALUE pairs, got {item!r}")
+        low = value.lower()
+        out[key] = {"true": True, "false": False}.get(low, int(value) if value.isdigit() else value)
+    return out
+
+
 def cmd_bench(args) -> int:
     from tvm_stitch.benchmarks import run_study
 
@@ -124,6 +136,7 @@ def cmd_bench(args) -> int:
         dtype=args.dtype,
         torch_baselines=not args.no_torch,
         json_out=args.json_out,
+        variants=[_options(v) for v in args.variant or ()],
     )
     return 1 if any(r.correct is False for r in records if r.impl.startswith("tvm")) else 0
 
@@ -221,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-w", "--workload", action="append", help="only this workload (repeatable)")
     p.add_argument("--json-out", metavar="FILE", help="append JSON lines to FILE")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
+    p.add_argument("--variant", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="also the stitch pipeline with these options, e.g. fold_norms=false")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(

@@ -92,9 +92,11 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             measure = opts.tune == "measure"
             fusion.insert(
                 at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only,
-                                    measure=measure)
+                                    measure=measure, fold_norms=opts.fold_norms)
             )
-        # one tensor where a front end computed it several times (a cast per consumer)
+        # one tensor where a front end computed it several times (a cast per consumer); the
+        # aliases that leaves are dropped (an alias reads its tensor outside any kernel)
+        fusion.insert(at, relax.transform.CanonicalizeBindings())
         fusion.insert(at, relax.transform.EliminateCommonSubexpr())
         if opts.report:
             fusion.append(passes.ReportFusion())

@@ -53,6 +53,7 @@ from .elem import (
     format_elem,
     leaves,
     replace,
+    walk,
 )
 from .indexing import (
     Strided,
@@ -82,6 +83,7 @@ class Frame:
     def __init__(self):
         self.vars: dict[str, object] = {}
         self.extents: dict[str, int] = {}
+        self.reductions: dict[str, tuple] = {}  # name -> (Var, extent) of row statistics
         self.analyzer = sym.Analyzer()
 
     def axis(self, name: str, extent: int):
@@ -92,6 +94,18 @@ class Frame:
 
     def simplify(self, expr):
         return self.analyzer.simplify(expr)
+
+    def adopt(self, elem) -> None:
+        """Know the reduction variables of ``elem`` (a row statistic's leaves are indexed by
+        them); bound here too, since a merged kernel's frame did not create them."""
+        for e in walk(elem):
+            if isinstance(e, Reduce):
+                self.reduction(e.var, e.extent)
+
+    def reduction(self, var, extent: int) -> None:
+        if var.name not in self.reductions:
+            self.reductions[var.name] = (var, extent)
+            bind(self.analyzer, var, extent)
 
     def same(self, a, b) -> bool:
         """Whether two indices are equal at every coordinate."""
@@ -267,6 +281,11 @@ class Match:
     causal : int or None
         ``attention``: the logits are masked exactly where ``key > query + causal`` (found on a
         mask folded to a constant), so key blocks past the diagonal can be skipped.
+    prologue : Elem or None
+        ``gemm``: ``A``'s element over (b, m, k) when the kernel computes ``A`` instead of
+        reading it — a normalization folded into its consumer (SOUFFLE's schedule propagation):
+        row statistics (reductions over the row, free of ``k``) and elementwise ops on the
+        tensors it reads.  ``accesses["a"]`` is then its main read.
     """
 
     family: str
@@ -283,6 +302,7 @@ class Match:
     causal: int | None = None
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
+    prologue: Elem | None = None
 
     @property
     def all_outputs(self) -> list[Output]:
@@ -305,6 +325,8 @@ class Match:
                 text += f", {len(self.segments)} bands"
             if max(len(s.products) for s in self.segments) > 1:
                 text += ", 2 products"
+            if self.prologue is not None:
+                text += ", normalized A"
         else:
             heads = f"{ext.get('b', 1)}x{ext.get('h', 1)}x"
             dims = f"{heads}{ext['m']}x{ext['n']} d{ext['k']}"
@@ -349,19 +371,63 @@ def _views_policy(graph, stop=frozenset(), casts=False) -> Policy:
     return Policy(inline=inline)
 
 
-def _epilogue_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
+def _epilogue_policy(graph, stop=frozenset(), inside=frozenset(), fold=frozenset()) -> Policy:
     """Epilogues and logits: data movement is seen through; elementwise producers that nothing
     else reads (or that lie ``inside`` the epilogue region) are recomputed in the kernel;
-    materialized tensors are read."""
+    materialized tensors are read, but for the normalizations folded into it (``fold``: the
+    tensors of their regions, row statistics included)."""
 
     def inline(node):
         if node.output in stop:
             return False
+        if node.output in fold:
+            return True
         if node.output in inside:
             return elementwise(node)
         return data_movement(node) or (elementwise(node) and not _materialized(graph, node.output))
 
-    return Policy(inline=inline)
+    return Policy(inline=inline, reductions=bool(fold))
+
+
+def _prologue_policy(graph, stop, fold) -> Policy:
+    """``A`` of a GEMM a normalization is folded into: views, float casts and the tensors of the
+    folded regions (``fold``) are computed in the kernel."""
+    views = _views_policy(graph, stop, casts=True)
+
+    def inline(node):
+        return node.output not in stop and (node.output in fold or views.inline(node))
+
+    return Policy(inline=inline, reductions=True)
+
+
+def norm_region(graph: TensorDependencyGraph, tensor: str, stop=frozenset()) -> frozenset | None:
+    """The tensors a kernel recomputes to fold ``tensor`` into it — the normalization (or any
+    elementwise function of row statistics) that writes it, back to the tensors it reads — or
+    None when ``tensor`` is not computed from a row reduction.
+
+    The region grows through elementwise, data-movement and row-reduction producers and stops
+    at tensors other kernels write (``stop``) or others read (materialized), which stay reads.
+    """
+    first = graph.nodes.get(graph.tensors[tensor].producer or "")
+    if first is None or not elementwise(first):
+        return None
+    region, stack, reduces = set(), [tensor], 0
+    while stack:
+        t = stack.pop()
+        if t in region:
+            continue
+        node = graph.nodes.get(graph.tensors[t].producer or "")
+        if t != tensor and (t in stop or _materialized(graph, t)):
+            continue
+        if node is None or node.block is None:
+            continue
+        if node.kind is OpKind.ROW_REDUCE:
+            reduces += 1
+        elif not elementwise(node):
+            continue
+        region.add(t)
+        stack.extend(m.tensor for m in node.inputs)
+    return frozenset(region) if reduces else None
 
 
 def _region_policy(graph, stop=frozenset()) -> Policy:
@@ -377,11 +443,13 @@ def _region_policy(graph, stop=frozenset()) -> Policy:
 
 
 # -- entry point -----------------------------------------------------------------------------------
-def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
+def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False) -> Recognition:
     """Every kernel of ``families`` in ``graph``, each contraction in at most one match.
 
     Attention and chains are recognized first (they contain two contractions), then the remaining
-    contractions as GEMMs; GEMMs sharing their ``A`` operand are grouped (horizontal fusion).
+    contractions as GEMMs; with ``fold_norms``, normalizations whose every reader is a GEMM are
+    folded into those GEMMs (:func:`norm_region`); GEMMs sharing their ``A`` operand are then
+    grouped (horizontal fusion).
     """
     unknown = set(families) - set(FAMILIES)
     if unknown:
@@ -431,6 +499,9 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES) -> Recognition:
             written.update(o.tensor for o in match.all_outputs)
             read.update(v.tensor for r, v in match.views.items() if not str(r).startswith("out"))
             matches.append(match)
+        if fold_norms:
+            matches = _fold_norms(graph, contractions, matches, frozenset(written),
+                                  frozenset(read), rejected)
         matches = _group_horizontal(graph, matches, rejected)
     for name, why in rejected:
         logger.info("recognize: %s not fused: %s", name, why)
@@ -467,6 +538,54 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
     return Access(elem.tensor, elem.index)
 
 
+def _a_operand(graph, frame, composer, tensor, index, vmap, stop, fold) -> tuple:
+    """``(Access, prologue)`` of a GEMM's ``A``: a view (prologue None), or with normalizations
+    folded in (``fold``), the element computing it and its main read — the leaf that varies
+    along the row and ``k``.  Its row statistics must not depend on ``k``."""
+    if not fold:
+        return _operand(graph, frame, composer, tensor, index, vmap, "A", stop, casts=True), None
+    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
+    elem = _strip_casts(composer.element(tensor, idx, _prologue_policy(graph, stop, fold)))
+    if isinstance(elem, Leaf):
+        return Access(elem.tensor, elem.index), None
+    _check_statistics(elem, _row_names(frame), "A")
+    k = frame.vars["k"]
+    outer = [leaf for leaf in _outer_leaves(elem) if _uses(leaf, k)
+             and any(_uses(leaf, frame.vars[a]) for a in frame.vars if a.startswith("m"))]
+    if not outer:
+        raise NotRecognizedError(f"A reads no tensor along its rows and k: {format_elem(elem)}")
+    frame.adopt(elem)
+    return Access(outer[0].tensor, outer[0].index), elem
+
+
+def _row_names(frame) -> set:
+    return {v.name for a, v in frame.vars.items() if a[:1] in "bm"}
+
+
+def _outer_leaves(elem: Elem) -> list[Leaf]:
+    """The leaves of ``elem`` outside its reductions."""
+    out, stack = [], [elem]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Leaf):
+            out.append(e)
+        elif not isinstance(e, Reduce):
+            stack.extend(reversed(e.children()))
+    return out
+
+
+def _check_statistics(elem: Elem, rows: set, what: str) -> None:
+    """Every reduction in ``elem`` is a row statistic: indexed by the row (and batch)
+    coordinates (``rows``: names) and its own variables only."""
+    for e in walk(elem):
+        if not isinstance(e, Reduce):
+            continue
+        inner = {x.var.name for x in walk(e) if isinstance(x, Reduce)}
+        for leaf in leaves(e):
+            for name in _vars_of(leaf.index) - rows - inner:
+                raise NotRecognizedError(f"{what}: a reduction varies along {name}, not only rows")
+
+
 def _widened_operand(graph, frame, composer, tensor, index, vmap, dtype, stop) -> Access:
     """An operand that is a float32 cast of a view of a ``dtype`` tensor: that tensor's view."""
     access = _operand(graph, frame, composer, tensor, index, vmap, "V", stop, casts=True)
@@ -491,23 +610,26 @@ def _out_index(c: Contraction, vmap) -> tuple:
     return tuple(substitute(i, vmap) for i in c.node.block.body.indices)
 
 
-def _gemm(graph, c: Contraction, stop, read=frozenset()) -> Match:
-    """The GEMM kernel of ``c`` with the longest epilogue whose output is a strided view."""
+def _gemm(graph, c: Contraction, stop, read=frozenset(), fold=frozenset()) -> Match:
+    """The GEMM kernel of ``c`` with the longest epilogue whose output is a strided view; the
+    tensors of ``fold`` (normalizations folded into it) are computed, not read."""
     dtype = _check_dtype(graph, c)
     last = None
     for region in epilogue_regions(graph, c.out, stop, read):
         frame, vmap = _frame_for(c)
         composer = Composer(graph, frame.analyzer)
         try:
-            a = _operand(graph, frame, composer, *c.a, vmap, "A", stop, casts=True)
+            a, prologue = _a_operand(graph, frame, composer, *c.a, vmap, stop, fold)
             b = _operand(graph, frame, composer, *c.b, vmap, "B", stop, casts=True)
             out_index = _out_index(c, vmap)
-            epi, others = _epilogue(graph, frame, composer, c, out_index, region, stop)
+            epi, others = _epilogue(graph, frame, composer, c, out_index, region, stop, fold)
             products = [(c.out, b)]
             covered = [c.node.name, *_calls_nodes(graph, epi.covered_calls)]
+            mine = (a.key(), prologue.key() if prologue is not None else None)
             for other, leaf in others:
                 try:
-                    b2 = _partner(graph, frame, composer, c, other, leaf, out_index, a, stop)
+                    b2 = _partner(graph, frame, composer, c, other, leaf, out_index, mine, stop,
+                                  fold)
                 except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
                     logger.info(
                         "recognize: %s read from memory by %s's epilogue: %s",
@@ -529,12 +651,76 @@ def _gemm(graph, c: Contraction, stop, read=frozenset()) -> Match:
                 list(covered),
                 segments=[segment],
                 acc_dtype=c.acc_dtype,
+                prologue=prologue,
             )
             finalize(graph, match)
             return match
         except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
             last = err
     raise NotRecognizedError(str(last))
+
+
+def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[Match]:
+    """Normalizations (any elementwise function of row statistics: LayerNorm, RMSNorm, however
+    written) whose every reader is a GEMM kernel stop being kernels of their own: each reader
+    recomputes them — as ``A``'s prologue or inside its epilogue (SOUFFLE's schedule
+    propagation with a two-phase reduction: statistics first, then the product)."""
+    gemms = {m.covered[0]: m for m in matches if m.family == "gemm"}
+    readers: dict[str, list[str]] = {}
+    for name, m in gemms.items():
+        tensors = {m.accesses["a"].tensor}
+        for seg in m.segments:
+            for o in seg.outputs:
+                tensors.update(x.tensor for x in leaves(o.elem) if x.tensor not in o.accumulators)
+        for t in tensors:
+            readers.setdefault(t, []).append(name)
+    folds: dict[str, frozenset] = {}
+    errors = (NotRecognizedError, CompositionError, UnsupportedExprError)
+    for tensor, names in readers.items():
+        if tensor in graph.pinned or tensor in written:
+            continue
+        region = norm_region(graph, tensor, written)
+        if region is None:
+            continue
+        calls = {graph.nodes[n].call for name in names for n in gemms[name].covered}
+        outside = _other_readers(graph, tensor, calls)
+        if outside:
+            rejected.append((tensor, f"normalization not folded: also read by {outside}"))
+            continue
+        trial = {}
+        try:
+            for name in names:
+                fold = folds.get(name, frozenset()) | region
+                own = {o.tensor for o in gemms[name].all_outputs}
+                match = _gemm(graph, contractions[name], written - own, read, fold)
+                if tensor in {v.tensor for v in match.views.values()}:
+                    raise NotRecognizedError(f"{name} still reads it")
+                trial[name] = (match, fold)
+        except errors as err:
+            rejected.append((tensor, f"normalization not folded: {err}"))
+            continue
+        for name, (match, fold) in trial.items():
+            gemms[name], folds[name] = match, fold
+        logger.info("recognize: %s folded into %s", tensor, ", ".join(names))
+    return [gemms.get(m.covered[0], m) if m.family == "gemm" else m for m in matches]
+
+
+def _other_readers(graph, tensor, calls) -> str | None:
+    """A reader of ``tensor`` outside ``calls``, seen through data movement (views read by
+    those calls), or None."""
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        if t != tensor and t in graph.pinned:
+            return "the function's result"
+        for node in graph.consumers(t):
+            if node.call in calls:
+                continue
+            if data_movement(node) or (elementwise(node) and _float_cast(node)):
+                stack.append(node.output)
+                continue
+            return node.call
+    return None
 
 
 def _check_dtype(graph, c: Contraction) -> str:
@@ -635,14 +821,14 @@ def _between(graph, start, end, producer_call, calls_of) -> set | None:
     return back - {start} if start in back else None
 
 
-def _epilogue(graph, frame, composer, c: Contraction, out_index, region, stop):
+def _epilogue(graph, frame, composer, c: Contraction, out_index, region, stop, fold=frozenset()):
     """The epilogue ``region`` after ``c`` as an output, and the other products it reads
     (``[(Contraction, Leaf)]``: candidates for computing them in the same kernel)."""
-    output, others = _write_back(graph, frame, composer, c, out_index, region, stop)
+    output, others = _write_back(graph, frame, composer, c, out_index, region, stop, fold)
     return _Epilogue(output, list(region.calls)), others
 
 
-def _write_back(graph, frame, composer, c, out_index, region, stop):
+def _write_back(graph, frame, composer, c, out_index, region, stop, fold=frozenset()):
     """The end of ``region`` (after ``c``) as an :class:`Output` over ``c``'s frame."""
     end = region.end
     info = graph.tensors[end]
@@ -651,13 +837,16 @@ def _write_back(graph, frame, composer, c, out_index, region, stop):
         bind(frame.analyzer, y, d)
     # the region's calls, its last one included, are the kernel's to compute
     inside = region.interior | ({end} if region.calls else set())
-    elem = composer.element(end, tuple(ys), _epilogue_policy(graph, stop, inside))
+    elem = composer.element(end, tuple(ys), _epilogue_policy(graph, stop, inside, fold))
     mine = [leaf for leaf in leaves(elem) if leaf.tensor == c.out]
     if len({leaf.key() for leaf in mine}) != 1:
         raise NotRecognizedError(f"the epilogue reads the product {len(mine)} ways")
     forward = mine[0].index  # product coordinates as functions of the output's
     inverse = _invert(forward, ys, info.shape, out_index, frame)
     elem = _reindex(elem, inverse, frame)
+    if fold:
+        _check_statistics(elem, _row_names(frame), "the epilogue")
+        frame.adopt(elem)
     access = Access(end, tuple(frame.simplify(substitute(y, inverse)) for y in ys))
     others = []
     for leaf in leaves(elem):
@@ -674,7 +863,8 @@ def _write_back(graph, frame, composer, c, out_index, region, stop):
     return Output(end, access, elem, (c.out,)), others
 
 
-def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a: Access, stop):
+def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a, stop,
+             fold=frozenset()):
     """Another product read by ``c``'s epilogue at the same position, computed in the same
     kernel: it must share ``A``, shapes and dtypes, and have no other reader."""
     if _materialized(graph, other.out):
@@ -699,8 +889,8 @@ def _partner(graph, frame, composer, c, other: Contraction, leaf, out_index, a: 
             names[iv.var] = tirx.const(0, dtype_of(iv.var))
     if _check_dtype(graph, other) != _check_dtype(graph, c) or other.acc_dtype != c.acc_dtype:
         raise NotRecognizedError(f"{other.node.name} has other dtypes")
-    a2 = _operand(graph, frame, composer, *other.a, names, "the partner's A", stop, casts=True)
-    if a.key() != a2.key():
+    a2, prologue = _a_operand(graph, frame, composer, *other.a, names, stop, fold)
+    if a != (a2.key(), prologue.key() if prologue is not None else None):
         raise NotRecognizedError(f"{other.node.name} reads another A")
     return _operand(graph, frame, composer, *other.b, names, "the partner's B", stop, casts=True)
 
@@ -765,6 +955,7 @@ def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
             continue
         key = (
             m.accesses["a"].key(),
+            m.prologue.key() if m.prologue is not None else None,
             tuple((a, e) for a, e in m.frame.extents.items() if not a.startswith("n")),
             m.dtype,
             m.acc_dtype,
@@ -824,6 +1015,8 @@ def _merge(group: list[Match]) -> Match:
         if i:
             vmap[m.frame.vars["n"]] = frame.axis(f"n@{i}", m.frame.extents["n"])
         seg = m.segments[0]
+        for var, extent in m.frame.reductions.values():
+            frame.reduction(var, extent)
         products = [(p, _rebase(acc, vmap, first.frame)) for p, acc in seg.products]
         outputs = [_reoutput(o, vmap, first.frame) for o in seg.outputs]
         segments.append(Segment(seg.n, products, outputs, seg.covered))
@@ -836,6 +1029,7 @@ def _merge(group: list[Match]) -> Match:
         covered,
         segments=segments,
         acc_dtype=first.acc_dtype,
+        prologue=first.prologue,
     )
 
 
@@ -1271,6 +1465,8 @@ def _all_accesses(match: Match) -> dict:
         _extras(match, o.elem, out, skip=set(o.accumulators))
     if match.score is not None:
         _extras(match, match.score, out, skip={match.score_tensor})
+    if match.prologue is not None:
+        _extras(match, match.prologue, out, skip=set())
     return out
 
 
@@ -1284,6 +1480,9 @@ def _extras(match, elem, out, skip) -> None:
 
 def _view(graph, access: Access, axes, frame) -> Strided | None:
     info = graph.tensors[access.tensor]
+    used = _vars_of(access.index)
+    # a row statistic's reads vary along its reduction variable too
+    axes = {**axes, **{n: v for n, (v, _) in frame.reductions.items() if n in used}}
     return strided(access.tensor, info.shape, info.dtype, access.index, axes, frame.analyzer)
 
 
@@ -1370,6 +1569,9 @@ def _substituted(match: Match, vmap) -> Match | None:
             ],
             outputs=[_reoutput(o, vmap, frame) for o in match.outputs],
             score=_reindex(match.score, vmap, frame) if match.score is not None else None,
+            prologue=(
+                _reindex(match.prologue, vmap, frame) if match.prologue is not None else None
+            ),
         )
     except UnsupportedExprError:
         return None
@@ -1385,6 +1587,7 @@ def _reoutput(o: Output, vmap, frame) -> Output:
 def _apply(match: Match, trial: Match) -> None:
     match.accesses, match.segments = trial.accesses, trial.segments
     match.outputs, match.score = trial.outputs, trial.score
+    match.prologue = trial.prologue
 
 
 def _rename_single(match: Match) -> None:

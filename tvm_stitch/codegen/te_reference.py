@@ -15,10 +15,10 @@ import tvm
 from tvm import te, tirx
 from tvm.ir.prim import expr as P
 
-from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf
+from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Reduce
 from tvm_stitch.analysis.indexing import Strided, as_int64, dtype_of
 
-from .triton_gen import UnsupportedKernelError, _extra_views
+from .triton_gen import UnsupportedKernelError, _extra_views, statistics_of
 
 _F32 = "float32"
 _ZERO = tirx.const(0, "int64")
@@ -46,8 +46,9 @@ def _cast(x, dtype):
 class _Evaluator:
     """Element expressions as TE expressions."""
 
-    def __init__(self, tensors, views, coords, acc):
+    def __init__(self, tensors, views, coords, acc, stats=None):
         self.tensors, self.views, self.coords, self.acc = tensors, views, coords, acc
+        self.stats = stats or {}  # Reduce key -> reader of its values at the coordinates
         self.vars = {}
 
     def __call__(self, e: Elem):
@@ -60,6 +61,8 @@ class _Evaluator:
                 return _cast(self.acc[e.tensor](self.coords), e.dtype)
             view = self.views[e.key()]
             return _read(view, self.tensors[view.tensor], self.coords)
+        if isinstance(e, Reduce):
+            return self.stats[e.key()](self.coords)
         args = [self(a) for a in e.args]
         op = e.op
         binary = {
@@ -141,18 +144,49 @@ def _write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
     return te.compute(tuple(shape), element, name=f"out_{len(axes)}")
 
 
+def _statistics(match, tensors, extras) -> dict:
+    """Row statistics (reductions over a row) as tensors over the frame's row axes; Reduce key
+    -> reader at coordinates."""
+    ext = match.frame.extents
+    rows = [a for a in ext if a[:1] in "bm"]
+    stats = {}
+    for r in statistics_of(match.prologue, *(o.elem for o in match.all_outputs)):
+        full = te.compute(tuple(ext[a] for a in rows), _reduction(match, r, rows, tensors,
+                          extras, stats), name=f"stat{len(stats)}")
+        stats[r.key()] = _reader(full, rows)
+    return stats
+
+
+def _reduction(match, r, rows, tensors, extras, stats):
+    rk = te.reduce_axis((0, r.extent), r.var.name)
+    reducer = {"sum": te.sum, "max": te.max, "min": te.min}[r.op]
+
+    def fcompute(*idx):
+        coords = {**dict(zip(rows, idx)), r.var.name: rk}
+        ev = _Evaluator(tensors, extras, coords, {}, stats)
+        ev.vars = _frame_vars(match)
+        return reducer(ev(r.body).astype(r.dtype), axis=rk)
+
+    return fcompute
+
+
+def _reader(full, rows):
+    return lambda c: full[tuple(as_int64(c[a]) for a in rows)]
+
+
 def _gemm(match, tensors, shapes) -> dict:
     views = match.views
     extras = _extra_views(match)
     ext = match.frame.extents
     a = views["a"]
+    stats = _statistics(match, tensors, extras)
     outs = {}
     for si, seg in enumerate(match.segments):
         accs = {}
         for pi, (tensor, _) in enumerate(seg.products):
             bv = views[f"b{si}.{pi}"]
             n_axis = next((x for x, s in bv.strides if x.startswith("n") and s), "n")
-            product = _product(match, tensors, a, bv, n_axis, ext["k"])
+            product = _product(match, tensors, a, bv, n_axis, ext["k"], extras, stats)
             full = te.compute((ext.get("b", 1), ext["m"], seg.n), product, name=f"acc{si}_{pi}")
             accs[tensor] = (full, n_axis)
         for oi, out in enumerate(seg.outputs):
@@ -164,7 +198,7 @@ def _gemm(match, tensors, shapes) -> dict:
                     return lambda c: full[as_int64(c.get("b", _ZERO)), c["m"], c[n_axis]]
 
                 ev = _Evaluator(
-                    tensors, extras, coords, {t: acc_reader(t) for t in out.accumulators}
+                    tensors, extras, coords, {t: acc_reader(t) for t in out.accumulators}, stats
                 )
                 ev.vars = _frame_vars(match)
                 return ev(out.elem)
@@ -173,13 +207,19 @@ def _gemm(match, tensors, shapes) -> dict:
     return outs
 
 
-def _product(match, tensors, a, bv, n_axis, k):
-    """``fcompute(b, m, n)`` of ``Σ_k A[b, m, k] · B[b, k, n]`` in the accumulator's dtype."""
+def _product(match, tensors, a, bv, n_axis, k, extras, stats):
+    """``fcompute(b, m, n)`` of ``Σ_k A[b, m, k] · B[b, k, n]`` in the accumulator's dtype
+    (``A`` computed by the prologue when there is one)."""
     kr = te.reduce_axis((0, k), "kr")
 
     def product(b, m, n):
         # operands stored in another precision are converted to the product's first
-        x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.dtype)
+        if match.prologue is not None:
+            ev = _Evaluator(tensors, extras, {"b": b, "m": m, "k": kr}, {}, stats)
+            ev.vars = _frame_vars(match)
+            x = ev(match.prologue).astype(match.dtype)
+        else:
+            x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.dtype)
         y = _read(bv, tensors[bv.tensor], {"b": b, n_axis: n, "k": kr}).astype(match.dtype)
         return te.sum(x.astype(match.acc_dtype) * y.astype(match.acc_dtype), axis=kr)
 

@@ -163,11 +163,15 @@ class ElemPrinter:
         Leaf key -> :class:`Strided` view of that read.
     accumulators : dict
         Graph tensor -> Triton name of the value standing for it (accumulators, logits).
+    reduced : dict, optional
+        Structural key of a row statistic (:class:`Reduce`) -> Triton name of its values over
+        the tile's rows (computed beforehand, see :func:`row_statistics`).
     """
 
-    def __init__(self, tiles, masks, pointers, views, accumulators, prefix="t"):
+    def __init__(self, tiles, masks, pointers, views, accumulators, prefix="t", reduced=None):
         self.tiles, self.masks = tiles, masks
         self.pointers, self.views, self.acc = pointers, views, accumulators
+        self.reduced = reduced or {}
         self.lines: list[str] = []
         self._names: dict = {}
         self._keys: dict = {}  # id -> structural key (the elements outlive the printer)
@@ -213,7 +217,10 @@ class ElemPrinter:
                 return name if dtype == e.dtype else f"{name}.to({tl_dtype(e.dtype)})"
             return self.load(e)
         if isinstance(e, Reduce):
-            raise UnsupportedKernelError("a reduction inside an epilogue")
+            name = self.reduced.get(e.key())
+            if name is None:
+                raise UnsupportedKernelError("a reduction inside an epilogue")
+            return f"{name}[:, None]"
         args = [self.expr(a) for a in e.args]
         op = e.op
         if op in _INFIX:
@@ -314,6 +321,60 @@ class ElemPrinter:
             c, t, f = (self.index(x) for x in (expr.condition, expr.true_value, expr.false_value))
             return f"tl.where({c}, {t}, {f})"
         raise UnsupportedKernelError(f"coordinate expression {type(expr).__name__}")
+
+
+def statistics_of(*elems) -> list[Reduce]:
+    """The distinct reductions of ``elems`` (row statistics), inner ones first."""
+    out, seen = [], set()
+
+    def visit(e):
+        for child in e.children():
+            visit(child)
+        if isinstance(e, Reduce) and e.key() not in seen:
+            seen.add(e.key())
+            out.append(e)
+
+    for elem in elems:
+        if elem is not None:
+            visit(elem)
+    return out
+
+
+def _literal(value: float) -> str:
+    return repr(float(value)) if math.isfinite(value) else f'float("{value}")'
+
+
+#: columns of a row statistic's loop: a (BLOCK_M, ROW_CHUNK) tile per step
+ROW_CHUNK = 64
+_COMBINE = {"sum": "{acc} + tl.sum({v}, axis=1)", "max": "tl.maximum({acc}, tl.max({v}, axis=1))",
+            "min": "tl.minimum({acc}, tl.min({v}, axis=1))"}
+
+
+def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], dict]:
+    """Lines computing each row statistic over the tile's rows (``tiles``/``masks`` give the
+    row coordinates), one loop over its reduction axis each, inner statistics first: the first
+    phase of a two-phase reduction whose second is the kernel's use of them.  Returns the lines
+    and key -> Triton name."""
+    lines, names = [], {}
+    for i, r in enumerate(reduces):
+        name, var = f"stat{i}", r.var.name
+        dtype = tl_dtype(r.dtype)
+        lines.append(f"{name} = tl.full([BLOCK_M], {_literal(r.init)}, {dtype})")
+        lines.append(f"for r0 in range(0, {r.extent}, {ROW_CHUNK}):")
+        lines.append(f"    rr = r0 + tl.arange(0, {ROW_CHUNK})")
+        col_mask = f"(rr < {r.extent})[None, :]"
+        inner_masks = dict(masks)
+        if r.extent % ROW_CHUNK:
+            inner_masks[var] = col_mask
+        printer = ElemPrinter({**tiles, var: "rr[None, :]"}, inner_masks, pointers, views, {},
+                              prefix=f"s{i}_", reduced=names)
+        value = f"{printer.expr(r.body)}.to({dtype})"
+        lines += ["    " + line for line in printer.lines]
+        if r.extent % ROW_CHUNK:
+            value = f"tl.where({col_mask}, {value}, {_literal(r.init)})"
+        lines.append(f"    {name} = " + _COMBINE[r.op].format(acc=name, v=value))
+        names[r.key()] = name
+    return lines, names
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -418,9 +479,15 @@ def gemm_source(match, name: str) -> KernelSource:
         "pid_b = tl.program_id(1)",
         "pid_m, pid_n = _tile_of(tl.program_id(0), tiles_m, tiles_n, GROUP_M)",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"A = {_base(a, pointers, scalars)}",
     ]
+    if match.prologue is None:
+        lines.append(f"A = {_base(a, pointers, scalars)}")
     extras = _extra_views(match)
+    row_tiles = {"b": "pid_b", "m": "rm[:, None]"}
+    row_masks = {"m": f"(rm < {m})[:, None]"} if m % GEMM_MAX_TILE else {}
+    statistics = statistics_of(match.prologue, *(o.elem for o in match.all_outputs))
+    stat_lines, reduced = row_statistics(statistics, row_tiles, row_masks, pointers, extras)
+    lines += stat_lines
     segments = match.segments
     products = {len(seg.products) for seg in segments}
     if len(products) != 1 or products.pop() > 2:
@@ -464,7 +531,10 @@ def gemm_source(match, name: str) -> KernelSource:
     # operands stored in another precision than the product's are converted in registers
     stored = {a.dtype, *(bv.dtype for bvs in bviews for bv in bvs)}
     convert = f", {tl_dtype(match.dtype)}" if stored != {match.dtype} else ""
-    if len(bviews[0]) == 1:
+    if match.prologue is not None:
+        lines += _prologue_product(match, pointers, extras, reduced, row_masks, width,
+                                   len(bviews[0]), stride, convert)
+    elif len(bviews[0]) == 1:
         lines.append(
             f"acc0 = _tile_product({zeros}, A, B0, rm, rn, {m}, {width}, {k}, {s_am}, {s_ak}, "
             f"{stride(0, 0)}, {stride(0, 1)}, BLOCK_K, DOT_PREC{convert})"
@@ -490,7 +560,8 @@ def gemm_source(match, name: str) -> KernelSource:
             if extent % GEMM_MAX_TILE
         }
         acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
-        printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_")
+        printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_",
+                              reduced=reduced)
         body = []
         for oi, out in enumerate(seg.outputs):
             value = printer.expr(out.elem)
@@ -528,6 +599,7 @@ def gemm_source(match, name: str) -> KernelSource:
             "    pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)",
             "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
             "    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+            *["    " + line for line in stat_lines],
             *["    " + line for line in epilogues],
         ]
         body = [
@@ -543,6 +615,34 @@ def gemm_source(match, name: str) -> KernelSource:
         layout, str))
 
 
+def _prologue_product(match, pointers, extras, reduced, row_masks, width, products, stride,
+                      convert) -> list[str]:
+    """The product loop of a GEMM whose ``A`` is computed (a folded normalization): each
+    (BLOCK_M, BLOCK_K) tile of ``A`` is computed in registers from the tensors it reads and the
+    row statistics, then multiplied."""
+    k = match.frame.extents["k"]
+    dtype = tl_dtype(match.dtype)
+    masks = dict(row_masks)
+    k_mask = f"(kk < {k})[None, :]"
+    if k % GEMM_MAX_TILE:
+        masks["k"] = k_mask
+    printer = ElemPrinter({"b": "pid_b", "m": "rm[:, None]", "k": "kk[None, :]"}, masks,
+                          pointers, extras, {}, prefix="a_", reduced=reduced)
+    value = printer.expr(match.prologue)
+    zeros = "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"
+    lines = [f"acc{i} = {zeros}" for i in range(products)]
+    lines += [f"for k0 in range(0, {k}, BLOCK_K):", "    kk = k0 + tl.arange(0, BLOCK_K)"]
+    body = [*printer.lines, f"a = {value}.to({dtype})"]
+    if "k" in masks:  # the padding past k must not reach the product
+        body.append(f"a = tl.where({k_mask}, a, 0.0)")
+    for i in range(products):
+        load = (f"tl.load(B{i} + kk[:, None] * {stride(i, 0)} + rn[None, :] * {stride(i, 1)}, "
+                f"mask=(kk[:, None] < {k}) & (rn[None, :] < {width}), other=0.0)")
+        body.append(f"b{i} = {load}" + (f".to({dtype})" if convert else ""))
+        body.append(f"acc{i} = tl.dot(a, b{i}, acc{i}, input_precision=DOT_PREC)")
+    return lines + ["    " + line for line in body]
+
+
 def tma_layout(match):
     """How TMA reads a GEMM's operands: ``(b_nk, b_row_stride)``, or why it cannot.
 
@@ -551,6 +651,8 @@ def tma_layout(match):
     ext = match.frame.extents
     if len(match.segments) != 1 or len(match.segments[0].products) != 1:
         return "several products or bands"
+    if match.prologue is not None:
+        return "A is computed"
     if ext.get("b", 1) != 1:
         return "a batch axis"
     a, bv = match.views["a"], match.views["b0.0"]

@@ -55,6 +55,9 @@ class Workload:
         Products sharing the A operand (two for gate × up).
     persistent : bool
         The kernel has the persistent formulation (its launch may choose it).
+    row_elements : int
+        Elements of a row its row statistics read per row (a folded normalization: the first
+        phase of its two-phase reduction, e.g. 2 × 768 for a LayerNorm's mean and variance).
     """
 
     family: str
@@ -63,6 +66,7 @@ class Workload:
     dtype_bytes: int = 2
     accumulators: int = 1
     persistent: bool = False
+    row_elements: int = 0
 
     @staticmethod
     def from_dict(d: dict) -> Workload:
@@ -74,6 +78,7 @@ class Workload:
             int(d.get("dtype_bytes", 2)),
             int(d.get("accumulators", 1)),
             bool(d.get("persistent", False)),
+            int(d.get("row_elements", 0)),
         )
 
     def to_dict(self) -> dict:
@@ -139,7 +144,12 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         hw.mem_bandwidth * hw.l2_bandwidth_ratio / active,
     )
     load = loaded / l2_sm
-    epilogue = stored / l2_sm
+    # a folded normalization's statistics: its rows read once more per program, before the
+    # product (the loads wait for each other: latency per step of the statistics' loop)
+    stats = 0.0
+    if w.row_elements:
+        stats = bm * w.row_elements * b / l2_sm + _cdiv(w.row_elements, 64) * latency / 2
+    epilogue = stored / l2_sm + stats
     hidden = latency / max(stages - 1, 1)
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
