@@ -833,8 +833,11 @@ def kernel_source(match, name: str | None = None) -> KernelSource:
     body = draft.text[draft.text.index("@triton.jit") :]  # the header names the call site
     # the launch's buffers are part of the kernel: equal code over differently shaped tensors
     # (a residual of (1, s, h) in one layer, (s, h) in another) is another PrimFunc
-    signature = sorted({(v.tensor, v.shape, v.dtype) for v in match.views.values()})
-    signature = [(shape, dtype) for _, shape, dtype in signature]
+    # (by the pointer arguments' order, never the graph's tensor names: equal kernels of two
+    # layers or two models share their name, PrimFunc and tuning record)
+    _, inputs, outputs = _pointers(match)
+    shapes = {v.tensor: (v.shape, v.dtype) for v in match.views.values()}
+    signature = [shapes[t] for t in (*inputs, *outputs)]
     digest = hashlib.sha1((body + repr(signature)).encode()).hexdigest()[:10]
     name = name or f"stitch_{match.family}_{digest}"
     return PRINTERS[match.family](match, name)
