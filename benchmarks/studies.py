@@ -192,6 +192,8 @@ def run_study(
             with open(json_out, "a", encoding="utf-8") as f:
                 for rec in new:
                     f.write(rec.to_json() + "\n")
+        if len(cases) > 1:  # each workload's rows as soon as they are measured
+            echo(format_table(new))
     echo(format_table(records))
     return records
 
