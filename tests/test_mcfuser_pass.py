@@ -146,6 +146,49 @@ def test_unrecognized_attention_is_left_to_tvm(database, caplog, kwargs, reason)
     assert reason in caplog.text
 
 
+def _normalized_products(axis):
+    shapes = [("x", (37, 50)), ("w", (50, 29)), ("w2", (50, 29)), ("b", (29,))]
+
+    def body(x, w, w2, b):
+        p = relax.op.nn.softmax(x, axis=axis)  # read by two GEMMs, nothing else
+        y = relax.op.add(relax.op.matmul(p, w), b)
+        return [y, relax.op.add(relax.op.matmul(p, w2), y)]
+
+    return relax_function([(n, s, "float32") for n, s in shapes], body)
+
+
+@pytest.mark.parametrize(("axis", "folded"), [(-1, True), (0, False)])
+def test_row_statistics_fold_into_gemms(database, caplog, axis, folded):
+    """A softmax over the rows (a max, then a sum of exponentials that depends on it) read only
+    by GEMMs is computed in their prologue; over the columns (axis 0: the statistics would vary
+    along ``k``) it is refused with the reason and stays a kernel.  numpy's numbers either
+    way."""
+    mod = legalized(_normalized_products(axis))
+    calls = []
+    with CUDA, caplog.at_level("INFO", logger="tvm_stitch.recognize"):
+        out = FuseMBCI(database, reference_builder(calls), fold_norms=True)(mod)
+    prologues = [m for m, _, _ in calls if m.prologue is not None]
+    if folded:
+        # one kernel: the second product reads the first's result, so it is computed with it
+        assert "folded into" in caplog.text and len(prologues) == 1
+        assert len(prologues[0].segments[0].products) == 2
+        text = kernel_source(prologues[0]).text
+        assert "stat0 = tl.maximum(stat0" in text and "stat1 = stat1 + tl.sum(" in text
+        assert "R.call_tir(cls.softmax" not in out.script()
+    else:
+        assert "reduces along the columns" in caplog.text and not prologues
+        assert "R.call_tir(cls.softmax" in out.script()
+    rng = np.random.default_rng(0)
+    x, w, w2 = (rng.standard_normal(s).astype("float32") for s in ((37, 50), (50, 29), (50, 29)))
+    b = rng.standard_normal(29).astype("float32")
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in (x, w, w2, b)]).numpy()
+    p = np.exp(x - x.max(axis=axis, keepdims=True))
+    p /= p.sum(axis=axis, keepdims=True)
+    np.testing.assert_allclose(got, p @ w2 + p @ w + b, rtol=1e-5, atol=1e-5)
+
+
 def test_no_triton_means_no_rewrite(caplog, monkeypatch):
     import tvm_stitch.passes.mcfuser as pass_module
 

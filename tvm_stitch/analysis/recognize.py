@@ -407,6 +407,8 @@ def norm_region(graph: TensorDependencyGraph, tensor: str, stop=frozenset()) -> 
 
     The region grows through elementwise, data-movement and row-reduction producers and stops
     at tensors other kernels write (``stop``) or others read (materialized), which stay reads.
+    A column reduction on the way raises :class:`NotRecognizedError` (its statistics would
+    vary along ``k``).
     """
     first = graph.nodes.get(graph.tensors[tensor].producer or "")
     if first is None or not elementwise(first):
@@ -423,6 +425,8 @@ def norm_region(graph: TensorDependencyGraph, tensor: str, stop=frozenset()) -> 
             continue
         if node.kind is OpKind.ROW_REDUCE:
             reduces += 1
+        elif node.kind is OpKind.COLUMN_REDUCE:
+            raise NotRecognizedError(f"{t} reduces along the columns, not the rows")
         elif not elementwise(node):
             continue
         region.add(t)
@@ -679,7 +683,11 @@ def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[M
     for tensor, names in readers.items():
         if tensor in graph.pinned or tensor in written:
             continue
-        region = norm_region(graph, tensor, written)
+        try:
+            region = norm_region(graph, tensor, written)
+        except NotRecognizedError as err:
+            rejected.append((tensor, f"normalization not folded: {err}"))
+            continue
         if region is None:
             continue
         calls = {graph.nodes[n].call for name in names for n in gemms[name].covered}
