@@ -6,7 +6,8 @@
 # STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
-# Tuning results go to OUTDIR/tuning.json (shared by the steps) unless TVM_STITCH_TUNING_DB is set.
+# Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json)
+# unless TVM_STITCH_TUNING_DB is set.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -14,6 +15,12 @@ shift
 mkdir -p "$out"
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
+# a warm start unless the call names its own database (or WARM=0): the measured searches of
+# earlier sessions (benchmarks/tuning/h100.json; merge OUTDIR/tuning.json back into it)
+if [[ -z "${TVM_STITCH_TUNING_DB:-}" && "${WARM:-1}" == 1 && ! -e "$out/tuning.json" \
+      && -e benchmarks/tuning/h100.json ]]; then
+    cp benchmarks/tuning/h100.json "$out/tuning.json"
+fi
 export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 status=0
