@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tvm_stitch.benchmarks import run_study
 from tvm_stitch.benchmarks.harness import Record, compare, format_table
 
@@ -45,6 +46,17 @@ def test_compare_flags_wrong_results():
         [Record("s", "w", "tvm", "llvm", "cpu", "float32", time_us=1.5, correct=False)]
     )
     assert "NO" in table
+
+
+def test_cli_bench_variants(capsys):
+    """``--variant`` measures the stitch pipeline with other options in the same run; a bad
+    option is refused before anything is built."""
+    args = ["bench", "gemm-chains", "-w", "G1", "-p", "m=32", "-p", "n=48", "--no-torch"]
+    assert main([*args, "--variant", "stitch=false,tune=model"]) == 0
+    assert "tvm-stitch[stitch=False,tune=model]" in capsys.readouterr().out
+    for bad, why in (("nope=1", "unknown"), ("stitch=2x", "takes True or False"), ("x", "KEY=")):
+        with pytest.raises(SystemExit, match=why):
+            main([*args, "--variant", bad])
 
 
 def test_cli_bench_gemm_chain(capsys):

@@ -81,6 +81,8 @@ def test_cuda_build_for_sm90a_without_a_gpu():
 def test_options_and_targets_are_checked():
     with pytest.raises(TypeError, match=r"unknown tvm_stitch\.pipeline option"):
         tvm_stitch.pipeline("llvm", fuse_everything=True)
+    with pytest.raises(ValueError, match="fold_norms takes True or False"):
+        tvm_stitch.pipeline("llvm", fold_norms="yes")
     with pytest.raises(ValueError, match="support targets"):
         tvm_stitch.phases(tvm.target.Target("opencl"))
     inst = get_workload("softmax").instance("float32", rows=2, cols=3)

@@ -121,6 +121,12 @@ def _options(text: str) -> dict:
             raise SystemExit(f"error: --variant takes KEY=VALUE pairs, got {item!r}")
         low = value.lower()
         out[key] = {"true": True, "false": False}.get(low, int(value) if value.isdigit() else value)
+    from tvm_stitch.config import PipelineOptions
+
+    try:
+        PipelineOptions.from_kwargs(**out)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
     return out
 
 

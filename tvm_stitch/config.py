@@ -63,6 +63,9 @@ class PipelineOptions:
     tune: str = "measure"
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
         if self.tune not in ("measure", "model"):
             raise ValueError(f"tune takes 'measure' or 'model'; got {self.tune!r}")
         unknown = set(self.mcfuser) - {"attention", "chain", "gemm"}
