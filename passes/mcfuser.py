@@ -214,6 +214,7 @@ class _Rewriter:
 
     def _function(self, name, func, families):
         graph = build_graph(self.mod, name, legalize=False)
+        self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
         found = recognize(graph, families, fold_norms=self.fold_norms)
         kernels = []
         for match in found.matches:
@@ -228,7 +229,8 @@ class _Rewriter:
             mine = [
                 (m, call)
                 for m, call in kernels
-                if all(_defined_in(block, graph.values[o.tensor]) for o in m.all_outputs)
+                if all(_defined_in(block, graph.values[o.tensor]) for o in m.all_outputs
+                       if o.tensor in graph.values)
             ]
             blocks.append(_rewrite_block(block, mine) if mine else block)
         return relax.Function(
@@ -258,15 +260,25 @@ class _Rewriter:
             self.prims[key] = func
             self.externals.extend(ext)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
-        args = [graph.values[t] for t in source.inputs]
+        args = [self._value(graph, t) for t in source.inputs]
         # the kernel's outputs, then buffers it needs besides them (Triton's scratch memory)
         prim = self.prims[key]
         types = [
             relax.TensorType(tuple(int(d) for d in buf.shape), buf.dtype)
             for buf in list(prim.params)[len(args):]
         ]
-        outs = [graph.values[t] for t in source.outputs]
+        outs = [self._value(graph, t) for t in source.outputs]
         return self.funcs[key], args, types, outs
+
+    def _value(self, graph, tensor):
+        """The Relax value of a graph tensor, or a new variable for a tensor only kernels pass
+        each other (a row's moments, from the GEMM writing it to those normalizing it)."""
+        if tensor not in self.values:
+            info = graph.tensors[tensor]
+            self.values[tensor] = relax.DataflowVar(
+                tensor.replace(".", "_"), relax.TensorType(tuple(info.shape), info.dtype)
+            )
+        return self.values[tensor]
 
 
     def _build(self, match, source, config, shapes):
@@ -297,7 +309,7 @@ def _rewrite_block(block, kernels):
     position = {b.var: i for i, b in enumerate(block.bindings)}
     for _, (gv, args, types, outs) in kernels:
         call = relax.call_tir(gv, args, types[0] if len(types) == 1 else types)
-        first = min(position[o] for o in outs)
+        first = min(position[o] for o in outs if o in position)
         if len(types) == 1:
             bindings = [relax.VarBinding(outs[0], call)]
         else:

@@ -44,6 +44,12 @@ def random_input(shape, dtype, rng):
     return (rng.standard_normal(shape) * 0.5).astype(dtype)
 
 
+def moments_input(shape, rng):
+    """Pieces of row moments that some row could have: positive, and small enough against
+    the row's length that mean² stays below the mean of squares (a variance, not NaN)."""
+    return (np.abs(rng.standard_normal(shape)) * 0.5 + 0.5).astype("float32")
+
+
 def run_case(label, match, graph, rng):
     source = triton_gen.kernel_source(match)
     tensors = [*source.inputs, *source.outputs]
@@ -52,6 +58,8 @@ def run_case(label, match, graph, rng):
     inputs = [
         graph.values[t].value.numpy()
         if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
+        else moments_input(shapes[t][0], rng)
+        if t not in graph.values  # a row's moments (sums of x, x², ...) from another kernel
         else random_input(shapes[t][0], shapes[t][1], rng)
         for t in source.inputs
     ]

@@ -82,12 +82,18 @@ def test_bert_layers_become_kernel_calls(database, seq):
     with CUDA:
         out = FuseMBCI(database, reference_builder(calls), fold_norms=True)(legalized(inst.mod))
     kernels = sorted(m.describe() for m, _, _ in calls)
-    assert [k.split()[0] for k in kernels] == ["attention"] + ["gemm"] * 6, kernels
+    assert [k.split()[0] for k in kernels] == ["attention"] + ["gemm"] * 7, kernels
     qkv = [m for m, _, _ in calls if len(m.segments) == 3]
     assert len(qkv) == 2 and all([s.n for s in m.segments] == [128, 128, 128] for m in qkv)
     # layer 1's Q/K/V and both FFN-in kernels normalize their A (layer 0's Q/K/V reads the
     # embeddings' LayerNorm: the position embeddings are read modulo the sequence, no view)
     assert sum(m.prologue is not None for m, _, _ in calls) == 2  # FFN in: one PrimFunc
+    # the GEMMs writing a normalized row write its moments (Σx, Σx² in pieces) for the
+    # readers: both out-projections and layer 0's FFN out (layer 1's writes the model's last
+    # LayerNorm's input, which stays a kernel)
+    writers = [m for m, _, _ in calls if any(o.chunk for o in m.all_outputs)]
+    assert len(writers) == 3 and all(
+        sum(bool(o.chunk) for o in m.all_outputs) == 2 for m in writers)
     text = out.script()
     assert text.count("R.call_tir(cls.stitch_gemm_") == 8
     assert text.count("R.call_tir(cls.stitch_attention_") == 2

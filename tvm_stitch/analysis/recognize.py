@@ -36,7 +36,7 @@ import math
 from tvm import ir, sym, tirx
 from tvm.ir.prim import expr as P
 
-from tvm_stitch.graph import Node, OpKind, TensorDependencyGraph
+from tvm_stitch.graph import Node, OpKind, TensorDependencyGraph, TensorInfo
 from tvm_stitch.graph.access import vars_in
 
 from .elem import (
@@ -65,6 +65,7 @@ from .indexing import (
     strided,
     substitute,
 )
+from .moments import expand_statistics, moments_of
 
 logger = logging.getLogger("tvm_stitch.recognize")
 
@@ -230,12 +231,15 @@ def _vars_of(index) -> set[str]:
 class Output:
     """A tensor the kernel writes: ``tensor`` (a graph tensor, one Relax binding) at ``access``,
     holding ``elem`` over the frame, in which leaves of the ``accumulators`` tensors stand for
-    the kernel's accumulators (the products' results) at the current position."""
+    the kernel's accumulators (the products' results) at the current position.  With
+    ``chunk``, the tensor holds the sums of ``elem`` over each ``chunk`` columns of a row (a
+    row's moments in pieces, for the readers of a folded normalization)."""
 
     tensor: str
     access: Access
     elem: Elem
     accumulators: tuple = ()
+    chunk: int = 0
 
 
 @dataclasses.dataclass
@@ -679,6 +683,7 @@ def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[M
         for t in tensors:
             readers.setdefault(t, []).append(name)
     folds: dict[str, frozenset] = {}
+    pending: dict[str, list] = {}  # producer -> moments it writes
     errors = (NotRecognizedError, CompositionError, UnsupportedExprError)
     for tensor, names in readers.items():
         if tensor in graph.pinned or tensor in written:
@@ -707,10 +712,121 @@ def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[M
         except errors as err:
             rejected.append((tensor, f"normalization not folded: {err}"))
             continue
+        try:
+            rewritten, spec = _moments_from_producer(graph, gemms, {n: m for n, (m, _) in
+                                                                   trial.items()})
+            trial = {n: (rewritten[n], f) for n, (_, f) in trial.items()}
+            pending.setdefault(spec[0], []).extend(spec[1])
+            how = f"statistics from {spec[0]}'s moments"
+        except (ValueError, *errors) as err:
+            how = f"statistics recomputed by each reader ({err})"
         for name, (match, fold) in trial.items():
             gemms[name], folds[name] = match, fold
-        logger.info("recognize: %s folded into %s", tensor, ", ".join(names))
+        logger.info("recognize: %s folded into %s; %s", tensor, ", ".join(names), how)
+    for name, specs in pending.items():
+        _add_moments(graph, gemms[name], specs)
     return [gemms.get(m.covered[0], m) if m.family == "gemm" else m for m in matches]
+
+
+#: columns whose moments a producer sums into one value
+MOMENT_CHUNK = 16
+
+
+def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
+    """Readers of a folded normalization that read its statistics as moments summed by the
+    GEMM writing the normalized row (the first phase of the two-phase reduction), instead of
+    re-reading the row: ``(readers rewritten, (producer, [(moment tensor, monomial, x)]))``.
+    Raises when a statistic is no polynomial in the row (a softmax's max), or the row is not
+    written by one GEMM kernel as rows of a 2-D layout."""
+    expanded = {}
+    for name, m in readers.items():
+        pro = expand_statistics(m.prologue) if m.prologue is not None else None
+        outs = [[expand_statistics(o.elem) for o in seg.outputs] for seg in m.segments]
+        expanded[name] = (pro, outs)
+    moments = {}
+    for pro, outs in expanded.values():
+        for e in [pro, *(x for seg in outs for x in seg)]:
+            if e is not None:
+                for r in moments_of(e):
+                    moments.setdefault(r.key(), r)
+    if not moments:
+        raise ValueError("no statistics")
+    rows = set()
+    for r in moments.values():
+        if r.dtype != "float32":
+            raise ValueError(f"a statistic accumulates in {r.dtype}")
+        for leaf in leaves(r.body):
+            if str(leaf.index[-1]) != r.var.name or any(
+                r.var.name in _vars_of((i,)) for i in leaf.index[:-1]
+            ):
+                raise ValueError("a statistic reads its row along another axis than the last")
+            rows.add(leaf.tensor)
+    if len(rows) != 1:
+        raise ValueError(f"statistics of {len(rows)} tensors")
+    x = rows.pop()
+    producer = next((n for n, m in gemms.items() if x in {o.tensor for o in m.all_outputs}), None)
+    if producer is None:
+        raise ValueError(f"{x} is not written by a GEMM kernel")
+    p = gemms[producer]
+    shape = graph.tensors[x].shape
+    width, count = shape[-1], math.prod(shape[:-1])
+    if len(p.segments) != 1 or set(p.frame.extents) - {"m", "n", "k"}:
+        raise ValueError(f"{producer} has bands or a batch axis")
+    (oi,) = [i for i, o in enumerate(p.segments[0].outputs) if o.tensor == x]
+    view = p.views[f"out0.{oi}"]
+    if (view.offset, dict(view.strides).get("m"), dict(view.strides).get("n")) != (0, width, 1) \
+            or p.frame.extents["n"] != width:
+        raise ValueError(f"{producer} does not write {x} as rows")
+    chunks = -(-width // MOMENT_CHUNK)
+    tensors, specs = {}, []
+    for key, r in moments.items():
+        name = f"{x}.moment{len(tensors)}"
+        tensors[key] = name
+        specs.append((name, r.body, x))
+    rewritten = {}
+    for name, m in readers.items():
+        new = dataclasses.replace(m, segments=[
+            Segment(s.n, s.products, list(s.outputs), s.covered) for s in m.segments
+        ])
+        frame = new.frame
+        j = new_var(f"j{len(frame.reductions)}")
+        frame.reduction(j, chunks)
+
+        def fn(e, frame=frame, j=j):
+            if not isinstance(e, Reduce):
+                return None
+            leaf = leaves(e.body)[0]
+            row = sum((as_int64(i) * math.prod(shape[d + 1:-1]) for d, i in
+                       enumerate(leaf.index[:-1])), tirx.const(0, "int64"))
+            read = Leaf(tensors[e.key()], (frame.simplify(row), j), "float32")
+            return Reduce("sum", read, j, chunks, 0.0, "float32")
+
+        pro, outs = expanded[name]
+        new.prologue = replace(pro, fn) if pro is not None else None
+        for seg, elems in zip(new.segments, outs):
+            seg.outputs = [dataclasses.replace(o, elem=replace(e, fn))
+                           for o, e in zip(seg.outputs, elems)]
+        rewritten[name] = new
+    for name in tensors.values():
+        graph.tensors[name] = TensorInfo(name, (count, chunks), "float32", "global")
+    for m in rewritten.values():
+        m.views = _views(graph, m)
+    return rewritten, (producer, specs)
+
+
+def _add_moments(graph, p: Match, specs) -> None:
+    """The producer's outputs of row moments: each monomial of the written row, summed over
+    chunks of ``MOMENT_CHUNK`` columns."""
+    seg = p.segments[0]
+    for tensor, mono, x in specs:
+        out = next(o for o in seg.outputs if o.tensor == x)
+        elem = replace(mono, lambda e, out=out: out.elem if isinstance(e, Leaf) and
+                       e.tensor == out.tensor else None)
+        access = Access(tensor, (p.frame.vars["m"], p.frame.vars["n"]))
+        seg.outputs.append(Output(tensor, access, elem, out.accumulators, MOMENT_CHUNK))
+        info = graph.tensors[tensor]
+        p.views[f"out0.{len(seg.outputs) - 1}"] = Strided(
+            tensor, info.shape, "float32", 0, (("m", info.shape[1]),))
 
 
 def _other_readers(graph, tensor, calls) -> str | None:

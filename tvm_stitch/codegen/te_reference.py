@@ -203,8 +203,24 @@ def _gemm(match, tensors, shapes) -> dict:
                 ev.vars = _frame_vars(match)
                 return ev(out.elem)
 
-            outs[out.tensor] = _write(match, out, views[f"out{si}.{oi}"], value_at, shapes)
+            if out.chunk:
+                outs[out.tensor] = _moments(out, value_at, n_axis, seg.n, shapes)
+            else:
+                outs[out.tensor] = _write(match, out, views[f"out{si}.{oi}"], value_at, shapes)
     return outs
+
+
+def _moments(out, value_at, n_axis, n, shapes) -> te.Tensor:
+    """A row moment in pieces: ``out.elem`` summed over each ``out.chunk`` columns."""
+    shape, _ = shapes[out.tensor]
+    c = te.reduce_axis((0, out.chunk), "c")
+
+    def element(row, j):
+        col = as_int64(j) * out.chunk + c.var
+        value = value_at({"b": _ZERO, "m": row, n_axis: col}).astype(_F32)
+        return te.sum(tirx.if_then_else(col < n, value, tirx.const(0, _F32)), axis=c)
+
+    return te.compute(tuple(shape), element, name="moments")
 
 
 def _product(match, tensors, a, bv, n_axis, k, extras, stats):

@@ -567,7 +567,10 @@ def gemm_source(match, name: str) -> KernelSource:
             value = printer.expr(out.elem)
             body += printer.lines
             printer.lines = []
-            body.append(_store(printer, value, views[f"out{si}.{oi}"]))
+            if out.chunk:
+                body += _moment_store(out, value, pointers, m, seg.n, f"mo{oi}")
+            else:
+                body.append(_store(printer, value, views[f"out{si}.{oi}"]))
         if head:
             epilogues.append(head)
             body = ["    " + line for line in body]
@@ -613,6 +616,24 @@ def gemm_source(match, name: str) -> KernelSource:
     text = _function(match, name, inputs, outputs, constexprs, body)
     return KernelSource(name, text, inputs, outputs, {}, "gemm", persistent=not isinstance(
         layout, str))
+
+
+def _moment_store(out, value: str, pointers, m: int, n: int, name: str) -> list[str]:
+    """Lines storing a row moment in pieces: ``value`` (the tile of its monomial) summed over
+    each ``out.chunk`` columns, one float32 per chunk and row (the first phase of a two-phase
+    reduction; the readers of the row add the pieces)."""
+    c = out.chunk
+    chunks = _cdiv(n, c)
+    v = f"{value}.to(tl.float32)"
+    if n % GEMM_MAX_TILE:  # a tile may reach past the row: those columns add nothing
+        v = f"tl.where((rn < {n})[None, :], {v}, 0.0)"
+    rows = f"(rm < {m})[:, None] & " if m % GEMM_MAX_TILE else ""
+    return [
+        f"{name} = tl.sum(tl.reshape({v}, (BLOCK_M, BLOCK_N // {c}, {c})), axis=2)",
+        f"rj = pid_n * (BLOCK_N // {c}) + tl.arange(0, BLOCK_N // {c})",
+        f"tl.store({pointers[out.tensor]} + rm[:, None] * {chunks} + rj[None, :], {name}, "
+        f"mask={rows}(rj < {chunks})[None, :])",
+    ]
 
 
 def _prologue_product(match, pointers, extras, reduced, row_masks, width, products, stride,
