@@ -41,11 +41,13 @@ class PipelineOptions:
         PTX and embedded, with the tuning database's or the cost model's tiles.
     fold_norms : bool
         Normalizations (LayerNorm, RMSNorm, any elementwise function of row statistics) whose
-        every reader is a generated GEMM stop being kernels: each GEMM recomputes them, the
-        statistics in a first phase over its rows, then as ``A``'s prologue or in its epilogue.
-        Off by default: every program re-reads its rows from L2 for the statistics, which costs
-        more than the kernels it saves (BERT-base 1×128 on an H100: 781 µs folded, 460 µs not).
-        Needs ``"gemm"``.
+        every reader is a generated GEMM stop being kernels: each GEMM computes them, as ``A``'s
+        prologue or in its epilogue, from row statistics in two phases — the GEMM that writes
+        the row also writes its moments (Σx, Σx² per 16 columns) and the readers add them up;
+        where no GEMM writes the row, or a statistic is no sum of moments (a maximum), each
+        reader re-reads its rows.  Off by default: the re-reading version measured slower than
+        the kernels it saves (BERT-base 1×128 on an H100: 781 µs folded, 460 µs not); the
+        two-phase version is not measured yet.  Needs ``"gemm"``.
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);

@@ -90,6 +90,10 @@ def as_moments(stat: Reduce) -> tuple[Elem, list[Elem]]:
     out = parts[0]
     for p in parts[1:]:
         out = Op("add", (out, p), stat.dtype)
+    body = stat.body
+    if isinstance(body, Op) and body.op == "mul" and body.args[0].key() == body.args[1].key():
+        # a sum of squares (a variance) stays one: Σx² - Kμ² may round below zero
+        out = Op("max", (out, Const(0.0, stat.dtype)), stat.dtype)
     return out, monomials
 
 
