@@ -7,7 +7,7 @@
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json)
-# unless TVM_STITCH_TUNING_DB is set.
+# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert steps also time that stitch variant.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -44,7 +44,8 @@ for step in "$@"; do
         bert:*)
             shape=${step#bert:}
             python3 -m tvm_stitch bench bert --target cuda -p "batch=${shape%x*}" -p "seq=${shape#*x}" \
-                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/bert-$shape.log" || status=1
+                ${VARIANT:+--variant "$VARIANT"} --json-out "$out/bench.jsonl" 2>&1 \
+                | tee "$out/bert-$shape.log" || status=1
             ;;
         memory|gemm-chains|attention)
             python3 -m tvm_stitch bench "$step" --target cuda --json-out "$out/bench.jsonl" 2>&1 \
