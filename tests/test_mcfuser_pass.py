@@ -195,6 +195,37 @@ def test_row_statistics_fold_into_gemms(database, caplog, axis, folded):
     np.testing.assert_allclose(got, p @ w2 + p @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_the_gemm_writing_a_normalized_row_writes_its_moments(database, caplog):
+    """x = a·W1 + r is normalized (LayerNorm) and read by one GEMM: the kernel writing x also
+    writes its moments and stays a kernel of its own (not grouped with a·W2, which shares its
+    input); the reader combines the moments.  numpy's numbers."""
+    shapes = [("a", (45, 40)), ("w1", (40, 48)), ("w2", (40, 48)), ("r", (45, 48)),
+              ("g", (48,)), ("bt", (48,)), ("w3", (48, 24))]
+
+    def body(a, w1, w2, r, g, bt, w3):
+        x = relax.op.add(relax.op.matmul(a, w1), r)
+        y = relax.op.matmul(relax.op.nn.layer_norm(x, g, bt, axes=[-1]), w3)
+        return [relax.op.add(y, relax.op.sum(relax.op.matmul(a, w2), axis=[1], keepdims=True))]
+
+    mod = legalized(relax_function([(n, sh, "float32") for n, sh in shapes], body))
+    calls = []
+    with CUDA, caplog.at_level("INFO", logger="tvm_stitch.recognize"):
+        out = FuseMBCI(database, reference_builder(calls), fold_norms=True)(mod)
+    assert "moments" in caplog.text
+    writers = [m for m, _, _ in calls if any(o.chunk for o in m.all_outputs)]
+    assert len(writers) == 1 and len(writers[0].segments) == 1
+    assert "R.call_tir(cls.layer_norm" not in out.script()
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(sh).astype("float32") for _, sh in shapes]
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x) for x in args])
+    a, w1, w2, r, g, bt, w3 = args
+    x = a @ w1 + r
+    norm = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + bt
+    np.testing.assert_allclose(got.numpy(), norm @ w3 + (a @ w2).sum(1, keepdims=True),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_no_triton_means_no_rewrite(caplog, monkeypatch):
     import tvm_stitch.passes.mcfuser as pass_module
 

@@ -1074,7 +1074,8 @@ def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
     groups: dict = {}
     order = []
     for m in matches:
-        if m.family != "gemm" or len(m.segments) != 1:
+        # a kernel writing a row's moments keeps its one band (its pieces index the row)
+        if m.family != "gemm" or len(m.segments) != 1 or any(o.chunk for o in m.all_outputs):
             order.append(m)
             continue
         key = (
@@ -1703,8 +1704,8 @@ def _substituted(match: Match, vmap) -> Match | None:
 
 
 def _reoutput(o: Output, vmap, frame) -> Output:
-    return Output(
-        o.tensor, _rebase(o.access, vmap, frame), _reindex(o.elem, vmap, frame), o.accumulators
+    return dataclasses.replace(
+        o, access=_rebase(o.access, vmap, frame), elem=_reindex(o.elem, vmap, frame)
     )
 
 
