@@ -226,6 +226,40 @@ def test_the_gemm_writing_a_normalized_row_writes_its_moments(database, caplog):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_two_normalizations_of_one_row_share_its_moments(database, caplog):
+    """One row normalized twice (a LayerNorm and an RMSNorm of x = a·W1 + r), each read by a
+    GEMM: the writer of x writes each moment once (Σx, Σx²: the RMSNorm's Σx² is the
+    LayerNorm's), the readers combine them.  numpy's numbers."""
+    shapes = [("a", (45, 40)), ("w1", (40, 48)), ("r", (45, 48)), ("w2", (48, 24)),
+              ("w3", (48, 24))]
+
+    def body(a, w1, r, w2, w3):
+        x = relax.op.add(relax.op.matmul(a, w1), r)
+        ones, zeros = relax.const(np.ones(48, "float32")), relax.const(np.zeros(48, "float32"))
+        ln = relax.op.nn.layer_norm(x, ones, zeros, axes=[-1])
+        rms = relax.op.multiply(x, relax.op.rsqrt(relax.op.add(
+            relax.op.mean(relax.op.multiply(x, x), axis=[-1], keepdims=True),
+            relax.const(1e-6, "float32"))))
+        return [relax.op.add(relax.op.matmul(ln, w2), relax.op.matmul(rms, w3))]
+
+    mod = legalized(relax_function([(n, sh, "float32") for n, sh in shapes], body))
+    calls = []
+    with CUDA, caplog.at_level("INFO", logger="tvm_stitch.recognize"):
+        out = FuseMBCI(database, reference_builder(calls), fold_norms=True)(mod)
+    writers = [m for m, _, _ in calls if any(o.chunk for o in m.all_outputs)]
+    assert caplog.text.count("moments") == 2 and len(writers) == 1
+    assert sum(bool(o.chunk) for o in writers[0].all_outputs) == 2
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(sh).astype("float32") for _, sh in shapes]
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(x) for x in args])
+    a, w1, r, w2, w3 = args
+    x = a @ w1 + r
+    ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    rms = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(got.numpy(), ln @ w2 + rms @ w3, rtol=1e-4, atol=1e-4)
+
+
 def test_no_triton_means_no_rewrite(caplog, monkeypatch):
     import tvm_stitch.passes.mcfuser as pass_module
 

@@ -30,6 +30,7 @@ rejected with its reason (``rejected``); nothing is ever guessed.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 
@@ -780,8 +781,9 @@ def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
     chunks = -(-width // MOMENT_CHUNK)
     tensors, specs = {}, []
     for key, r in moments.items():
-        name = f"{x}.moment{len(tensors)}"
-        tensors[key] = name
+        # named by what it sums: two normalizations of one row share its moments
+        digest = hashlib.sha1(repr(r.key()).encode()).hexdigest()[:8]
+        tensors[key] = name = f"{x}.moment_{digest}"
         specs.append((name, r.body, x))
     rewritten = {}
     for name, m in readers.items():
@@ -818,7 +820,11 @@ def _add_moments(graph, p: Match, specs) -> None:
     """The producer's outputs of row moments: each monomial of the written row, summed over
     chunks of ``MOMENT_CHUNK`` columns."""
     seg = p.segments[0]
+    written = {o.tensor for o in seg.outputs}
     for tensor, mono, x in specs:
+        if tensor in written:  # another normalization of the same row reads it too
+            continue
+        written.add(tensor)
         out = next(o for o in seg.outputs if o.tensor == x)
         elem = replace(mono, lambda e, out=out: out.elem if isinstance(e, Leaf) and
                        e.tensor == out.tensor else None)
