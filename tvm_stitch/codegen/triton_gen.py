@@ -619,18 +619,22 @@ def gemm_source(match, name: str) -> KernelSource:
 
 
 def _moment_store(out, value: str, pointers, m: int, n: int, name: str) -> list[str]:
-    """Lines storing a row moment in pieces: ``value`` (the tile of its monomial) summed over
-    each ``out.chunk`` columns, one float32 per chunk and row (the first phase of a two-phase
-    reduction; the readers of the row add the pieces)."""
+    """Lines storing a row moment in pieces (the first phase of a two-phase reduction; the
+    readers of the row add the pieces): the sum of ``value`` (the tile of its monomial) over
+    the tile's columns goes to the first of the ``BLOCK_N // out.chunk`` slots the tile owns,
+    zeros to the others — a row's total whatever the tiles, from one reduction along the
+    accumulator's rows (no change of layout)."""
     c = out.chunk
     chunks = _cdiv(n, c)
     v = f"{value}.to(tl.float32)"
     if n % GEMM_MAX_TILE:  # a tile may reach past the row: those columns add nothing
         v = f"tl.where((rn < {n})[None, :], {v}, 0.0)"
     rows = f"(rm < {m})[:, None] & " if m % GEMM_MAX_TILE else ""
+    slots = f"tl.arange(0, BLOCK_N // {c})"
     return [
-        f"{name} = tl.sum(tl.reshape({v}, (BLOCK_M, BLOCK_N // {c}, {c})), axis=2)",
-        f"rj = pid_n * (BLOCK_N // {c}) + tl.arange(0, BLOCK_N // {c})",
+        f"{name} = tl.sum({v}, axis=1)",
+        f"rj = pid_n * (BLOCK_N // {c}) + {slots}",
+        f"{name} = tl.where(({slots} == 0)[None, :], {name}[:, None], 0.0)",
         f"tl.store({pointers[out.tensor]} + rm[:, None] * {chunks} + rj[None, :], {name}, "
         f"mask={rows}(rj < {chunks})[None, :])",
     ]
