@@ -6,8 +6,17 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_stitch.analysis.elem import Const, Leaf, Op, Reduce, evaluate, format_elem, replace
-from tvm_stitch.analysis.moments import expand_statistics, moments_of
+from tvm_stitch.analysis.elem import (
+    Const,
+    Leaf,
+    Op,
+    Reduce,
+    evaluate,
+    format_elem,
+    reductions,
+    replace,
+)
+from tvm_stitch.analysis.moments import expand_statistics
 
 
 def _row(name="r"):
@@ -30,7 +39,7 @@ def _layernorm_statistics(k=48):
 def test_variance_becomes_two_moments_and_keeps_its_value():
     var = _layernorm_statistics()
     expanded = expand_statistics(var)
-    moments = moments_of(expanded)
+    moments = reductions(expanded)
     assert len(moments) == 2, [format_elem(x) for x in moments]  # Σx and Σx²
     assert not any(isinstance(y, Reduce) for x in moments for y in [x.body])
     rng = np.random.default_rng(0)

@@ -182,6 +182,23 @@ def leaves(elem: Elem) -> list[Leaf]:
     return out
 
 
+def reductions(*elems: Elem | None) -> list[Reduce]:
+    """The distinct reductions of ``elems`` (by key; None entries skipped), inner ones first."""
+    out, seen = [], set()
+
+    def visit(e):
+        for child in e.children():
+            visit(child)
+        if isinstance(e, Reduce) and e.key() not in seen:
+            seen.add(e.key())
+            out.append(e)
+
+    for elem in elems:
+        if elem is not None:
+            visit(elem)
+    return out
+
+
 def size(elem: Elem) -> int:
     return sum(1 for _ in walk(elem))
 

@@ -110,12 +110,3 @@ def expand_statistics(elem: Elem) -> Elem:
 
     return replace(elem, fn)
 
-
-def moments_of(elem: Elem) -> list[Reduce]:
-    """The distinct moments (sums of reduction-free bodies) of an expanded ``elem``."""
-    out, seen = [], set()
-    for e in walk(elem):
-        if isinstance(e, Reduce) and e.key() not in seen:
-            seen.add(e.key())
-            out.append(e)
-    return out

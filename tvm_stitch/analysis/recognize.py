@@ -53,6 +53,7 @@ from .elem import (
     elementwise,
     format_elem,
     leaves,
+    reductions,
     replace,
     walk,
 )
@@ -66,7 +67,7 @@ from .indexing import (
     strided,
     substitute,
 )
-from .moments import expand_statistics, moments_of
+from .moments import expand_statistics
 
 logger = logging.getLogger("tvm_stitch.recognize")
 
@@ -308,6 +309,11 @@ class Match:
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
     prologue: Elem | None = None
+
+    @property
+    def statistics(self) -> list[Reduce]:
+        """The row statistics the kernel computes (prologue and outputs), inner ones first."""
+        return reductions(self.prologue, *(o.elem for o in self.all_outputs))
 
     @property
     def all_outputs(self) -> list[Output]:
@@ -744,12 +750,8 @@ def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
         pro = expand_statistics(m.prologue) if m.prologue is not None else None
         outs = [[expand_statistics(o.elem) for o in seg.outputs] for seg in m.segments]
         expanded[name] = (pro, outs)
-    moments = {}
-    for pro, outs in expanded.values():
-        for e in [pro, *(x for seg in outs for x in seg)]:
-            if e is not None:
-                for r in moments_of(e):
-                    moments.setdefault(r.key(), r)
+    elems = [e for pro, outs in expanded.values() for e in [pro, *(x for s in outs for x in s)]]
+    moments = {r.key(): r for r in reductions(*elems)}
     if not moments:
         raise ValueError("no statistics")
     rows = set()

@@ -18,7 +18,7 @@ from tvm.ir.prim import expr as P
 from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Reduce
 from tvm_stitch.analysis.indexing import Strided, as_int64, dtype_of
 
-from .triton_gen import UnsupportedKernelError, _extra_views, statistics_of
+from .triton_gen import UnsupportedKernelError, _extra_views
 
 _F32 = "float32"
 _ZERO = tirx.const(0, "int64")
@@ -150,7 +150,7 @@ def _statistics(match, tensors, extras) -> dict:
     ext = match.frame.extents
     rows = [a for a in ext if a[:1] in "bm"]
     stats = {}
-    for r in statistics_of(match.prologue, *(o.elem for o in match.all_outputs)):
+    for r in match.statistics:
         full = te.compute(tuple(ext[a] for a in rows), _reduction(match, r, rows, tensors,
                           extras, stats), name=f"stat{len(stats)}")
         stats[r.key()] = _reader(full, rows)

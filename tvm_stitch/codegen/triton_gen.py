@@ -323,23 +323,6 @@ class ElemPrinter:
         raise UnsupportedKernelError(f"coordinate expression {type(expr).__name__}")
 
 
-def statistics_of(*elems) -> list[Reduce]:
-    """The distinct reductions of ``elems`` (row statistics), inner ones first."""
-    out, seen = [], set()
-
-    def visit(e):
-        for child in e.children():
-            visit(child)
-        if isinstance(e, Reduce) and e.key() not in seen:
-            seen.add(e.key())
-            out.append(e)
-
-    for elem in elems:
-        if elem is not None:
-            visit(elem)
-    return out
-
-
 def _literal(value: float) -> str:
     return repr(float(value)) if math.isfinite(value) else f'float("{value}")'
 
@@ -485,8 +468,7 @@ def gemm_source(match, name: str) -> KernelSource:
     extras = _extra_views(match)
     row_tiles = {"b": "pid_b", "m": "rm[:, None]"}
     row_masks = {"m": f"(rm < {m})[:, None]"} if m % GEMM_MAX_TILE else {}
-    statistics = statistics_of(match.prologue, *(o.elem for o in match.all_outputs))
-    stat_lines, reduced = row_statistics(statistics, row_tiles, row_masks, pointers, extras)
+    stat_lines, reduced = row_statistics(match.statistics, row_tiles, row_masks, pointers, extras)
     lines += stat_lines
     segments = match.segments
     products = {len(seg.products) for seg in segments}

@@ -248,13 +248,10 @@ def tune_generated(
             legal = lambda c: tk.chain_legality(spec, c)  # noqa: E731
             template, tfamily = (lambda c: tk.chain_config(spec, c)), "gemm_chain"
         launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
-    from tvm_stitch.codegen.triton_gen import statistics_of
-
-    stats = statistics_of(match.prologue, *(o.elem for o in match.all_outputs))
     workload = Workload(
         family, dict(spec.extents), spec.batch, spec.dtype_bytes,
         products if family == "gemm" else 1, bool(source.persistent),
-        sum(r.extent for r in stats),
+        sum(r.extent for r in match.statistics),
     )
     make = None  # the model alone decides: nothing is launched
     if on_device:
