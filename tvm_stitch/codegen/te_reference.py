@@ -46,10 +46,10 @@ def _cast(x, dtype):
 class _Evaluator:
     """Element expressions as TE expressions."""
 
-    def __init__(self, tensors, views, coords, acc, stats=None):
+    def __init__(self, match, tensors, views, coords, acc, stats=None):
         self.tensors, self.views, self.coords, self.acc = tensors, views, coords, acc
         self.stats = stats or {}  # Reduce key -> reader of its values at the coordinates
-        self.vars = {}
+        self.vars = dict(match.frame.vars)  # the frame's names of the coordinate variables
 
     def __call__(self, e: Elem):
         if isinstance(e, Const):
@@ -118,10 +118,6 @@ def reference_func(match, source, shapes: dict) -> tvm.tirx.PrimFunc:
     return te.create_prim_func([*tensors.values(), *ordered])
 
 
-def _frame_vars(match) -> dict:
-    return dict(match.frame.vars)
-
-
 def _write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
     """The output tensor: each of its elements maps back to frame coordinates through its view
     (a permutation of a dense layout: strides sorted descending are a mixed radix)."""
@@ -163,8 +159,7 @@ def _reduction(match, r, rows, tensors, extras, stats):
 
     def fcompute(*idx):
         coords = {**dict(zip(rows, idx)), r.var.name: rk}
-        ev = _Evaluator(tensors, extras, coords, {}, stats)
-        ev.vars = _frame_vars(match)
+        ev = _Evaluator(match, tensors, extras, coords, {}, stats)
         return reducer(ev(r.body).astype(r.dtype), axis=rk)
 
     return fcompute
@@ -197,10 +192,8 @@ def _gemm(match, tensors, shapes) -> dict:
                     full, _ = accs[name]
                     return lambda c: full[as_int64(c.get("b", _ZERO)), c["m"], c[n_axis]]
 
-                ev = _Evaluator(
-                    tensors, extras, coords, {t: acc_reader(t) for t in out.accumulators}, stats
-                )
-                ev.vars = _frame_vars(match)
+                accs_at = {t: acc_reader(t) for t in out.accumulators}
+                ev = _Evaluator(match, tensors, extras, coords, accs_at, stats)
                 return ev(out.elem)
 
             if out.chunk:
@@ -231,8 +224,7 @@ def _product(match, tensors, a, bv, n_axis, k, extras, stats):
     def product(b, m, n):
         # operands stored in another precision are converted to the product's first
         if match.prologue is not None:
-            ev = _Evaluator(tensors, extras, {"b": b, "m": m, "k": kr}, {}, stats)
-            ev.vars = _frame_vars(match)
+            ev = _Evaluator(match, tensors, extras, {"b": b, "m": m, "k": kr}, {}, stats)
             x = ev(match.prologue).astype(match.dtype)
         else:
             x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.dtype)
@@ -268,12 +260,12 @@ def _attention(match, tensors, shapes) -> dict:
     def logits(bb, hh, i, j):
         coords = {"b": bb, "h": hh, "m": i, "n": j}
         ev = _Evaluator(
+            match,
             tensors,
             extras,
             coords,
             {match.score_tensor: lambda c: s[c["b"], c["h"], c["m"], c["n"]]},
         )
-        ev.vars = _frame_vars(match)
         return ev(match.score).astype(_F32)
 
     g = te.compute((batch, heads, m, n), logits, name="g")
@@ -301,8 +293,7 @@ def _attention(match, tensors, shapes) -> dict:
             bb, hh = as_int64(c.get("b", _ZERO)), as_int64(c.get("h", _ZERO))
             return o[bb, hh, c["m"], c["d"]] / den[bb, hh, c["m"]]
 
-        ev = _Evaluator(tensors, extras, coords, {t: acc for t in out.accumulators})
-        ev.vars = _frame_vars(match)
+        ev = _Evaluator(match, tensors, extras, coords, {t: acc for t in out.accumulators})
         return ev(out.elem)
 
     return {out.tensor: _write(match, out, views["out0"], value_at, shapes)}
@@ -341,8 +332,7 @@ def _chain(match, tensors, shapes) -> dict:
         def acc(cc):
             return e[as_int64(cc.get("b", _ZERO)), as_int64(cc.get("h", _ZERO)), cc["m"], cc["d"]]
 
-        ev = _Evaluator(tensors, _extra_views(match), cs, {t: acc for t in out.accumulators})
-        ev.vars = _frame_vars(match)
+        ev = _Evaluator(match, tensors, _extra_views(match), cs, {t: acc for t in out.accumulators})
         return ev(out.elem)
 
     return {out.tensor: _write(match, out, views["out0"], value_at, shapes)}
