@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     )
     from tvm_stitch.cli import _options
 
-    options = _options(",".join(args.option))
+    options = _options(",".join(args.option), "--option")
     pipe = (
         tvm_stitch.pipeline(target, **options)
         if args.pipeline == "stitch"

@@ -112,13 +112,14 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _options(text: str) -> dict:
-    """``fold_norms=false,tune=model`` -> pipeline options (booleans and integers parsed)."""
+def _options(text: str, flag: str = "--variant") -> dict:
+    """``fold_norms=false,tune=model`` (given to ``flag``) -> pipeline options (booleans and
+    integers parsed, checked)."""
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"error: --variant takes KEY=VALUE pairs, got {item!r}")
+            raise SystemExit(f"error: {flag} takes KEY=VALUE pairs, got {item!r}")
         low = value.lower()
         out[key] = {"true": True, "false": False}.get(low, int(value) if value.isdigit() else value)
     from tvm_stitch.config import PipelineOptions
