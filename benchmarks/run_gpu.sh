@@ -7,7 +7,8 @@
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json)
-# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert steps also time that stitch variant.
+# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert steps also time that stitch variant;
+# OPTION=fold_norms=true: profile steps compile with that option.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -75,7 +76,8 @@ for step in "$@"; do
         profile:*)
             spec=${step#profile:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
             args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
-            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --cupti --top 14 \
+            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --cupti --top 20 \
+                ${OPTION:+--option "$OPTION"} \
                 2>&1 | tee -a "$out/profile.log" || status=1
             ;;
         run)

@@ -8,7 +8,7 @@ import pytest
 from tvm_stitch.benchmarks import run_study
 from tvm_stitch.benchmarks.harness import Record, compare, format_table
 
-from tvm_stitch.cli import main
+from tvm_stitch.cli import _options, main
 
 
 def test_memory_study_small(tmp_path):
@@ -54,7 +54,17 @@ def test_cli_bench_variants(capsys):
     args = ["bench", "gemm-chains", "-w", "G1", "-p", "m=32", "-p", "n=48", "--no-torch"]
     assert main([*args, "--variant", "stitch=false,tune=model"]) == 0
     assert "tvm-stitch[stitch=False,tune=model]" in capsys.readouterr().out
-    for bad, why in (("nope=1", "unknown"), ("stitch=2x", "takes True or False"), ("x", "KEY=")):
+    assert _options("mcfuser=gemm+attention,fold_norms=true") == {
+        "mcfuser": ("gemm", "attention"),
+        "fold_norms": True,
+    }
+    assert _options("mcfuser=none") == {"mcfuser": ()}
+    for bad, why in (
+        ("nope=1", "unknown"),
+        ("stitch=2x", "takes True or False"),
+        ("x", "KEY="),
+        ("mcfuser=gemm+bert", "mcfuser takes"),
+    ):
         with pytest.raises(SystemExit, match=why):
             main([*args, "--variant", bad])
 

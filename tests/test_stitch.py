@@ -571,3 +571,53 @@ def test_batched_layernorm_keeps_the_row_in_registers(batch, nvcc_compiles):
     reads = [ln for ln in src.splitlines() if "x_ptr +" in ln or "x_ptr[" in ln]
     assert reads and all("x_local_ptr" in ln.split("=")[0] for ln in reads)  # only into registers
     nvcc_compiles(src)
+
+
+def _residual_stream(shape, dtype):
+    """A pre-norm residual stream: ``h = x + y`` is returned *and* normalized (GPT-2's
+    embeddings, every pre-norm block's residual add)."""
+
+    def body(x, y, w, b):
+        h = relax.op.add(x, y)
+        return [relax.Tuple([h, relax.op.nn.layer_norm(h, w, b, axes=[-1])])]
+
+    cols = shape[-1]
+    shapes = [("x", shape), ("y", shape), ("w", (cols,)), ("b", (cols,))]
+    mod = relax_function([(n, s, dtype) for n, s in shapes], body)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype(dtype) for _, s in shapes]
+    x, y, w, b = (a.astype("float32") for a in args)
+    h = x + y
+    ln = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5) * w + b
+    return mod, args, [h, ln]
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((3, 37, 520), "float32"), ((1, 256, 768), "float16")])
+def test_an_output_the_pattern_reads_is_recomputed_by_its_readers(shape, dtype, nvcc_compiles):
+    """The add's result leaves the kernel and feeds its reductions: the readers recompute it
+    (no read-back of global memory across threads), one kernel instead of TVM's fallback."""
+    mod, args, refs = _residual_stream(shape, dtype)
+    assert fusion_report(mod, "llvm", "default").kernels == 2
+    assert fusion_report(mod, "llvm", "stitch").kernels == 1
+    (plan,) = _plans(type("Inst", (), {"mod": mod})).values()
+    assert plan.composition in ("warp", "block")  # planned, not left to TVM's schedule
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=tol, atol=tol)
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    assert len([ln for ln in src.splitlines() if "__global__" in ln and ln.endswith("{")]) == 1
+    nvcc_compiles(src)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "dtype"), [((3, 37, 520), "float32"), ((1, 256, 768), "float16")])
+def test_an_output_the_pattern_reads_on_the_gpu(shape, dtype):
+    mod, args, refs = _residual_stream(shape, dtype)
+    ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    dev = tvm.cuda(0)
+    outs = relax.VirtualMachine(ex, dev)["main"](*[tvm.runtime.tensor(a, device=dev) for a in args])
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=tol, atol=tol)

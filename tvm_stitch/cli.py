@@ -114,15 +114,23 @@ def cmd_run(args) -> int:
 
 def _options(text: str, flag: str = "--variant") -> dict:
     """``fold_norms=false,tune=model`` (given to ``flag``) -> pipeline options (booleans and
-    integers parsed, checked)."""
+    integers parsed, checked); a tuple option lists its items with ``+``
+    (``mcfuser=gemm+attention``; ``mcfuser=none`` for the empty tuple)."""
+    import dataclasses
+
+    from tvm_stitch.config import PipelineOptions
+
+    tuples = {f.name for f in dataclasses.fields(PipelineOptions) if f.type in ("tuple", tuple)}
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"error: {flag} takes KEY=VALUE pairs, got {item!r}")
         low = value.lower()
+        if key in tuples:
+            out[key] = () if low == "none" else tuple(filter(None, value.split("+")))
+            continue
         out[key] = {"true": True, "false": False}.get(low, int(value) if value.isdigit() else value)
-    from tvm_stitch.config import PipelineOptions
 
     try:
         PipelineOptions.from_kwargs(**out)

@@ -45,9 +45,11 @@ class PipelineOptions:
         prologue or in its epilogue, from row statistics in two phases — the GEMM that writes
         the row also writes its moments (Σx, Σx² per 16 columns) and the readers add them up;
         where no GEMM writes the row, or a statistic is no sum of moments (a maximum), each
-        reader re-reads its rows.  Off by default: the re-reading version measured slower than
-        the kernels it saves (BERT-base 1×128 on an H100: 781 µs folded, 460 µs not); the
-        two-phase version is not measured yet.  Needs ``"gemm"``.
+        reader re-reads its rows.  Off by default: both versions measured slower than the
+        kernels they save (BERT-base 1×128 on an H100, 5 instead of 7 kernels per layer:
+        re-reading 781 µs vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A``
+        in registers lose the TMA formulation and take 3–4 µs more each, where a LayerNorm
+        kernel costs 2 µs).  Needs ``"gemm"``.
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);

@@ -46,22 +46,13 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
             sch.reverse_compute_inline(sch.get_sblock(name))
         except Exception as err:  # TVM refuses: the pattern is left to TVM
             raise IllegalPatternError(f"cannot write the output through {name}: {err}") from err
+    _recompute_read_outputs(sch, func)
     infos = normalize_prim_func(sch)
     if not infos:
         raise IllegalPatternError("TVM could not normalise the pattern's loops")
     blocks = [info.block_rv for info in infos]
     names = [sch.get(b).name_hint for b in blocks]
-    params = list(func.params)
-
-    def writes_param(b):
-        return any(any(r.source.same_as(p) for p in params) for r in sch.get(b).writes)
-
     outputs = [n for n, b in zip(names, blocks) if not sch.get_consumers(b)]
-    for n, b in zip(names, blocks):
-        if n not in outputs and writes_param(b):
-            # other threads of the row would read it back from global memory: no barrier orders
-            # that, so such a pattern is left to TVM's schedule
-            raise IllegalPatternError(f"{n} is an output that the pattern also reads")
     inlined = set()
     for name, b in reversed(list(zip(names, blocks))):
         if name in plan.inlined and name not in outputs:
@@ -160,6 +151,35 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
             if gpu:
                 _thread_private(sch, cache, threads * vector, vector)
     return _finish(sch, gpu)
+
+
+def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
+    """Outputs that the pattern also reads (a pre-norm residual stream: ``h = x + y`` is returned
+    and normalized) are recomputed by their readers.
+
+    Other threads of the row would read such an output back from global memory, and no barrier
+    orders that.  The block is split (``cache_write``): it computes a copy that the readers read
+    and a copy block writes the output; the computing block is then inlined into both, so the
+    output becomes one more output of the row loop (packed with the others) and its readers
+    recompute it from the pattern's inputs.  A block TVM will not inline (a reduction) is refused.
+    """
+    params = list(func.params)
+    for block, _ in list(iter_sblocks(sch.mod["main"].body)):
+        rv = sch.get_sblock(block.name_hint)
+        writes = sch.get(rv).writes
+        if not any(any(w.source.same_as(p) for p in params) for w in writes):
+            continue
+        consumers = sch.get_consumers(rv)
+        if not consumers:
+            continue
+        try:
+            sch.cache_write(rv, 0, "global", consumer_blocks=consumers)
+            sch.compute_inline(rv)
+        except Exception as err:  # noqa: BLE001 - TVM refuses: the pattern is left to TVM
+            raise IllegalPatternError(
+                f"{block.name_hint} is an output that the pattern also reads and cannot be "
+                f"recomputed by its readers: {err}"
+            ) from err
 
 
 def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
