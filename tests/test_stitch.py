@@ -573,6 +573,10 @@ def test_batched_layernorm_keeps_the_row_in_registers(batch, nvcc_compiles):
     nvcc_compiles(src)
 
 
+#: (shape, dtype): an irregular row in float32, GPT-2's embeddings in float16
+RESIDUAL_CASES = [((3, 37, 520), "float32"), ((1, 256, 768), "float16")]
+
+
 def _residual_stream(shape, dtype):
     """A pre-norm residual stream: ``h = x + y`` is returned *and* normalized (GPT-2's
     embeddings, every pre-norm block's residual add)."""
@@ -592,7 +596,7 @@ def _residual_stream(shape, dtype):
     return mod, args, [h, ln]
 
 
-@pytest.mark.parametrize(("shape", "dtype"), [((3, 37, 520), "float32"), ((1, 256, 768), "float16")])
+@pytest.mark.parametrize(("shape", "dtype"), RESIDUAL_CASES)
 def test_an_output_the_pattern_reads_is_recomputed_by_its_readers(shape, dtype, nvcc_compiles):
     """The add's result leaves the kernel and feeds its reductions: the readers recompute it
     (no read-back of global memory across threads), one kernel instead of TVM's fallback."""
@@ -612,7 +616,7 @@ def test_an_output_the_pattern_reads_is_recomputed_by_its_readers(shape, dtype, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("shape", "dtype"), [((3, 37, 520), "float32"), ((1, 256, 768), "float16")])
+@pytest.mark.parametrize(("shape", "dtype"), RESIDUAL_CASES)
 def test_an_output_the_pattern_reads_on_the_gpu(shape, dtype):
     mod, args, refs = _residual_stream(shape, dtype)
     ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))

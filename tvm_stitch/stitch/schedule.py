@@ -175,7 +175,7 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
         try:
             sch.cache_write(rv, 0, "global", consumer_blocks=consumers)
             sch.compute_inline(rv)
-        except Exception as err:  # noqa: BLE001 - TVM refuses: the pattern is left to TVM
+        except Exception as err:
             raise IllegalPatternError(
                 f"{block.name_hint} is an output that the pattern also reads and cannot be "
                 f"recomputed by its readers: {err}"
