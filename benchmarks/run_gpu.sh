@@ -7,7 +7,7 @@
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json)
-# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert steps also time that stitch variant;
+# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant;
 # OPTION=fold_norms=true: profile steps compile with that option.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -71,7 +71,7 @@ for step in "$@"; do
             args=(); [[ -n "$name" ]] && args+=(-w "$name")
             for kv in ${shape//,/ }; do args+=(-p "$kv"); done
             python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
-                --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
+                ${VARIANT:+--variant "$VARIANT"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         profile:*)
             spec=${step#profile:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
