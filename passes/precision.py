@@ -96,11 +96,15 @@ _F16_MAX = 65504.0
 class _Narrower(relax.PyExprMutator):
     """Float32 activations computed in float16: each op with a float32 result (but products and
     casts) is re-emitted on float16 operands when its type then comes out float16; its float32
-    form stays as a cast for consumers that want float32 (dead, and removed, when none do)."""
+    form stays as a cast for consumers that want float32 (dead, and removed, when none do).
+    Values computed from no parameter (rotary tables: angles of up to ``seq`` radians, whose
+    float16 rounding alone moves a cosine by 0.06 at position 255) stay float32 up to where they
+    meet an activation."""
 
     def __init__(self, mod):
         super().__init__(mod)
         self.half: dict = {}  # original float32 var -> its float16 value
+        self.independent: set = set()  # vars computed from no function parameter
         self.count = 0
 
     def _narrow(self, arg):
@@ -113,10 +117,22 @@ class _Narrower(relax.PyExprMutator):
         for const in (new, bound):
             if isinstance(const, tvm.ir.expr.Constant):
                 return _saturated(const)
+        if isinstance(arg, relax.Var) and arg in self.independent:
+            # an input-independent table (rotary cos/sin, a mask) meets the activations: cast
+            # there, as ``cos.to(x.dtype)`` does, its extremes saturated (-inf would make NaN)
+            clipped = self.builder_.emit(relax.op.clip(new, -_F16_MAX, _F16_MAX))
+            return self.builder_.emit(relax.op.astype(clipped, "float16"))
         return self.builder_.emit(relax.op.astype(new, "float16"))
 
     def visit_var_binding_(self, binding):
         value = binding.value
+        if all(v in self.independent for v in relax.analysis.free_vars(value)):
+            # computed from no parameter (positions, rotary angles and tables, causal masks):
+            # kept in the model's float32, as PyTorch computes rotary tables; the pipeline folds
+            # them at compile time, so the precision costs nothing at run time
+            self.independent.add(binding.var)
+            super().visit_var_binding_(binding)
+            return
         source = _cast(value, "float32")
         if source is not None and _dtype(source) in HALF:  # astype(x16, float32)
             self.half[binding.var] = self.visit_expr(source)
