@@ -6,15 +6,14 @@ wraps each in a ``Primitive`` Relax function named ``stitched_*``, so that ``Fus
 pattern into one PrimFunc (reductions in the middle included).  ``StitchSchedule`` runs after
 ``FuseTIR`` on CUDA targets: it plans each ``stitched_*`` PrimFunc (kernel plan + latency
 evaluator, :mod:`tvm_stitch.stitch.plan`) and applies the plan's schedule, so the pattern
-becomes one kernel whose intermediates stay in registers or shared memory.  A pattern the plan
-refuses is left unscheduled for TVM's default schedule (reason logged).  Everything else is left
-to TVM.
+becomes one kernel whose intermediates stay in registers or shared memory.  A pattern no plan
+schedules is not formed: ``StitchFusion`` checks each one before fusing and leaves the ops of a
+refused one to TVM's fusion (reason logged).  Everything else is left to TVM.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 
 import tvm
 from tvm import relax
@@ -26,59 +25,132 @@ from .order import topological
 logger = logging.getLogger("tvm_stitch.stitch")
 
 PREFIX = "stitched_"
-#: Plans tried per pattern, cheapest first, before it is left to TVM's schedule.
-FALLBACK_PLANS = 4
 
 
 @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
 class StitchFusion:
-    """Group memory-intensive patterns (row reductions in the middle) into Primitive functions."""
+    """Group memory-intensive patterns (row reductions in the middle) into Primitive functions.
+
+    A pattern is formed only when a kernel plan schedules it (legality before fusion: formed
+    and refused later, it would be left to TVM's fallback schedule as one function, one thread
+    per row); otherwise its ops are left to TVM's fusion, the reason logged.
+
+    Parameters
+    ----------
+    schedules : dict, optional
+        Shared with :class:`StitchSchedule` so that the patterns checked here are not
+        scheduled a second time.
+    """
+
+    def __init__(self, schedules=None):
+        self.schedules = {} if schedules is None else schedules
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        builder = relax.BlockBuilder(mod)
-        updates = {}
-        count = 0
-        for gv, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+        out, formed = _form(mod, skip=set())
+        if not formed:
+            return mod
+        refused = _unschedulable(out, formed, self.schedules)
+        for name, why in refused.items():
+            logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
+        if refused:
+            out, formed = _form(mod, skip={formed[name] for name in refused})
+            if not formed:
+                return mod
+        logger.info("stitch: %d fusion patterns formed", len(formed))
+        return out
+
+
+def _form(mod, skip):
+    """``mod`` with each fusion pattern (but those keyed in ``skip``) wrapped in a Primitive
+    function; also ``{function name: pattern key}`` of the patterns formed."""
+    builder = relax.BlockBuilder(mod)
+    updates, formed = {}, {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+            continue
+        new_blocks, changed = [], False
+        for block in func.body.blocks:
+            if not isinstance(block, relax.DataflowBlock):
+                new_blocks.append(block)
                 continue
-            new_blocks, changed = [], False
-            for block in func.body.blocks:
-                if not isinstance(block, relax.DataflowBlock):
-                    new_blocks.append(block)
-                    continue
-                try:
-                    groups, refused = form_groups(mod, block)
+            try:
+                groups, refused = form_groups(mod, block)
+                if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)
-                    rewritten = _rewrite_block(builder, block, groups, func) if groups else None
-                except Exception as err:  # noqa: BLE001 - never break a build: TVM's fusion
-                    logger.warning("stitch: %s: block left to TVM's fusion: %r", gv.name_hint, err)
-                    rewritten = None
-                if rewritten is None:
-                    new_blocks.append(block)
-                    continue
-                new_blocks.append(rewritten)
-                count += len(groups)
-                changed = True
-            if changed:
-                updates[gv] = relax.Function(
-                    func.params,
-                    relax.SeqExpr(new_blocks, func.body.body),
-                    func.ret_ty,
-                    func.is_pure,
-                    func.attrs,
-                )
-        if not updates:
-            return mod
-        out = builder.get()
-        for gv, func in updates.items():
-            out[gv] = func
-        logger.info("stitch: %d fusion patterns formed", count)
-        return relax.transform.Normalize()(out)
+                keys = {g.gid: _key(gv, block, g) for g in groups}
+                groups = [g for g in groups if keys[g.gid] not in skip]
+                names = {}
+                rewritten = _rewrite_block(builder, block, groups, func, names) if groups else None
+            except Exception as err:  # noqa: BLE001 - never break a build: TVM's fusion
+                logger.warning("stitch: %s: block left to TVM's fusion: %r", gv.name_hint, err)
+                rewritten = None
+            if rewritten is None:
+                new_blocks.append(block)
+                continue
+            formed.update({name: keys[gid] for gid, name in names.items()})
+            new_blocks.append(rewritten)
+            changed = True
+        if changed:
+            updates[gv] = relax.Function(
+                func.params,
+                relax.SeqExpr(new_blocks, func.body.body),
+                func.ret_ty,
+                func.is_pure,
+                func.attrs,
+            )
+    if not updates:
+        return mod, {}
+    out = builder.get()
+    for gv, func in updates.items():
+        out[gv] = func
+    return relax.transform.Normalize()(out), formed
 
 
-def _rewrite_block(builder, block, groups, func):
-    """The block with each group's bindings replaced by one call to a Primitive function."""
+def _key(gv, block, group) -> tuple:
+    """A pattern's identity across formations: its function and its members' variables."""
+    return (gv.name_hint, tuple(block.bindings[i].var.name for i in group.members))
+
+
+def _unschedulable(mod, formed, cache) -> dict:
+    """``{function name: why}`` for the formed patterns no kernel plan schedules (tried as
+    :class:`StitchSchedule` will try them, on the patterns ``FuseTIR`` merges)."""
+    from tvm_stitch.stitch.schedule import schedule_pattern
+
+    gpu, hw = _hardware()
+    if hw is None:
+        return {}
+    try:
+        fused = relax.transform.FuseTIR()(mod)
+    except Exception as err:  # noqa: BLE001 - FuseTIR will say it again in the pipeline
+        logger.warning("stitch: patterns not checked, FuseTIR failed: %r", err)
+        return {}
+    refused = {}
+    for gv, func in fused.functions.items():
+        if gv.name_hint in formed and isinstance(func, tvm.tirx.PrimFunc):
+            scheduled, _, reasons = schedule_pattern(func, hw, gpu, cache=cache)
+            if scheduled is None:
+                refused[gv.name_hint] = "; ".join(reasons) or "no plan applies"
+    return refused
+
+
+def _hardware():
+    """``(gpu, hw)``: whether the current target is CUDA, and the GPU the plans are made for
+    (the default GPU when lowering for a CPU; ``hw`` None when the target names no known GPU)."""
+    from tvm_stitch.hardware import HardwareModel
+
+    target = tvm.target.Target.current(allow_none=True)
+    gpu = target is not None and target.kind.name == "cuda"
+    try:
+        return gpu, HardwareModel.from_target(target if gpu else {"kind": "cuda", "arch": "sm_90a"})
+    except ValueError as err:
+        logger.info("stitch: no kernel plans: %s", err)
+        return gpu, None
+
+
+def _rewrite_block(builder, block, groups, func, names):
+    """The block with each group's bindings replaced by one call to a Primitive function;
+    ``names`` gets each group's function name (by group id)."""
     bindings = list(block.bindings)
     member = {i: g for g in groups for i in g.members}
     index = {b.var: i for i, b in enumerate(bindings)}
@@ -106,7 +178,9 @@ def _rewrite_block(builder, block, groups, func):
         if key[0] == "b":
             out.append(bindings[idxs[0]])
             continue
-        out.extend(_group_call(builder, bindings, idxs, used_later))
+        gv, calls = _group_call(builder, bindings, idxs, used_later)
+        names[key[1]] = gv.name_hint
+        out.extend(calls)
     return relax.DataflowBlock(out)
 
 
@@ -147,12 +221,12 @@ def _group_call(builder, bindings, idxs, used_later):
     gv = builder.add_func(fn, PREFIX + "_".join(names)[:60])
     call = relax.Call(gv, params)
     if len(outputs) == 1:
-        return [relax.VarBinding(outputs[0], call)]
+        return gv, [relax.VarBinding(outputs[0], call)]
     tup = relax.DataflowVar(f"{outputs[0].name}_tuple", relax.TupleType([o.ty for o in outputs]))
     result = [relax.VarBinding(tup, call)]
     for k, o in enumerate(outputs):
         result.append(relax.VarBinding(o, relax.TupleGetItem(tup, k)))
-    return result
+    return gv, result
 
 
 def _uses(block, func):
@@ -200,57 +274,44 @@ class StitchSchedule:
     the plan's loop structure.
 
     When TVM's schedule rejects a step of the cheapest plan, the next plans are tried (up to
-    :data:`FALLBACK_PLANS`); a pattern no plan covers (inter-block communication) is left to
-    TVM's default schedule.  Every refusal is logged with its reason.  The chosen plans are kept in
-    :attr:`plans` (name -> :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
+    :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`, :func:`~tvm_stitch.stitch.schedule.
+    schedule_pattern`); a pattern no plan covers is left to TVM's default schedule (stitched
+    patterns never are: :class:`StitchFusion` forms only patterns a plan schedules).  Every
+    refusal is logged with its reason.  The chosen plans are kept in :attr:`plans` (name ->
+    :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
+
+    Parameters
+    ----------
+    schedules : dict, optional
+        The schedules :class:`StitchFusion` made while checking its patterns.
     """
 
-    def __init__(self):
+    def __init__(self, schedules=None):
         self.plans = {}
+        self.schedules = {} if schedules is None else schedules
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from tvm_stitch.hardware import HardwareModel
-        from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans
-        from tvm_stitch.stitch.schedule import apply_plan
+        from tvm_stitch.stitch.schedule import schedule_pattern
 
-        target = tvm.target.Target.current(allow_none=True)
-        gpu = target is not None and target.kind.name == "cuda"
-        try:
-            # on a CPU the plan made for the default GPU is lowered without thread bindings
-            hw = HardwareModel.from_target(target if gpu else {"kind": "cuda", "arch": "sm_90a"})
-        except ValueError as err:
-            logger.info("stitch: no kernel plans: %s", err)
+        gpu, hw = _hardware()
+        if hw is None:
             return mod
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tvm.tirx.PrimFunc) or _scheduled(func):
                 continue
             stitched = gv.name_hint.startswith(PREFIX)
             log = logger.info if stitched else logger.debug
-            try:
-                plans = candidate_plans(func, hw)
-            except IllegalPatternError as err:
-                log("stitch: %s left to TVM's schedule: %s", gv.name_hint, err)
+            scheduled, plan, reasons = schedule_pattern(
+                func, hw, gpu, thread_only=not stitched, cache=self.schedules
+            )
+            if scheduled is None:
+                log("stitch: %s left to TVM's schedule: %s", gv.name_hint, "; ".join(reasons))
                 continue
-            except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
-                logger.warning("stitch: %s left to TVM's schedule: %r", gv.name_hint, err)
-                continue
-            if not stitched and plans[0].composition != "thread":
-                continue  # a row pattern the former did not form: TVM's schedule
-            plans = [p for p in plans[:FALLBACK_PLANS] if math.isfinite(p.latency_us)]
-            if not plans:
-                log("stitch: %s left to TVM's schedule: no plan fits the SM", gv.name_hint)
-            for plan in plans:
-                try:
-                    mod[gv] = apply_plan(func, plan, gpu=gpu)
-                except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
-                    why = err if isinstance(err, IllegalPatternError) else repr(err)
-                    log("stitch: %s: plan refused (%s): %s", gv.name_hint, plan.describe(), why)
-                    continue
-                self.plans[gv.name_hint] = plan
-                logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
-                break
-            else:
-                log("stitch: %s left to TVM's schedule: no plan applies", gv.name_hint)
+            for why in reasons:  # the plans refused before the one applied
+                log("stitch: %s: %s", gv.name_hint, why)
+            mod[gv] = scheduled
+            self.plans[gv.name_hint] = plan
+            logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
         return mod
 
 

@@ -532,9 +532,9 @@ def test_a_refused_plan_falls_back_to_the_next_one(monkeypatch, caplog):
             raise IllegalPatternError("refused for the test")
         return original(func, plan, gpu)
 
-    monkeypatch.setattr(schedule, "apply_plan", refuse_first)
     inst = _instance("layernorm", "float16", 4096, 768, {})
     mod = _unscheduled(inst)
+    monkeypatch.setattr(schedule, "apply_plan", refuse_first)
     (gv,) = [gv for gv in mod.functions if gv.name_hint.startswith("stitched_")]
     expected = candidate_plans(mod[gv], H100)
     stitch = StitchSchedule()
@@ -625,3 +625,48 @@ def test_an_output_the_pattern_reads_on_the_gpu(shape, dtype):
     tol = 1e-4 if dtype == "float32" else 2e-2
     for got, ref in zip(outs, refs):
         np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=tol, atol=tol)
+
+
+def test_a_pattern_no_plan_schedules_is_left_to_tvms_fusion(monkeypatch, caplog):
+    """Legality before fusion: a pattern that no kernel plan schedules is not formed, so its ops
+    get TVM's own fusion and schedules (formed, it would have gone to TVM's fallback schedule as
+    one fused function: one thread per row, the rows' columns summed serially)."""
+    from tvm_stitch.stitch import schedule
+
+    def refuse(func, plan, gpu=True):
+        raise IllegalPatternError("refused for the test")
+
+    monkeypatch.setattr(schedule, "apply_plan", refuse)
+    inst = _instance("layernorm-ops", "float32", 300, 781, {})
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        stitch = fusion_report(inst.mod, CUDA, "stitch")
+    assert stitch.kernels == fusion_report(inst.mod, CUDA, "default").kernels > 1
+    assert "not formed, left to TVM's fusion" in caplog.text
+    assert "refused for the test" in caplog.text
+    np.testing.assert_allclose(_run(inst.mod, inst), inst.reference()[0], *inst.tolerance)
+
+
+def test_a_row_value_kept_as_a_column_is_planned(nvcc_compiles):
+    """A float16 row sum (accumulated in float32) returned as (rows, 1), packed with a softmax
+    of the same rows: TVM's normalisation drops the output's unit column loop; the plan still
+    schedules it (one kernel, not TVM's fallback schedule), with numerics on llvm."""
+    mod = relax_function(
+        [("x", (64, 781), "float16")],
+        lambda x: [
+            relax.Tuple(
+                [relax.op.sum(x, axis=[-1], keepdims=True), relax.op.nn.softmax(x, axis=-1)]
+            )
+        ],
+    )
+    (plan,) = _plans(type("Inst", (), {"mod": mod})).values()
+    assert plan.composition in ("warp", "block")
+    x = np.random.default_rng(2).standard_normal((64, 781)).astype("float16")
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    total, soft = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    x64 = x.astype("float64")
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    np.testing.assert_allclose(total.numpy(), x64.sum(-1, keepdims=True), rtol=2e-3, atol=2e-2)
+    np.testing.assert_allclose(soft.numpy(), e / e.sum(-1, keepdims=True), rtol=2e-3, atol=1e-5)
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    assert len([ln for ln in src.splitlines() if "__global__" in ln and ln.endswith("{")]) == 1
+    nvcc_compiles(src)

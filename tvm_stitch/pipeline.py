@@ -101,10 +101,11 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.report:
             fusion.append(passes.ReportFusion())
         if opts.stitch:
+            schedules = {}  # the patterns StitchFusion checked are scheduled once
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseOps")
-            fusion.insert(at, passes.StitchFusion())
+            fusion.insert(at, passes.StitchFusion(schedules))
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
-            fusion.insert(at, passes.StitchSchedule())
+            fusion.insert(at, passes.StitchSchedule(schedules))
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())

@@ -17,13 +17,80 @@
 
 from __future__ import annotations
 
+import math
+
 import tvm
+import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from tvm_stitch.graph.tir_walk import buffer_loads, iter_exprs, iter_sblocks
 
-from .plan import IllegalPatternError, KernelPlan
+from .plan import IllegalPatternError, KernelPlan, candidate_plans
+
+#: Plans tried per pattern, cheapest first, before it is left to TVM.
+FALLBACK_PLANS = 4
+
+
+def schedule_pattern(
+    func: tvm.tirx.PrimFunc, hw, gpu: bool = True, thread_only: bool = False, cache=None
+):
+    """``func`` scheduled by the cheapest of its candidate plans that TVM accepts.
+
+    The plans are tried cheapest first (up to :data:`FALLBACK_PLANS`): a plan whose schedule TVM
+    refuses gives way to the next.  Nothing raises: every refusal is a reason.
+
+    Parameters
+    ----------
+    func : tvm.tirx.PrimFunc
+        A pattern (``FuseTIR``'s merge of its ops).
+    hw : HardwareModel
+        The GPU the plans are made for (also when lowered for ``llvm``).
+    gpu : bool
+        Bind GPU threads (False: the plan's loops lowered for a CPU, see :func:`apply_plan`).
+    thread_only : bool
+        Only a thread-composition plan (elementwise groups ``FuseOps`` formed).
+    cache : dict, optional
+        Results of earlier calls (structurally equal functions are scheduled once): the
+        pipeline shares one between the fusion's legality check and the scheduling pass.
+
+    Returns
+    -------
+    (scheduled, plan, reasons)
+        The scheduled function and its plan, or ``(None, None, reasons)`` when no plan applies;
+        ``reasons`` lists the refusals met on the way.
+    """
+    if cache is None:
+        return _schedule_pattern(func, hw, gpu, thread_only)
+    key = (tvm_ffi.structural_hash(func), hw, gpu, thread_only)
+    for seen, result in cache.get(key, ()):
+        if tvm_ffi.structural_equal(seen, func):
+            return result
+    result = _schedule_pattern(func, hw, gpu, thread_only)
+    cache.setdefault(key, []).append((func, result))
+    return result
+
+
+def _schedule_pattern(func, hw, gpu, thread_only):
+    try:
+        plans = candidate_plans(func, hw)
+    except IllegalPatternError as err:
+        return None, None, [str(err)]
+    except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
+        return None, None, [repr(err)]
+    if thread_only and plans[0].composition != "thread":
+        return None, None, ["a row pattern the former did not form"]
+    plans = [p for p in plans[:FALLBACK_PLANS] if math.isfinite(p.latency_us)]
+    if not plans:
+        return None, None, ["no plan fits the SM"]
+    reasons = []
+    for plan in plans:
+        try:
+            return apply_plan(func, plan, gpu=gpu), plan, reasons
+        except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
+            why = err if isinstance(err, IllegalPatternError) else repr(err)
+            reasons.append(f"plan refused ({plan.describe()}): {why}")
+    return None, None, reasons
 
 
 def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> tvm.tirx.PrimFunc:
@@ -66,13 +133,24 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         return _elementwise(sch, outputs, plan, bind, gpu)
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
+    # one value per row (a row sum kept as (rows, 1)): TVM's normalisation dropped the unit
+    # column loop; the value is written by the row's threads alike, no column split
+    unit = {
+        n
+        for n in outputs
+        if len(sch.get_loops(sch.get_sblock(n))) == 1 and _unit_columns(sch, sch.get_sblock(n))
+    }
     stores = {}
     if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
-            stores[n] = sch.get(sch.cache_write(sch.get_sblock(n), 0, "local")).name_hint
+            if n not in unit:
+                stores[n] = sch.get(sch.cache_write(sch.get_sblock(n), 0, "local")).name_hint
     rows = []
     for n in outputs:
         loops = sch.get_loops(sch.get_sblock(stores.get(n, n)))
+        if n in unit:
+            rows.append(loops[0])
+            continue
         if len(loops) < 2:
             raise IllegalPatternError(f"{n} has no row dimension")
         rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
@@ -107,6 +185,8 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         return o
 
     for n in outputs:
+        if n in unit:
+            continue
         o = columns(sch.get_loops(sch.get_sblock(stores.get(n, n)))[-1], vectorize=n in stores)
         if n in stores:
             compute = sch.get_sblock(n)
@@ -180,6 +260,12 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
                 f"{block.name_hint} is an output that the pattern also reads and cannot be "
                 f"recomputed by its readers: {err}"
             ) from err
+
+
+def _unit_columns(sch, block) -> bool:
+    """Whether ``block`` writes a tensor whose last axis has extent 1."""
+    (write,) = sch.get(block).writes
+    return len(write.source.shape) > 1 and _is_one(write.source.shape[-1])
 
 
 def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
