@@ -253,7 +253,6 @@ class Segment:
     products: list  # [(contraction node name, Access of B over (batch, k, n))]
     outputs: list[Output]
     covered: list[str]
-    views: list = dataclasses.field(default_factory=list)  # B views, after finalize
 
     @property
     def accumulators(self) -> list[str]:
