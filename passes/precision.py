@@ -128,9 +128,15 @@ class _Narrower(relax.PyExprMutator):
         value = binding.value
         if all(v in self.independent for v in relax.analysis.free_vars(value)):
             # computed from no parameter (positions, rotary angles and tables, causal masks):
-            # kept in the model's float32, as PyTorch computes rotary tables; the pipeline folds
-            # them at compile time, so the precision costs nothing at run time
+            # kept in the model's float32, as PyTorch computes rotary tables (with static shapes
+            # the pipeline folds them at compile time: the precision costs nothing at run time)
             self.independent.add(binding.var)
+            target = _cast(value, "float16")
+            if target is not None and _dtype(target) == "float32":
+                # its own cast to float16 saturates (a float32 minimum would become -inf)
+                self._rebind(binding, self._narrow(target))
+                self.count += 1
+                return
             super().visit_var_binding_(binding)
             return
         source = _cast(value, "float32")
@@ -213,7 +219,10 @@ class HalfActivations:
     model in float16.  Here every op with a float32 result but products and casts is computed on
     float16 operands (float32 constants saturated to float16's range, as a float16 model's
     ``finfo.min`` masks are); reductions still accumulate in float32 (:class:`AccumulateFloat32`,
-    TVM's norms).  The function's signature is unchanged.
+    TVM's norms).  Values that depend on no parameter (rotary angles and tables, masks built from
+    positions) stay float32 and are cast, saturated, where they meet an activation — as
+    PyTorch's rotary embeddings compute their tables in float32.  The function's signature is
+    unchanged.
     """
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:

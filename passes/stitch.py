@@ -46,10 +46,14 @@ class StitchFusion:
         self.schedules = {} if schedules is None else schedules
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        self.schedules.clear()  # one module's schedules at a time
+        gpu, hw = _hardware()
+        if hw is None:  # no plan can schedule a pattern for this GPU: TVM's fusion throughout
+            return mod
         out, formed = _form(mod, skip=set())
         if not formed:
             return mod
-        refused = _unschedulable(out, formed, self.schedules)
+        refused = _unschedulable(out, formed, self.schedules, gpu, hw)
         for name, why in refused.items():
             logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
         if refused:
@@ -62,14 +66,16 @@ class StitchFusion:
 
 def _form(mod, skip):
     """``mod`` with each fusion pattern (but those keyed in ``skip``) wrapped in a Primitive
-    function; also ``{function name: pattern key}`` of the patterns formed."""
+    function; also ``{function name: pattern key}`` of the patterns formed (key: the function,
+    the dataflow block's index and the members' binding indices — the same in every formation
+    of ``mod``)."""
     builder = relax.BlockBuilder(mod)
     updates, formed = {}, {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
             continue
         new_blocks, changed = [], False
-        for block in func.body.blocks:
+        for index, block in enumerate(func.body.blocks):
             if not isinstance(block, relax.DataflowBlock):
                 new_blocks.append(block)
                 continue
@@ -78,7 +84,7 @@ def _form(mod, skip):
                 if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)
-                keys = {g.gid: _key(gv, block, g) for g in groups}
+                keys = {g.gid: (gv.name_hint, index, tuple(g.members)) for g in groups}
                 groups = [g for g in groups if keys[g.gid] not in skip]
                 names = {}
                 rewritten = _rewrite_block(builder, block, groups, func, names) if groups else None
@@ -107,24 +113,16 @@ def _form(mod, skip):
     return relax.transform.Normalize()(out), formed
 
 
-def _key(gv, block, group) -> tuple:
-    """A pattern's identity across formations: its function and its members' variables."""
-    return (gv.name_hint, tuple(block.bindings[i].var.name for i in group.members))
-
-
-def _unschedulable(mod, formed, cache) -> dict:
+def _unschedulable(mod, formed, cache, gpu, hw) -> dict:
     """``{function name: why}`` for the formed patterns no kernel plan schedules (tried as
     :class:`StitchSchedule` will try them, on the patterns ``FuseTIR`` merges)."""
     from tvm_stitch.stitch.schedule import schedule_pattern
 
-    gpu, hw = _hardware()
-    if hw is None:
-        return {}
     try:
         fused = relax.transform.FuseTIR()(mod)
     except Exception as err:  # noqa: BLE001 - FuseTIR will say it again in the pipeline
-        logger.warning("stitch: patterns not checked, FuseTIR failed: %r", err)
-        return {}
+        logger.warning("stitch: patterns not checked, left to TVM's fusion (FuseTIR: %r)", err)
+        return {name: f"FuseTIR failed: {err!r}" for name in formed}
     refused = {}
     for gv, func in fused.functions.items():
         if gv.name_hint in formed and isinstance(func, tvm.tirx.PrimFunc):
@@ -275,8 +273,9 @@ class StitchSchedule:
 
     When TVM's schedule rejects a step of the cheapest plan, the next plans are tried (up to
     :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`, :func:`~tvm_stitch.stitch.schedule.
-    schedule_pattern`); a pattern no plan covers is left to TVM's default schedule (stitched
-    patterns never are: :class:`StitchFusion` forms only patterns a plan schedules).  Every
+    schedule_pattern`); a pattern no plan covers is left to TVM's default schedule (with the
+    pipeline's passes, stitched patterns are not: :class:`StitchFusion` forms only patterns a
+    plan schedules for the same target).  Every
     refusal is logged with its reason.  The chosen plans are kept in :attr:`plans` (name ->
     :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
 

@@ -237,7 +237,8 @@ def test_input_independent_values_stay_float32_until_they_meet_activations():
 def test_rotary_tables_keep_their_precision_at_long_positions():
     """A rotary embedding imported in float16 at 1024 positions: angles up to 1023 rad lose
     0.25 rad to float16 rounding (the output was 0.9 off); computed in float32 and cast, the
-    output is within float16 rounding of PyTorch's float32 result."""
+    output is within float16 rounding of PyTorch's float32 result.  (An ``inv_freq`` kept as a
+    buffer is rounded to float16 with the weights, as ``model.half()`` rounds it too.)"""
     import torch
 
     from tvm_stitch.frontend import import_torch
@@ -266,3 +267,29 @@ def test_rotary_tables_keep_their_precision_at_long_positions():
     args = [tvm.runtime.tensor(a) for a in (x.numpy(), *imported.weights)]
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*args).numpy().astype("float32")
     np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_a_float32_minimum_cast_to_float16_saturates():
+    """``astype(finfo(float32).min, float16)`` (a mask's fill value) is float16's lowest finite
+    value, not -inf (``0 * -inf`` is NaN), also when nothing else in the function changes."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float16")):
+            with R.dataflow():
+                low = R.astype(R.const(-3.4028234663852886e38, "float32"), "float16")
+                y = R.add(x, low)
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float16")):
+            with R.dataflow():
+                y = R.add(x, R.const(-65504.0, "float16"))
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(HalfActivations()(Before), Expected)

@@ -646,12 +646,13 @@ def test_a_pattern_no_plan_schedules_is_left_to_tvms_fusion(monkeypatch, caplog)
     np.testing.assert_allclose(_run(inst.mod, inst), inst.reference()[0], *inst.tolerance)
 
 
-def test_a_row_value_kept_as_a_column_is_planned(nvcc_compiles):
+@pytest.mark.parametrize("shape", [(64, 781), (2, 32, 781)])
+def test_a_row_value_kept_as_a_column_is_planned(shape, nvcc_compiles):
     """A float16 row sum (accumulated in float32) returned as (rows, 1), packed with a softmax
     of the same rows: TVM's normalisation drops the output's unit column loop; the plan still
     schedules it (one kernel, not TVM's fallback schedule), with numerics on llvm."""
     mod = relax_function(
-        [("x", (64, 781), "float16")],
+        [("x", shape, "float16")],
         lambda x: [
             relax.Tuple(
                 [relax.op.sum(x, axis=[-1], keepdims=True), relax.op.nn.softmax(x, axis=-1)]
@@ -660,7 +661,7 @@ def test_a_row_value_kept_as_a_column_is_planned(nvcc_compiles):
     )
     (plan,) = _plans(type("Inst", (), {"mod": mod})).values()
     assert plan.composition in ("warp", "block")
-    x = np.random.default_rng(2).standard_normal((64, 781)).astype("float16")
+    x = np.random.default_rng(2).standard_normal(shape).astype("float16")
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
     total, soft = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
     x64 = x.astype("float64")
@@ -670,3 +671,14 @@ def test_a_row_value_kept_as_a_column_is_planned(nvcc_compiles):
     src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
     assert len([ln for ln in src.splitlines() if "__global__" in ln and ln.endswith("{")]) == 1
     nvcc_compiles(src)
+
+
+def test_a_gpu_without_kernel_plans_keeps_tvms_fusion(caplog):
+    """A CUDA target whose GPU the hardware table does not know: no pattern is formed (none
+    could be scheduled), TVM's fusion and schedules throughout, the reason logged."""
+    inst = _instance("layernorm-ops", "float32", 300, 781, {})
+    turing = tvm.target.Target({"kind": "cuda", "arch": "sm_75"})
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        stitch = fusion_report(inst.mod, turing, "stitch")
+    assert stitch.kernels == fusion_report(inst.mod, turing, "default").kernels > 1
+    assert "no kernel plans" in caplog.text

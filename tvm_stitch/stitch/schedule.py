@@ -133,13 +133,9 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         return _elementwise(sch, outputs, plan, bind, gpu)
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
-    # one value per row (a row sum kept as (rows, 1)): TVM's normalisation dropped the unit
-    # column loop; the value is written by the row's threads alike, no column split
-    unit = {
-        n
-        for n in outputs
-        if len(sch.get_loops(sch.get_sblock(n))) == 1 and _unit_columns(sch, sch.get_sblock(n))
-    }
+    # one value per row (a row sum kept as (..., rows, 1)): TVM's normalisation dropped the
+    # unit column loop; all its loops are the row, written by the row's threads alike
+    unit = {n for n in outputs if _unit_columns(sch, sch.get_sblock(n))}
     stores = {}
     if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
@@ -149,7 +145,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     for n in outputs:
         loops = sch.get_loops(sch.get_sblock(stores.get(n, n)))
         if n in unit:
-            rows.append(loops[0])
+            rows.append(sch.fuse(*loops) if len(loops) > 1 else loops[0])
             continue
         if len(loops) < 2:
             raise IllegalPatternError(f"{n} has no row dimension")
