@@ -57,3 +57,29 @@ def test_from_torch_decoder_with_a_causal_mask():
     with torch.no_grad():
         ref = net(ids, use_cache=False).last_hidden_state
     torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_half_precision_export_returns_its_dtypes():
+    """A module exported in float16 (``convert=False``) returns float16, as PyTorch does (TVM's
+    importer leaves its products' float32 accumulators up to the output): the cast joins the
+    last kernel, which stores half the bytes."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from tvm_stitch.frontend import import_torch
+    from tvm_stitch.workloads.zoo import plain_attention
+
+    q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
+    imported = import_torch(plain_attention(True), (q, k, v), "float16", convert=False)
+    ret = imported.mod["main"].ret_ty
+    assert str(ret.dtype) == "float16"
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    assert tvm_stitch.fusion_report(imported.mod, cuda).kernels == 1
+    ex = tvm.compile(imported.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    args = [tvm.runtime.tensor(t.half().numpy()) for t in (q, k, v)]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*args).numpy()
+    with torch.no_grad():
+        ref = plain_attention(True)(q, k, v).numpy()
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype("float32"), ref, rtol=2e-2, atol=2e-2)

@@ -70,7 +70,8 @@ def import_torch(
     convert : bool
         Export in float32 and convert to ``dtype`` with ``ToMixedPrecision`` (the default, which
         models with weights need).  ``False`` exports in ``dtype`` directly: floating inputs
-        and the whole graph stay in it.
+        and outputs keep the exported dtypes (TVM's importer accumulates half-precision
+        products in float32; the outputs are cast back, inside the last kernel).
 
     Returns
     -------
@@ -101,6 +102,10 @@ def import_torch(
     mod, params = detach_params(mod)
     weights = [p.numpy() for p in params["main"]]
     num_inputs = len(mod["main"].params) - len(weights)
+    if not convert:
+        # TVM's importer accumulates half-precision products in float32 and keeps their
+        # results float32 up to the outputs; PyTorch returns the exported dtypes
+        mod = _exported_output_dtypes(mod, exported)
     if dtype == "float16" and convert:
         # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
         # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
@@ -112,6 +117,49 @@ def import_torch(
         mod = HalfActivations()(mod)  # float16 activations, as model.half() computes them
         weights = [w.astype("float16") if w.dtype == np.float32 else w for w in weights]
     return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
+
+
+def _exported_output_dtypes(mod, exported):
+    """``mod`` whose ``main`` returns each floating output in the dtype the exported program
+    gives it: a cast where TVM's importer left a wider one, bound in the last dataflow block
+    (so that it fuses into the producing kernel)."""
+    out_node = next(n for n in exported.graph.nodes if n.op == "output")
+    nodes = out_node.args[0]
+    nodes = list(nodes) if isinstance(nodes, (tuple, list)) else [nodes]
+    wanted = []
+    for n in nodes:
+        val = n.meta.get("val") if hasattr(n, "meta") else None
+        wanted.append(str(val.dtype).replace("torch.", "") if hasattr(val, "dtype") else None)
+    func = mod["main"]
+    blocks, ret = list(func.body.blocks), func.body.body
+    if not blocks or not isinstance(blocks[-1], relax.DataflowBlock):
+        return mod
+    if len(wanted) == 1:
+        fields = [ret]
+    elif isinstance(ret, relax.Tuple) and len(ret.fields) == len(wanted):
+        fields = list(ret.fields)
+    else:
+        return mod
+    bb = relax.BlockBuilder()
+    bindings, outs = list(blocks[-1].bindings), []
+    for k, (field, dtype) in enumerate(zip(fields, wanted)):
+        have = field.ty.dtype if isinstance(field.ty, relax.TensorType) else None
+        if dtype is None or have is None or str(have) == dtype or not dtype.startswith("float"):
+            outs.append(field)
+            continue
+        cast = bb.normalize(relax.op.astype(field, dtype))
+        var = relax.Var(f"output{k}", cast.ty)
+        bindings.append(relax.VarBinding(var, cast))
+        outs.append(var)
+    if all(a.same_as(b) for a, b in zip(outs, fields)):
+        return mod
+    body = outs[0] if len(wanted) == 1 else bb.normalize(relax.Tuple(outs))
+    blocks[-1] = relax.DataflowBlock(bindings)
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod["main"] = relax.Function(
+        func.params, relax.SeqExpr(blocks, body), body.ty, func.is_pure, func.attrs
+    )
+    return mod
 
 
 def _bind_constants(module, kwargs: dict):
