@@ -682,3 +682,22 @@ def test_a_gpu_without_kernel_plans_keeps_tvms_fusion(caplog):
         stitch = fusion_report(inst.mod, turing, "stitch")
     assert stitch.kernels == fusion_report(inst.mod, turing, "default").kernels > 1
     assert "no kernel plans" in caplog.text
+
+
+def test_each_pattern_is_scheduled_once(monkeypatch, tmp_path):
+    """The fusion's legality check and the scheduling pass share their schedules: a pipeline
+    build schedules each pattern once, not once to check it and once to build it."""
+    from tvm_stitch.stitch import schedule
+
+    original, calls = schedule.apply_plan, []
+
+    def counted(func, plan, gpu=True):
+        calls.append(func)
+        return original(func, plan, gpu)
+
+    monkeypatch.setattr(schedule, "apply_plan", counted)
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload("bert-tiny").instance("float16", batch=2, seq=19)
+    tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
+    assert calls, "nothing was scheduled"
+    assert len(calls) == len({tvm.ir.save_json(f) for f in calls})
