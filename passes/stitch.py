@@ -271,11 +271,11 @@ class StitchSchedule:
     the default GPU) is lowered with parallel blocks and serial thread loops, so the CPU runs
     the plan's loop structure.
 
-    When TVM's schedule rejects a step of the cheapest plan, the next plans are tried (up to
-    :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`, :func:`~tvm_stitch.stitch.schedule.
-    schedule_pattern`); a pattern no plan covers is left to TVM's default schedule (with the
-    pipeline's passes, stitched patterns are not: :class:`StitchFusion` forms only patterns a
-    plan schedules for the same target).  Every
+    When TVM's schedule rejects a step of the cheapest plan, the next plans are tried
+    (:func:`~tvm_stitch.stitch.schedule.schedule_pattern`, up to
+    :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`); a pattern no plan covers is left to
+    TVM's default schedule (with the pipeline's passes, stitched patterns are not:
+    :class:`StitchFusion` forms only patterns a plan schedules for the same target).  Every
     refusal is logged with its reason.  The chosen plans are kept in :attr:`plans` (name ->
     :class:`~tvm_stitch.stitch.plan.KernelPlan`) for inspection.
 
