@@ -73,20 +73,23 @@ def run_case(label, match, graph, rng):
     fn = triton_gen.load(source)
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
     # both formulations of a GEMM that TMA can read: one program per tile, and persistent
-    # programs (fewer than the tiles, so each walks several) loading through TMA
+    # programs (fewer than the tiles, so each walks several) loading through TMA; an attention
+    # that TMA can read, with and without tensor-descriptor loads
     pieces = {o.tensor for o in match.all_outputs if o.chunk}
-    runs = [(p, TILES) for p in ((False, True) if source.persistent else (False,))]
+    runs = [("", {}, TILES)]
+    if source.persistent:
+        runs.append((" persistent", {"PERSISTENT": True}, TILES))
+    if source.tma:
+        runs.append((" tma", {"TMA": True}, TILES))
     if pieces:  # a row's moments from tiles wider than one piece (16 columns)
-        runs.append((False, {**TILES, "BLOCK_N": 64}))
-    for persistent, tiles in runs:
+        runs.append((" BLOCK_N=64", {}, {**TILES, "BLOCK_N": 64}))
+    for kind, options, tiles in runs:
         consts = {**tiles, **source.constexprs, "DOT_PREC": "ieee"}
-        consts.update(PERSISTENT=persistent, NUM_SMS=3)
+        consts.update({"PERSISTENT": False, "TMA": False, "NUM_SMS": 3, **options})
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
         got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
                for t in source.outputs]
         fn[source.grid(consts, match)](*args, *got, **consts)
-        kind = (" persistent" if persistent else "") + (
-            f" BLOCK_N={tiles['BLOCK_N']}" if tiles is not TILES else "")
         for t, ref, out in zip(source.outputs, refs, got):
             g, r = out.float().numpy(), ref
             if t in pieces:  # a row's moment in pieces: how it is split depends on the tiles

@@ -24,7 +24,8 @@ from tvm import relax
 from tvm_stitch.passes import FuseMBCI
 
 import tvm_stitch
-from tvm_stitch.analysis.recognize import recognize
+from tvm_stitch.analysis.elem import Iter, Op, leaves, walk
+from tvm_stitch.analysis.recognize import recognize, visible_logits
 from tvm_stitch.codegen.te_reference import reference_func
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.graph import build_graph
@@ -253,3 +254,12 @@ def test_causal_masks_become_index_comparisons(name, params, causal):
     for m in attention:
         reads = [role for role in m.views if isinstance(role, tuple)]
         assert bool(reads) == (name == "hf-bert-tiny")
+        # left of the diagonal the logits need no mask: the comparison folds away
+        visible = visible_logits(m)
+        if causal is None:
+            assert visible is None
+        else:
+            assert any(isinstance(e, Iter) for e in walk(m.score))
+            assert not any(isinstance(e, Iter) or isinstance(e, Op) and e.op == "select"
+                           for e in walk(visible))
+            assert [x.key() for x in leaves(visible)] == [x.key() for x in leaves(m.score)]

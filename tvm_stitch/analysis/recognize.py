@@ -1584,6 +1584,52 @@ def causal_offset(graph, match) -> int | None:
     return offset
 
 
+def visible_logits(match) -> Elem | None:
+    """The logits of a causal attention over the keys every query sees (``key <= query +
+    causal``): each index comparison of (query, key) that is constant over that region becomes
+    its value and the selects on it fold away, so key blocks left of the diagonal are computed
+    without the mask (FlashAttention's split of the causal loop).  None when the attention is
+    not causal or no comparison folds.
+    """
+    import numpy as np
+
+    from .elem import Iter, evaluate
+
+    if match.causal is None or match.score is None:
+        return None
+    ext, names = match.frame.extents, {a: v.name for a, v in match.frame.vars.items()}
+    rows, cols = np.arange(ext["m"])[:, None], np.arange(ext["n"])[None, :]
+    seen = cols <= rows + match.causal
+    coords = {names["m"]: rows, names["n"]: cols}
+
+    def fold(e):
+        if isinstance(e, Iter):
+            if not {v.name for v in vars_in(e.expr)} <= set(coords):
+                return None
+            try:
+                values = np.broadcast_to(evaluate(e, coords, None), seen.shape)[seen]
+            except (CompositionError, TypeError, ValueError):
+                return None
+            if values.size and (values == values[0]).all():
+                return Const(values[0].item(), e.dtype)
+            return None
+        if isinstance(e, Op):
+            args = tuple(replace(a, fold) for a in e.args)
+            if e.op == "select" and isinstance(args[0], Const):
+                return args[1] if args[0].value else args[2]
+            if e.op in ("add", "sub") and isinstance(args[1], Const) and args[1].value == 0 \
+                    and args[0].dtype == e.dtype:
+                return args[0]
+            if e.op == "add" and isinstance(args[0], Const) and args[0].value == 0 \
+                    and args[1].dtype == e.dtype:
+                return args[1]
+            return Op(e.op, args, e.dtype)
+        return None
+
+    visible = replace(match.score, fold)
+    return None if visible.key() == match.score.key() else visible
+
+
 def _all_accesses(match: Match) -> dict:
     out = dict(match.accesses)
     for si, seg in enumerate(match.segments):

@@ -297,4 +297,5 @@ def _launch(config: dict) -> dict:
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
-    return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}{persistent}"
+    tma = "t" if config.get("TMA") else ""
+    return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}{persistent}{tma}"

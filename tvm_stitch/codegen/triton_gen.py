@@ -101,6 +101,10 @@ class KernelSource:
     constexprs : dict
         Fixed ``tl.constexpr`` values (head tiles); the search adds the tiles.
     family : str
+    persistent : bool
+        A GEMM with the persistent TMA formulation (constexpr ``PERSISTENT``).
+    tma : bool
+        An attention with tensor-descriptor loads (constexpr ``TMA``).
     """
 
     name: str
@@ -110,6 +114,7 @@ class KernelSource:
     constexprs: dict
     family: str
     persistent: bool = False
+    tma: bool = False
 
     def grid(self, config: dict, match) -> tuple:
         """Programs along x, y for the tile sizes in ``config``."""
@@ -137,7 +142,8 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     """The ``tl.constexpr`` values of ``source``'s kernel for the tiles and options in
     ``config`` (keys the kernel does not take are dropped: launch options, another
     formulation's)."""
-    consts = {"GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1, **config, **source.constexprs}
+    consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "NUM_SMS": 1, **config,
+              **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     return {k: v for k, v in consts.items() if k in arg_names}
 
@@ -692,14 +698,68 @@ def _n_axis(view: Strided) -> str:
     return (nonzero or axes or ["n"])[0]
 
 
+def _times(e: Elem, factor: float) -> Elem:
+    """``e · factor`` in float32, the factor pushed into ``e``'s float32 sums, selects and
+    constant scales (``s / √d · log2 e`` is one multiplication, a mask's constants are scaled at
+    compile time)."""
+    if e.dtype != "float32":
+        wide = Op("cast", (e,), "float32")
+        return Op("mul", (wide, Const(factor, "float32")), "float32")
+    if isinstance(e, Const):
+        return Const(float(e.value) * factor, e.dtype)
+    if isinstance(e, Op):
+        a = e.args
+        if e.op in ("add", "sub"):
+            return Op(e.op, (_times(a[0], factor), _times(a[1], factor)), e.dtype)
+        if e.op == "select":
+            return Op("select", (a[0], _times(a[1], factor), _times(a[2], factor)), e.dtype)
+        if e.op == "mul" and isinstance(a[1], Const):
+            return Op("mul", (a[0], Const(float(a[1].value) * factor, e.dtype)), e.dtype)
+        if e.op == "mul" and isinstance(a[0], Const):
+            return Op("mul", (a[1], Const(float(a[0].value) * factor, e.dtype)), e.dtype)
+        if e.op == "div" and isinstance(a[1], Const) and a[1].value:
+            return Op("mul", (a[0], Const(factor / float(a[1].value), e.dtype)), e.dtype)
+    return Op("mul", (e, Const(factor, e.dtype)), e.dtype)
+
+
+def attention_tma(match) -> str | None:
+    """Why TMA cannot bring in an attention's Q, K and V tiles, or None when it can.
+
+    Each operand is contiguous along its head dimension, and its row, batch and head strides
+    and its offset are multiples of 16 bytes (TMA's alignment)."""
+    for role, inner, rows in (("q", "k", "m"), ("k", "k", "n"), ("v", "d", "n")):
+        view = match.views[role]
+        width = _BYTES.get(view.dtype)
+        if width is None:
+            return f"{role} is {view.dtype}"
+        stride = view.stride
+        if stride.get(inner) != 1:
+            return f"{role} is not contiguous along its head dimension"
+        if stride.get(rows, 0) <= 0:
+            return f"{role} does not advance along its rows"
+        for axis, step in view.strides:
+            if axis not in (inner, rows, "b", "h") and step:
+                return f"{role} varies along {axis}"
+            if axis != inner and (step * width) % 16:
+                return f"{role}'s {axis} stride is not a multiple of 16 bytes"
+        if (view.offset * width) % 16:
+            return f"{role}'s offset is not a multiple of 16 bytes"
+    return None
+
+
 def attention_source(match, name: str) -> KernelSource:
     """Flash attention with the recognized logits ``g(s)`` and output epilogue.
 
     Bounds checks are printed only along axes whose extent a tile may not divide: the head
     tiles are the head dimensions rounded up to powers of two, and query and key tiles are
     powers of two of at most :data:`ATTENTION_MAX_TILE` (the template's legality), so sequence
-    lengths that are multiples of it need none.
+    lengths that are multiples of it need none.  A causal attention skips the key blocks past
+    the diagonal and evaluates its mask only on the blocks the diagonal crosses
+    (:func:`~tvm_stitch.analysis.recognize.visible_logits`).  When TMA can read Q, K and V
+    (:func:`attention_tma`), the constexpr ``TMA`` chooses tensor-descriptor loads.
     """
+    from tvm_stitch.analysis.recognize import visible_logits
+
     pointers, inputs, outputs = _pointers(match)
     ext = match.frame.extents
     views = match.views
@@ -726,6 +786,26 @@ def attention_source(match, name: str) -> KernelSource:
         parts = [x for x in (rows.get(row_axis), cols.get(col_axis)) if x]
         return f", mask={' & '.join(parts)}, other=0.0" if parts else ""
 
+    sq, sk, sv = q.stride, kv.stride, vv.stride
+    tma = attention_tma(match) is None
+    pointer_loads = {
+        "q": f"tl.load(Q + rm[:, None] * {sq.get('m', 0)} + rk[None, :] * {sq.get('k', 0)}"
+        f"{mask('m', 'k')})",
+        "k": f"tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}"
+        f"{mask('k', 'n')})",
+        "v": f"tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}"
+        f"{mask('n', 'd')})",
+    }
+    # out-of-bounds rows and columns of a descriptor's box read as zero: no masks
+    tma_loads = {"q": "q_desc.load([pid_m * BLOCK_M, 0])", "k": "k_desc.load([n0, 0]).T",
+                 "v": "v_desc.load([n0, 0])"}
+
+    def load(role, indent=""):
+        if not tma:
+            return [f"{indent}{role} = {pointer_loads[role]}"]
+        return [f"{indent}if TMA:", f"{indent}    {role} = {tma_loads[role]}",
+                f"{indent}else:", f"{indent}    {role} = {pointer_loads[role]}"]
+
     lines = [
         "pid_m = tl.program_id(0)",
         "pid = tl.program_id(1)",
@@ -739,56 +819,74 @@ def attention_source(match, name: str) -> KernelSource:
         f"K = {_base(kv, pointers, {'b': 'b', 'h': head_k})}",
         f"V = {_base(vv, pointers, {'b': 'b', 'h': head_k})}",
     ]
-    sq, sk, sv = q.stride, kv.stride, vv.stride
+    if tma:
+        lines += [
+            "if TMA:",
+            f"    q_desc = tl.make_tensor_descriptor(Q, [{m}, {dk}], [{sq['m']}, 1], "
+            "[BLOCK_M, BLOCK_K])",
+            f"    k_desc = tl.make_tensor_descriptor(K, [{n}, {dk}], [{sk['n']}, 1], "
+            "[BLOCK_N, BLOCK_K])",
+            f"    v_desc = tl.make_tensor_descriptor(V, [{n}, {dh}], [{sv['n']}, 1], "
+            "[BLOCK_N, BLOCK_H])",
+        ]
     lines += [
-        f"q = tl.load(Q + rm[:, None] * {sq.get('m', 0)} + rk[None, :] * {sq.get('k', 0)}"
-        f"{mask('m', 'k')})",
+        *load("q"),
         "m_i = tl.full((BLOCK_M,), float('-inf'), dtype=tl.float32)",
         "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)",
     ]
-    if match.causal is not None:
-        # keys past the diagonal of every row of this block are masked: skip their blocks
-        lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal + 1})")
-    else:
-        lines.append(f"hi = {n}")
-    lines.append("for n0 in range(0, hi, BLOCK_N):")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
     masks = {a: x for a, x in (("m", rows.get("m")), ("n", cols.get("n"))) if x}
-    score = ElemPrinter(
-        tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g"
-    )
-    g = score.expr(match.score)
-    # base-2 exponentials: the logits are scaled by log2(e) once, exp2 is one instruction
-    z = f"({g}).to(tl.float32) * {LOG2E}"
-    if "n" in cols:
-        z = f"tl.where({cols['n']}, {z}, float('-inf'))"
-    loop = [
-        "rn = n0 + tl.arange(0, BLOCK_N)",
-        f"k = tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}"
-        f"{mask('k', 'n')})",
-        "s = tl.dot(q, k, input_precision=DOT_PREC)",
-        *score.lines,
-        f"z = {z}",
-        "m_new = tl.maximum(m_i, tl.max(z, 1))",
-        "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
-        "p = tl.exp2(z - m_safe[:, None])",
-        "alpha = tl.exp2(m_i - m_safe)",
-        f"v = tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}"
-        f"{mask('n', 'd')})",
-        "l_i = l_i * alpha + tl.sum(p, 1)",
-        "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)",
-        "m_i = m_new",
-    ]
-    lines += ["    " + line for line in loop]
+
+    def loop(score, start, stop):
+        printer = ElemPrinter(
+            tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g"
+        )
+        # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale
+        z = printer.expr(_times(score, LOG2E))
+        if "n" in cols:
+            z = f"tl.where({cols['n']}, {z}, float('-inf'))"
+        body = [
+            "rn = n0 + tl.arange(0, BLOCK_N)",
+            *load("k"),
+            "s = tl.dot(q, k, input_precision=DOT_PREC)",
+            *printer.lines,
+            f"z = {z}",
+            "m_new = tl.maximum(m_i, tl.max(z, 1))",
+            "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
+            "p = tl.exp2(z - m_safe[:, None])",
+            "alpha = tl.exp2(m_i - m_safe)",
+            *load("v"),
+            "l_i = l_i * alpha + tl.sum(p, 1)",
+            "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)",
+            "m_i = m_new",
+        ]
+        return [f"for n0 in range({start}, {stop}, BLOCK_N):", *["    " + x for x in body]]
+
+    visible = visible_logits(match)
+    if match.causal is not None:
+        # keys past the diagonal of every row of this block are masked: skip their blocks
+        lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal})")
+        if visible is not None:
+            # blocks of keys every row of the block sees: no mask to evaluate
+            lines.append(
+                f"lo = tl.minimum(hi, (pid_m * BLOCK_M + {match.causal + 1}) // BLOCK_N * BLOCK_N)"
+            )
+            lines += loop(visible, 0, "lo")
+            lines += loop(match.score, "lo", "hi")
+        else:
+            lines += loop(match.score, 0, "hi")
+    else:
+        lines += loop(match.score, 0, n)
     lines.append("o = acc / l_i[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
     out_masks = {a: x for a, x in (("m", rows.get("m")), ("d", cols.get("d"))) if x}
     lines += _write_output(match, pointers, tiles, out_masks, "o")
-    constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC"]
+    constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC", *(["TMA"] if tma else [])]
     text = _function(match, name, inputs, outputs, constexprs, lines)
     return KernelSource(
-        name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention"
+        name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention",
+        tma=tma,
     )
 
 

@@ -248,6 +248,8 @@ def tune_generated(
             legal = lambda c: tk.chain_legality(spec, c)  # noqa: E731
             template, tfamily = (lambda c: tk.chain_config(spec, c)), "gemm_chain"
         launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
+        if source.tma:  # each launch also with Q, K and V brought in by TMA
+            launches = [{**o, "TMA": t} for t in (False, True) for o in launches]
     workload = Workload(
         family, dict(spec.extents), spec.batch, spec.dtype_bytes,
         products if family == "gemm" else 1, bool(source.persistent),
