@@ -260,6 +260,6 @@ def test_causal_masks_become_index_comparisons(name, params, causal):
             assert visible is None
         else:
             assert any(isinstance(e, Iter) for e in walk(m.score))
-            assert not any(isinstance(e, Iter) or isinstance(e, Op) and e.op == "select"
+            assert not any(isinstance(e, Iter) or (isinstance(e, Op) and e.op == "select")
                            for e in walk(visible))
             assert [x.key() for x in leaves(visible)] == [x.key() for x in leaves(m.score)]
