@@ -858,7 +858,8 @@ def attention_source(match, name: str) -> KernelSource:
             "alpha = tl.exp2(m_i - m_safe)",
             *load("v"),
             "l_i = l_i * alpha + tl.sum(p, 1)",
-            "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)",
+            # the rescaled output is the product's accumulator (wgmma adds into it in place)
+            "acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)",
             "m_i = m_new",
         ]
         return [f"for n0 in range({start}, {stop}, BLOCK_N):", *["    " + x for x in body]]

@@ -491,9 +491,15 @@ def attention_config(cand) -> dict:
     return {"BLOCK_M": cand.tile_dict["m"], "BLOCK_N": cand.tile_dict["n"]}
 
 
-def default_launch(config: dict) -> dict:
-    """Launch options before the search refines them: warps by tile area, three stages."""
-    return {"num_warps": num_warps(config["BLOCK_M"], config["BLOCK_N"]), "num_stages": 3}
+def default_launch(config: dict, family: str = "gemm_epilogue") -> dict:
+    """Launch options before the search refines them, three stages: a GEMM's warps by tile
+    area; an attention's by query rows, a warpgroup (4 warps) per 64 (its score and output
+    tiles are split by rows only, and a Hopper warpgroup's wgmma takes 64 rows)."""
+    if family == "attention":
+        warps = 4 * max(1, config["BLOCK_M"] // WARPGROUP_ROWS)
+    else:
+        warps = num_warps(config["BLOCK_M"], config["BLOCK_N"])
+    return {"num_warps": warps, "num_stages": 3}
 
 
 #: launch options the search tries for its best tile candidates (``num_warps`` x ``num_stages``)

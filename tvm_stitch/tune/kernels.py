@@ -70,7 +70,7 @@ def _search(
         legal,
         config,
         tk.LAUNCHES[family] if launches is None else launches,
-        lambda c: tk.default_launch(template(c)),
+        lambda c: tk.default_launch(template(c), family),
         desc=desc,
         on_device=on_device,
         seeds=SEEDS[family] if seeds is None else seeds,
