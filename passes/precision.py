@@ -90,6 +90,28 @@ def _rewrite_functions(mutator, mod):
 _KEEP = ("relax.matmul", "relax.linear", "relax.astype", "relax.nn.conv1d", "relax.nn.conv2d",
          "relax.nn.conv3d", "relax.nn.conv2d_transpose")
 _F16_MAX = 65504.0
+#: Reductions that sum (max and min are exact in any format): a norm's statistics
+_SUMS = ("relax.sum", "relax.mean", "relax.variance", "relax.std", "relax.prod")
+
+
+def _summed_only(mod) -> set:
+    """Vars read by sums only (the ``x²`` of an RMSNorm's mean, the squared deviations of a
+    LayerNorm written out): computed in float32 from their float16 operands, as PyTorch's
+    norms compute them, so ``x²`` cannot overflow float16 before it is averaged."""
+    readers: dict = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                op = value.op.name if isinstance(value, relax.Call) and isinstance(
+                    value.op, tvm.ir.Op) else None
+                for var in relax.analysis.free_vars(value):
+                    readers.setdefault(var, set()).add(op)
+        for var in relax.analysis.free_vars(func.body.body):
+            readers.setdefault(var, set()).add(None)
+    return {var for var, ops in readers.items() if ops <= set(_SUMS)}
 
 
 @relax.expr_functor.mutator
@@ -99,13 +121,33 @@ class _Narrower(relax.PyExprMutator):
     form stays as a cast for consumers that want float32 (dead, and removed, when none do).
     Values computed from no parameter (rotary tables: angles of up to ``seq`` radians, whose
     float16 rounding alone moves a cosine by 0.06 at position 255) stay float32 up to where they
-    meet an activation."""
+    meet an activation.  A norm's statistics (sums and means, and what is computed from them
+    alone: ``rsqrt(mean(x²) + eps)``), the values only summed (``x²``) and the ops applying a
+    statistic (``x · rstd``) stay float32, as PyTorch's norms compute them in float32 and round
+    their output once."""
 
     def __init__(self, mod):
         super().__init__(mod)
         self.half: dict = {}  # original float32 var -> its float16 value
         self.independent: set = set()  # vars computed from no function parameter
+        self.statistics: set = set()  # sums and values computed from them alone
+        self.summed = _summed_only(mod)
         self.count = 0
+
+    def _float32_statistic(self, binding) -> bool:
+        """Whether ``binding`` is a statistic, a value only summed, or applies a statistic
+        (then it is kept float32; statistics are recorded)."""
+        value = binding.value
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        args = [a for a in value.args if isinstance(a, relax.Var)]
+        stats = [a for a in args if a in self.statistics]
+        if value.op.name in _SUMS or (
+            stats and all(a in self.statistics or a in self.independent for a in args)
+        ):
+            self.statistics.add(binding.var)
+            return True
+        return bool(stats) or binding.var in self.summed
 
     def _narrow(self, arg):
         if isinstance(arg, relax.Var) and arg in self.half:
@@ -149,7 +191,7 @@ class _Narrower(relax.PyExprMutator):
         if isinstance(target, tvm.ir.expr.Constant) and _dtype(target) == "float32":
             self._rebind(binding, _saturated(target))
             return
-        if not self._narrowable(value):
+        if not self._narrowable(value) or self._float32_statistic(binding):
             super().visit_var_binding_(binding)
             return
         call = relax.Call(value.op, [self._narrow(a) for a in value.args], value.attrs,
