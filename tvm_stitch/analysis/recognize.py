@@ -926,6 +926,14 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), read=frozenset(), lim
         interior = frozenset(t for t in inside if t != end) | {tensor}
         if any(t in graph.pinned or t in read for t in interior):
             continue
+        bits = _float_bits(graph.tensors[end].dtype)
+        if bits and any(_float_bits(graph.tensors[t].dtype) < bits for t in interior - {tensor}
+                        if _float_bits(graph.tensors[t].dtype)):
+            # a region ending by widening a narrower value writes more bytes than the value:
+            # it ends before, and the readers widen it in registers
+            logger.debug("recognize: epilogue after %s does not end at %s (a widening cast)",
+                         tensor, end)
+            continue
         calls = tuple(c for c in order if outputs[c] in inside)
         readers_ok = all({n.call for n in graph.consumers(t)} <= set(calls) for t in interior)
         if readers_ok:
@@ -933,6 +941,14 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), read=frozenset(), lim
     regions.sort(key=lambda r: -len(r.calls))
     regions.append(EpilogueRegion(tensor, (), frozenset()))
     return regions
+
+
+def _float_bits(dtype: str) -> int:
+    """Bits of a floating-point dtype, 0 for any other."""
+    dtype = str(dtype)
+    if dtype.startswith(("float", "bfloat")):
+        return int("".join(ch for ch in dtype if ch.isdigit()) or 0)
+    return 0
 
 
 def _between(graph, start, end, producer_call, calls_of) -> set | None:
