@@ -726,7 +726,11 @@ def attention_tma(match) -> str | None:
     """Why TMA cannot bring in an attention's Q, K and V tiles, or None when it can.
 
     Each operand is contiguous along its head dimension, and its row, batch and head strides
-    and its offset are multiples of 16 bytes (TMA's alignment)."""
+    and its offset are multiples of 16 bytes (TMA's alignment); a head tile is at most 256
+    elements (a TMA box's limit)."""
+    ext = match.frame.extents
+    if max(pow2(ext["k"]), pow2(ext["d"])) > 256:
+        return "a head dimension wider than a TMA box (256 elements)"
     for role, inner, rows in (("q", "k", "m"), ("k", "k", "n"), ("v", "d", "n")):
         view = match.views[role]
         width = _BYTES.get(view.dtype)
