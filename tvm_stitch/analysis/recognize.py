@@ -39,6 +39,7 @@ from tvm.ir.prim import expr as P
 
 from tvm_stitch.graph import Node, OpKind, TensorDependencyGraph, TensorInfo
 from tvm_stitch.graph.access import vars_in
+from tvm_stitch.graph.tdg import dtype_bytes
 
 from .elem import (
     Composer,
@@ -926,9 +927,9 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), read=frozenset(), lim
         interior = frozenset(t for t in inside if t != end) | {tensor}
         if any(t in graph.pinned or t in read for t in interior):
             continue
-        bits = _float_bits(graph.tensors[end].dtype)
-        if bits and any(_float_bits(graph.tensors[t].dtype) < bits for t in interior - {tensor}
-                        if _float_bits(graph.tensors[t].dtype)):
+        width = _float_width(graph.tensors[end].dtype)
+        narrower = (_float_width(graph.tensors[t].dtype) for t in interior - {tensor})
+        if width and any(0 < w < width for w in narrower):
             # a region ending by widening a narrower value writes more bytes than the value:
             # it ends before, and the readers widen it in registers
             logger.debug("recognize: epilogue after %s does not end at %s (a widening cast)",
@@ -943,12 +944,10 @@ def epilogue_regions(graph, tensor: str, stop=frozenset(), read=frozenset(), lim
     return regions
 
 
-def _float_bits(dtype: str) -> int:
-    """Bits of a floating-point dtype, 0 for any other."""
-    dtype = str(dtype)
-    if dtype.startswith(("float", "bfloat")):
-        return int("".join(ch for ch in dtype if ch.isdigit()) or 0)
-    return 0
+def _float_width(dtype: str) -> int:
+    """Bytes of a floating-point element (:func:`~tvm_stitch.graph.tdg.dtype_bytes`), 0 for any
+    other dtype."""
+    return dtype_bytes(dtype) if str(dtype).startswith(("float", "bfloat")) else 0
 
 
 def _between(graph, start, end, producer_call, calls_of) -> set | None:

@@ -670,26 +670,42 @@ def tma_layout(match):
         return "a batch axis"
     a, bv = match.views["a"], match.views["b0.0"]
     n_axis = _n_axis(bv)
-    s_am, s_ak = _strides(a, "m", "k")
     s_bk, s_bn = _strides(bv, "k", n_axis)
-    if s_ak != 1:
-        return "A is not contiguous along k"
-    if s_bk == 1:
-        b_nk, stride = True, s_bn
-    elif s_bn == 1:
-        b_nk, stride = False, s_bk
-    else:
+    if s_bk != 1 and s_bn != 1:
         return "B is contiguous along neither k nor n"
-    for view, other in ((a, s_am), (bv, stride)):
-        width = _BYTES.get(view.dtype)
-        if width is None or other <= 0 or (other * width) % 16 or (view.offset * width) % 16:
-            return "strides or offsets not multiples of 16 bytes"
-        if any(s for ax, s in view.strides if ax not in ("m", "k", n_axis)):
-            return "an operand varies along another axis"
-    return b_nk, stride
+    b_nk = s_bk == 1
+    why = _tma_unreadable(a, "k", "m")
+    if why:
+        return f"A {why}"
+    why = _tma_unreadable(bv, "k", n_axis) if b_nk else _tma_unreadable(bv, n_axis, "k")
+    if why:
+        return f"B {why}"
+    return b_nk, s_bn if b_nk else s_bk
 
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _tma_unreadable(view: Strided, inner: str, rows: str, scalars=()) -> str | None:
+    """Why TMA cannot read ``view`` as boxes of (``rows``, ``inner``) elements, or None: it is
+    contiguous along ``inner``, advances along ``rows``, is constant along every other axis but
+    the ``scalars`` a program fixes (batch, head), and its strides and offset are multiples of
+    16 bytes (TMA's alignment)."""
+    width = _BYTES.get(view.dtype)
+    if width is None:
+        return f"holds {view.dtype} elements"
+    if view.stride.get(inner) != 1:
+        return f"is not contiguous along {inner}"
+    if view.stride.get(rows, 0) <= 0:
+        return f"does not advance along {rows}"
+    for axis, step in view.strides:
+        if axis not in (inner, rows, *scalars) and step:
+            return f"varies along {axis}"
+        if axis != inner and (step * width) % 16:
+            return f"has a {axis} stride that is not a multiple of 16 bytes"
+    if (view.offset * width) % 16:
+        return "has an offset that is not a multiple of 16 bytes"
+    return None
 
 
 def _n_axis(view: Strided) -> str:
@@ -732,22 +748,9 @@ def attention_tma(match) -> str | None:
     if max(pow2(ext["k"]), pow2(ext["d"])) > 256:
         return "a head dimension wider than a TMA box (256 elements)"
     for role, inner, rows in (("q", "k", "m"), ("k", "k", "n"), ("v", "d", "n")):
-        view = match.views[role]
-        width = _BYTES.get(view.dtype)
-        if width is None:
-            return f"{role} is {view.dtype}"
-        stride = view.stride
-        if stride.get(inner) != 1:
-            return f"{role} is not contiguous along its head dimension"
-        if stride.get(rows, 0) <= 0:
-            return f"{role} does not advance along its rows"
-        for axis, step in view.strides:
-            if axis not in (inner, rows, "b", "h") and step:
-                return f"{role} varies along {axis}"
-            if axis != inner and (step * width) % 16:
-                return f"{role}'s {axis} stride is not a multiple of 16 bytes"
-        if (view.offset * width) % 16:
-            return f"{role}'s offset is not a multiple of 16 bytes"
+        why = _tma_unreadable(match.views[role], inner, rows, scalars=("b", "h"))
+        if why:
+            return f"{role} {why}"
     return None
 
 
@@ -804,11 +807,11 @@ def attention_source(match, name: str) -> KernelSource:
     tma_loads = {"q": "q_desc.load([pid_m * BLOCK_M, 0])", "k": "k_desc.load([n0, 0]).T",
                  "v": "v_desc.load([n0, 0])"}
 
-    def load(role, indent=""):
+    def load(role):
         if not tma:
-            return [f"{indent}{role} = {pointer_loads[role]}"]
-        return [f"{indent}if TMA:", f"{indent}    {role} = {tma_loads[role]}",
-                f"{indent}else:", f"{indent}    {role} = {pointer_loads[role]}"]
+            return [f"{role} = {pointer_loads[role]}"]
+        return ["if TMA:", f"    {role} = {tma_loads[role]}", "else:",
+                f"    {role} = {pointer_loads[role]}"]
 
     lines = [
         "pid_m = tl.program_id(0)",
