@@ -1,7 +1,10 @@
 """Where a compiled workload spends its time: every VM call timed (synchronised), grouped, ranked.
 
 python -m tvm_stitch.benchmarks.profile_tvm bert-base -p batch=32 -p seq=128 [--pipeline stitch]
-    [--option fold_norms=true]
+    [--option fold_norms=true] [--cupti | --ncu]
+
+``--ncu`` only runs the compiled function and then the workload's PyTorch baseline (SDPA where it
+has one) twice each, for ``ncu`` to profile from outside (``run_gpu.sh ncu:WORKLOAD``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--cupti", action="store_true", help="GPU time of every kernel (torch.profiler, CUDA)"
     )
+    parser.add_argument(
+        "--ncu", action="store_true", help="run it and the PyTorch baseline twice, for ncu"
+    )
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
     cuda = args.target == "cuda"
@@ -51,6 +57,8 @@ def main(argv=None) -> int:
     vm[inst.func](*vm_args)  # warm up (and tune/compile nothing more)
     if args.cupti:
         return _cupti(vm, inst, vm_args, dev, args.top)
+    if args.ncu:
+        return _ncu_runs(vm, inst, vm_args, dev)
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     started: dict[str, float] = {}
 
@@ -91,6 +99,23 @@ def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
     print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI)")
     for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n // runs:4d} calls  {name[:90]}")
+    return 0
+
+
+def _ncu_runs(vm, inst, vm_args, dev, runs: int = 2) -> int:
+    import torch
+
+    for _ in range(runs):
+        vm[inst.func](*vm_args)
+    dev.sync()
+    make = inst.torch_fns.get("sdpa", inst.torch_fns["eager"])
+    fn = make("cuda", torch.float16)
+    args = inst.torch_args("cuda", torch.float16)
+    with torch.no_grad():
+        for _ in range(runs):
+            fn(*args)
+    torch.cuda.synchronize()
+    print(f"{inst.name}: ran {runs} times, then its PyTorch baseline {runs} times")
     return 0
 
 

@@ -5,8 +5,9 @@
 #
 # STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
-#       profile:WORKLOAD[:KEY=VALUE,...] | check:DIR (a folder from `tvm-stitch build`)
-# Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json)
+#       profile:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
+#       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`)
+# Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant;
 # OPTION=fold_norms=true: profile steps compile with that option.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
@@ -17,10 +18,11 @@ mkdir -p "$out"
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
 # a warm start unless the call names its own database (or WARM=0): the measured searches of
-# earlier sessions (benchmarks/tuning/h100.json; merge OUTDIR/tuning.json back into it)
+# earlier sessions (benchmarks/tuning/h100.json.xz, xz-compressed to travel light; merge
+# OUTDIR/tuning.json back into it)
 if [[ -z "${TVM_STITCH_TUNING_DB:-}" && "${WARM:-1}" == 1 && ! -e "$out/tuning.json" \
-      && -e benchmarks/tuning/h100.json ]]; then
-    cp benchmarks/tuning/h100.json "$out/tuning.json"
+      && -e benchmarks/tuning/h100.json.xz ]]; then
+    xz -dc benchmarks/tuning/h100.json.xz > "$out/tuning.json"
 fi
 export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
@@ -79,6 +81,23 @@ for step in "$@"; do
             python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --cupti --top 20 \
                 ${OPTION:+--option "$OPTION"} \
                 2>&1 | tee -a "$out/profile.log" || status=1
+            ;;
+        ncu:*)  # Nsight Compute on the workload's kernels matching $NCU_KERNELS (and PyTorch's)
+            spec=${step#ncu:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
+            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
+            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --ncu >/dev/null 2>&1
+            ncu --target-processes all -k "regex:${NCU_KERNELS:-stitch_|flash|fmha|sdpa|gemm}" \
+                --launch-count "${NCU_COUNT:-4}" --section SpeedOfLight --section Occupancy \
+                --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+                --section ComputeWorkloadAnalysis \
+                python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --ncu \
+                2>&1 | tee -a "$out/ncu-$name.log" || status=1
+            ;;
+        numerics:*)
+            spec=${step#numerics:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
+            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
+            python3 -m tvm_stitch.benchmarks.numerics "$name" "${args[@]}" \
+                ${OPTION:+--option "$OPTION"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

@@ -7,12 +7,13 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .canonicalize import FoldStaticShapes
 from .mcfuser import FuseMBCI
-from .precision import AccumulateFloat32, HalfActivations
+from .precision import AccumulateFloat32, ComputeFloat32, HalfActivations
 from .stitch import StitchFusion, StitchSchedule
 
 __all__ = [
     "AccumulateFloat32",
     "AnalyzeTensorGraph",
+    "ComputeFloat32",
     "FoldStaticShapes",
     "FuseMBCI",
     "HalfActivations",

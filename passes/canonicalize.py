@@ -33,6 +33,8 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from tvm_stitch.analysis.static import static_values
 
+from .module import replace_functions
+
 logger = logging.getLogger("tvm_stitch.canonicalize")
 
 _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
@@ -72,12 +74,7 @@ def _each_function(mod, rewrite):
             continue
         if not new.same_as(func):
             updates[gv] = new
-    if not updates:
-        return mod
-    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions)
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
+    return replace_functions(mod, updates)
 
 
 def _fold(mod, name, func):

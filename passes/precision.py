@@ -1,4 +1,6 @@
-"""Reductions over half-precision tensors accumulate in float32.
+"""Half-precision numerics as PyTorch's: float32 accumulation, float16 storage, float32 arithmetic.
+
+Reductions over half-precision tensors accumulate in float32.
 
 TVM legalizes ``R.sum``/``R.mean``/``R.variance`` and ``R.nn.softmax``/``R.nn.log_softmax`` on a
 float16 tensor into TIR that accumulates in float16: a sum of 4096 ones stops at 2048.
@@ -18,7 +20,15 @@ import logging
 
 import numpy as np
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.ir.prim import expr as P
+
+from tvm_stitch.analysis.elem import INTRINSICS
+from tvm_stitch.analysis.indexing import dtype_of
+from tvm_stitch.graph.tir_walk import iter_exprs
+
+from .module import replace_functions
 
 logger = logging.getLogger("tvm_stitch.precision")
 
@@ -274,3 +284,107 @@ class HalfActivations:
         logger.info("precision: %d ops computed in float16 instead of float32", narrower.count)
         out = narrower.builder_.get()
         return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
+
+
+# -- float32 arithmetic inside kernels -------------------------------------------------------------
+_ARITH = (P.Add, P.Sub, P.Mul, P.Div, P.Min, P.Max)
+_COMPARE = (P.EQ, P.NE, P.LT, P.LE, P.GT, P.GE, P.And, P.Or)
+#: Intrinsics computed in float32 on float32 operands
+_MATH = INTRINSICS - {"isnan", "isinf"}
+
+
+def _wide(dtype: str) -> str | None:
+    """``float32`` with ``dtype``'s lanes where ``dtype`` is float16, else None."""
+    base, _, lanes = dtype.partition("x")
+    return None if base != "float16" else "float32" + (f"x{lanes}" if lanes else "")
+
+
+def _intrinsic(expr) -> str | None:
+    if isinstance(expr, tvm.ir.expr.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name.removeprefix("tirx.").removeprefix("prim.")
+    return None
+
+
+def _computes_half(value) -> bool:
+    """Whether ``value`` does float16 arithmetic (not only loads, casts and selections)."""
+    return any(
+        _wide(dtype_of(e)) and (isinstance(e, _ARITH) or _intrinsic(e) in _MATH)
+        for e in iter_exprs(value)
+    )
+
+
+def _widen(expr):
+    """``expr`` with its float16 arithmetic done in float32: a float16 value becomes float32,
+    rounded to float16 only where ``expr`` casts explicitly; other dtypes are kept."""
+    wide = _wide(dtype_of(expr))
+    if wide is None:
+        if isinstance(expr, P.Cast) and _wide(dtype_of(expr.value)):
+            inner = _widen(expr.value)
+            return inner if dtype_of(inner) == dtype_of(expr) else P.Cast(dtype_of(expr), inner)
+        if isinstance(expr, _COMPARE):
+            return type(expr)(_widen(expr.a), _widen(expr.b))
+        if isinstance(expr, P.Not):
+            return P.Not(_widen(expr.a))
+        if isinstance(expr, P.Select):
+            parts = (expr.condition, expr.true_value, expr.false_value)
+            return P.Select(*[_widen(p) for p in parts])
+        return expr
+    if isinstance(expr, P.FloatImm):
+        return P.FloatImm(wide, float(expr.value))
+    if isinstance(expr, _ARITH):
+        return type(expr)(_widen(expr.a), _widen(expr.b))
+    if isinstance(expr, P.Select):
+        parts = (expr.condition, expr.true_value, expr.false_value)
+        return P.Select(*[_widen(p) for p in parts])
+    if isinstance(expr, P.Broadcast):
+        return P.Broadcast(_widen(expr.value), expr.lanes)
+    if isinstance(expr, P.Cast) and not _wide(dtype_of(expr.value)):
+        # an explicit rounding (float32 -> float16) stays one; its operand is computed wide
+        return P.Cast(wide, P.Cast(dtype_of(expr), _widen(expr.value)))
+    if _intrinsic(expr) in _MATH or _intrinsic(expr) == "if_then_else":
+        return tirx.call_intrin(wide, expr.op, *[_widen(a) for a in expr.args])
+    return P.Cast(wide, expr)  # a load, a variable, an opaque call: read, then widened
+
+
+def _self_update(store) -> bool:
+    """``acc[i] = acc[i] ⊕ …``: a reduction's update keeps its accumulator's dtype."""
+    return any(
+        isinstance(e, tvm.ir.expr.TensorLoad) and e.source.same_as(store.buffer)
+        for e in iter_exprs(store.value)
+    )
+
+
+def _store_float32(store):
+    if not _computes_half(store.value) or _self_update(store):
+        return store
+    value = _widen(store.value)
+    if dtype_of(value) != dtype_of(store.value):
+        value = P.Cast(dtype_of(store.value), value)
+    return tirx.BufferStore(store.buffer, value, store.indices)
+
+
+@tvm.transform.module_pass(opt_level=0, name="ComputeFloat32")
+class ComputeFloat32:
+    """Float16 arithmetic inside a kernel runs in float32; values are rounded to float16 where
+    they are stored (or cast explicitly), as PyTorch's fused kernels (torch.compile's) and TVM's
+    LLVM code compute them.
+
+    TVM's CUDA code otherwise rounds after every operation of a fused expression (``hexp``,
+    ``__hmul``): a SiLU × up, a rotary embedding, a scaled and masked logit each round 3-5 times
+    where PyTorch rounds once per operator and a fused kernel once per store.  Runs on the
+    scheduled PrimFuncs; a reduction's update (``acc = acc + …``) is left as it is
+    (:class:`AccumulateFloat32` chooses its dtype), and so is every store that only moves or
+    selects values.  Memory traffic is unchanged: the conversions happen in registers.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if isinstance(func, tirx.PrimFunc):
+                new = tvm_ffi.structural_map(func, [(tirx.BufferStore, _store_float32)])
+                if not new.same_as(func):
+                    updates[gv] = new
+        if updates:
+            logger.info("precision: float16 arithmetic of %d kernels computed in float32",
+                        len(updates))
+        return replace_functions(mod, updates)

@@ -20,6 +20,7 @@ from tvm import relax
 
 from tvm_stitch.stitch.former import form_groups
 
+from .module import replace_functions
 from .order import topological
 
 logger = logging.getLogger("tvm_stitch.stitch")
@@ -295,6 +296,7 @@ class StitchSchedule:
         gpu, hw = _hardware()
         if hw is None:
             return mod
+        updates = {}
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tvm.tirx.PrimFunc) or _scheduled(func):
                 continue
@@ -308,10 +310,10 @@ class StitchSchedule:
                 continue
             for why in reasons:  # the plans refused before the one applied
                 log("stitch: %s: %s", gv.name_hint, why)
-            mod[gv] = scheduled
+            updates[gv] = scheduled
             self.plans[gv.name_hint] = plan
             logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
-        return mod
+        return replace_functions(mod, updates)
 
 
 def _scheduled(func) -> bool:

@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
-from tvm_stitch.passes import AccumulateFloat32, HalfActivations
+from tvm_stitch.passes import AccumulateFloat32, ComputeFloat32, HalfActivations
 
 import tvm_stitch
 from tvm_stitch.report import fusion_report
@@ -293,3 +293,116 @@ def test_a_float32_minimum_cast_to_float16_saturates():
             return y
 
     tvm.ir.assert_structural_equal(HalfActivations()(Before), Expected)
+
+
+def test_float16_arithmetic_in_a_kernel_is_computed_in_float32():
+    """``ComputeFloat32``: a fused SiLU × up rounds once, where it is stored; an explicit cast to
+    float16 stays a rounding; a reduction's update and a plain copy are left as they are."""
+
+    @I.ir_module
+    class Before:
+        @T.prim_func(s_tir=True)
+        def main(
+            x: T.Buffer((8,), "float16"),
+            u: T.Buffer((8,), "float16"),
+            s: T.Buffer((8,), "float32"),
+            y: T.Buffer((8,), "float16"),
+            z: T.Buffer((8,), "float16"),
+            acc: T.Buffer((1,), "float16"),
+            c: T.Buffer((8,), "float16"),
+        ):
+            for i in range(8):
+                with T.sblock("silu_up"):
+                    v = T.axis.spatial(8, i)
+                    y[v] = x[v] * T.sigmoid(x[v]) * u[v]
+            for i in range(8):
+                with T.sblock("scale"):
+                    v = T.axis.spatial(8, i)
+                    z[v] = T.Cast("float16", s[v] * T.float32(0.5)) * u[v] + T.float16(1)
+            for i in range(8):
+                with T.sblock("sum"):
+                    k = T.axis.reduce(8, i)
+                    with T.init():
+                        acc[0] = T.float16(0)
+                    acc[0] = acc[0] + x[k] * u[k]
+            for i in range(8):
+                with T.sblock("copy"):
+                    v = T.axis.spatial(8, i)
+                    c[v] = T.if_then_else(v < 4, x[v], u[v])
+
+    @I.ir_module
+    class Expected:
+        @T.prim_func(s_tir=True)
+        def main(
+            x: T.Buffer((8,), "float16"),
+            u: T.Buffer((8,), "float16"),
+            s: T.Buffer((8,), "float32"),
+            y: T.Buffer((8,), "float16"),
+            z: T.Buffer((8,), "float16"),
+            acc: T.Buffer((1,), "float16"),
+            c: T.Buffer((8,), "float16"),
+        ):
+            for i in range(8):
+                with T.sblock("silu_up"):
+                    v = T.axis.spatial(8, i)
+                    y[v] = T.Cast(
+                        "float16",
+                        T.Cast("float32", x[v])
+                        * T.sigmoid(T.Cast("float32", x[v]))
+                        * T.Cast("float32", u[v]),
+                    )
+            for i in range(8):
+                with T.sblock("scale"):
+                    v = T.axis.spatial(8, i)
+                    z[v] = T.Cast(
+                        "float16",
+                        T.Cast("float32", T.Cast("float16", s[v] * T.float32(0.5)))
+                        * T.Cast("float32", u[v])
+                        + T.float32(1),
+                    )
+            for i in range(8):
+                with T.sblock("sum"):
+                    k = T.axis.reduce(8, i)
+                    with T.init():
+                        acc[0] = T.float16(0)
+                    acc[0] = acc[0] + x[k] * u[k]
+            for i in range(8):
+                with T.sblock("copy"):
+                    v = T.axis.spatial(8, i)
+                    c[v] = T.if_then_else(v < 4, x[v], u[v])
+
+    before = Before
+    after = ComputeFloat32()(before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    tvm.ir.assert_structural_equal(before, Before)  # the given module is not changed
+    assert ComputeFloat32()(Expected).same_as(Expected)  # nothing left to widen
+
+
+def test_cuda_kernels_of_the_stitch_pipeline_do_no_float16_arithmetic():
+    """The CUDA source of a fused SiLU × up (GPT-2's and LLaMA's FFN, PyTorch's op by op):
+    ``expf`` on float32 values and one rounding per store; without the pass, TVM's CUDA code
+    computes ``hexp`` and rounds after every operation."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((64, 96), "float16"))
+    u = relax.Var("u", R.Tensor((64, 96), "float16"))
+    with bb.function("main", [x, u]):
+        with bb.dataflow():
+            out = bb.emit_output(R.multiply(R.nn.silu(x), u))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+    def source(**options):
+        ex = tvm.compile(bb.get(), target, relax_pipeline=tvm_stitch.pipeline(target, **options))
+        mods, found = [ex.mod], []
+        while mods:
+            m = mods.pop()
+            mods.extend(m.imports)
+            found += [m.inspect_source("")] if m.kind == "cuda" else []
+        src = "".join(found)
+        return src[src.index("__global__"):]  # the kernels, not the header's helpers
+
+    assert "hexp" in source(compute_fp32=False)
+    src = source()
+    assert "hexp" not in src and "expf(" in src
+    stores = [line for line in src.splitlines() if "expf(" in line]
+    assert stores and all(line.count("(half)") == 1 for line in stores)  # one rounding each

@@ -33,6 +33,11 @@ class PipelineOptions:
         Half-precision sums, means, variances and softmaxes accumulate in float32 (their input
         cast to float32, the result cast back), as PyTorch does; TVM's legalization accumulates
         them in float16.  The casts are elementwise: fused, no extra bytes.
+    compute_fp32 : bool
+        Float16 arithmetic inside a kernel runs in float32 and is rounded to float16 where it is
+        stored, as torch.compile's kernels and TVM's LLVM code compute it; TVM's CUDA code
+        otherwise rounds after every operation of a fused expression.  Conversions happen in
+        registers: no extra bytes.
     mcfuser : tuple of str
         Which kernel families are recognized on the tensor graph and generated in Triton
         (MCFuser): ``"attention"``, ``"chain"`` (GEMM chains), ``"gemm"`` (matrix products with
@@ -62,6 +67,7 @@ class PipelineOptions:
     report: bool = True
     stitch: bool = True
     accumulate_fp32: bool = True
+    compute_fp32: bool = True
     mcfuser: tuple = ("attention", "chain", "gemm")
     fold_norms: bool = False
     tune: str = "measure"

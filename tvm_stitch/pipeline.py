@@ -8,7 +8,7 @@ Phases (each a list of passes, so reports can stop after fusion):
                recognized on the tensor graph, generated in Triton], [tensor-graph analysis],
                AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
                [StitchSchedule], [fusion report]
-``schedule``   dlight's default GPU schedules (none on CPU)
+``schedule``   dlight's default GPU schedules (none on CPU), [float16 arithmetic in float32]
 ``lower``      dataflow lowering
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
@@ -109,6 +109,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())
+        if opts.compute_fp32:
+            schedule.append(passes.ComputeFloat32())
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
     elif kind != "default":
