@@ -140,6 +140,7 @@ class _Narrower(relax.PyExprMutator):
         super().__init__(mod)
         self.half: dict = {}  # original float32 var -> its float16 value
         self.independent: set = set()  # vars computed from no function parameter
+        self.wide: dict = {}  # independent var rounded to float16 -> its float32 value
         self.statistics: set = set()  # sums and values computed from them alone
         self.summed = _summed_only(mod)
         self.count = 0
@@ -183,13 +184,7 @@ class _Narrower(relax.PyExprMutator):
             # kept in the model's float32, as PyTorch computes rotary tables (with static shapes
             # the pipeline folds them at compile time: the precision costs nothing at run time)
             self.independent.add(binding.var)
-            target = _cast(value, "float16")
-            if target is not None and _dtype(target) == "float32":
-                # its own cast to float16 saturates (a float32 minimum would become -inf)
-                self._rebind(binding, self._narrow(target))
-                self.count += 1
-                return
-            super().visit_var_binding_(binding)
+            self._independent_binding(binding)
             return
         source = _cast(value, "float32")
         if source is not None and _dtype(source) in HALF:  # astype(x16, float32)
@@ -217,6 +212,61 @@ class _Narrower(relax.PyExprMutator):
         self.half[binding.var] = half
         self.count += 1
         self._rebind(binding, relax.op.astype(half, "float32"))
+
+    def _independent_binding(self, binding):
+        """An input-independent value: float16 roundings that ``ToMixedPrecision`` put inside
+        the independent region (operands and result of a product of positions and inverse
+        frequencies, as transformers 5.17's LLaMA writes its rotary angles) are undone — each
+        value keeps its float32 form (``self.wide``) until it meets an activation, where
+        :meth:`_narrow` casts it once."""
+        value = binding.value
+        target = _cast(value, "float16")
+        if target is not None and _dtype(target) == "float32":
+            self.wide[binding.var] = self._wide(target)
+            # its own cast to float16 saturates (a float32 minimum would become -inf)
+            self._rebind(binding, self._narrow(target))
+            self.count += 1
+            return
+        source = _cast(value, "float32")
+        if isinstance(source, relax.Var) and source in self.wide:
+            self._rebind(binding, self.wide[source])  # astype(round(x), float32) is x
+            self.count += 1
+            return
+        wide = self._widened(value)
+        if wide is None:
+            super().visit_var_binding_(binding)
+            return
+        self.count += 1
+        if _tensor_of(binding.var.ty, "float32"):
+            self._rebind(binding, wide)
+            return
+        self.wide[binding.var] = wide = self.builder_.emit(wide)
+        clipped = self.builder_.emit(relax.op.clip(wide, -_F16_MAX, _F16_MAX))
+        self._rebind(binding, relax.op.astype(clipped, str(binding.var.ty.dtype)))
+
+    def _wide(self, arg):
+        """``arg`` (an original var or expression) in float32 where it was rounded, else as
+        the mutator has it."""
+        if isinstance(arg, relax.Var) and arg in self.wide:
+            return self.wide[arg]
+        return self.visit_expr(arg)
+
+    def _widened(self, value):
+        """``value`` recomputed on the float32 values its rounded operands came from (a
+        float32 result), or None when no operand was rounded or the op will not take them."""
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        if value.op == tvm.ir.Op.get("relax.astype"):
+            return None
+        if not any(isinstance(a, relax.Var) and a in self.wide for a in value.args):
+            return None
+        call = relax.Call(value.op, [self._wide(a) for a in value.args], value.attrs,
+                          value.ty_args)
+        try:
+            call = self.builder_.normalize(call)
+        except Exception:  # noqa: BLE001 - an op that insists on its dtypes: keep the rounding
+            return None
+        return call if _tensor_of(call.ty, "float32") else None
 
     def _rebind(self, binding, value):
         """Bind ``value`` where ``binding`` was (a dataflow var, or a block's output)."""

@@ -234,11 +234,15 @@ def test_input_independent_values_stay_float32_until_they_meet_activations():
     tvm.ir.assert_structural_equal(HalfActivations()(Before), Expected)
 
 
-def test_rotary_tables_keep_their_precision_at_long_positions():
+@pytest.mark.parametrize("spelling", ["multiply", "matmul"])
+def test_rotary_tables_keep_their_precision_at_long_positions(spelling):
     """A rotary embedding imported in float16 at 1024 positions: angles up to 1023 rad lose
     0.25 rad to float16 rounding (the output was 0.9 off); computed in float32 and cast, the
     output is within float16 rounding of PyTorch's float32 result.  (An ``inv_freq`` kept as a
-    buffer is rounded to float16 with the weights, as ``model.half()`` rounds it too.)"""
+    buffer is rounded to float16 with the weights, as ``model.half()`` rounds it too.)  The
+    angles as an outer product (transformers 5.17's LLaMA: ``inv_freq[:, None] @ pos[None]``)
+    are a product of input-independent values: ``ToMixedPrecision`` gives it float16 operands
+    and a float16 result, which ``HalfActivations`` computes in float32 again."""
     import torch
 
     from tvm_stitch.frontend import import_torch
@@ -252,7 +256,11 @@ def test_rotary_tables_keep_their_precision_at_long_positions():
         def forward(self, x):
             pos = torch.arange(x.shape[1], dtype=torch.float32)
             inv = 1.0 / 10000 ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim)
-            emb = torch.cat((pos[:, None] * inv[None, :],) * 2, dim=-1)
+            if spelling == "matmul":
+                freqs = (inv[None, :, None] @ pos[None, None, :]).transpose(1, 2)[0]
+            else:
+                freqs = pos[:, None] * inv[None, :]
+            emb = torch.cat((freqs,) * 2, dim=-1)
             h = self.proj(x)
             half = h.shape[-1] // 2
             rot = torch.cat((-h[..., half:], h[..., :half]), dim=-1)

@@ -106,3 +106,18 @@ def test_hf_bert_float16_import_uses_mixed_precision():
     for node in products:  # ToMixedPrecision: float16 operands, float32 accumulation
         assert {graph.tensors[m.tensor].dtype for m in node.inputs} == {"float16"}
         assert node.out_dtype == "float32"
+
+
+def test_zoo_models_keep_the_layers_asked_for():
+    """``layers=N`` builds the zoo model with its first N layers (for bisecting a model's
+    numerics or timing one layer); the PyTorch baselines are built alike."""
+
+    full = get_workload("llama-tiny").instance("float32", seq=16)
+    one = get_workload("llama-tiny").instance("float32", seq=16, layers=1)
+    assert "1 layers" in one.name and "layers" not in full.name
+    per_layer = 9  # q, k, v, o, gate, up, down and two norms
+    assert len(full.args) - len(one.args) == per_layer
+    # the PyTorch reference has one layer too: the compiled module matches it
+    ex = tvm.compile(one.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in one.args])
+    np.testing.assert_allclose(got.numpy(), one.reference()[0], rtol=1e-4, atol=1e-4)

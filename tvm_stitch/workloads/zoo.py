@@ -160,14 +160,25 @@ MODELS = {
 }
 
 
-def make_model(model: ZooModel, size: str, attn_implementation: str = "eager", seed: int = 0):
+def _config_kwargs(model: ZooModel, size: str, layers: int = 0) -> dict:
+    """``model``'s config at ``size``; ``layers`` > 0 keeps only that many layers."""
+    kwargs = dict(model.configs[size])
+    if layers:
+        key = "n_layer" if "n_layer" in kwargs else "num_hidden_layers"
+        kwargs[key] = layers
+    return kwargs
+
+
+def make_model(
+    model: ZooModel, size: str, attn_implementation: str = "eager", seed: int = 0, layers: int = 0
+):
     """The ``transformers`` model of ``model`` at ``size`` (seeded init, 1-D parameters
-    perturbed)."""
+    perturbed); ``layers`` > 0 keeps only the first that many layers' worth of config."""
     import torch
     import transformers
 
     cfg = getattr(transformers, model.config_class)(
-        **model.configs[size], attn_implementation=attn_implementation
+        **_config_kwargs(model, size, layers), attn_implementation=attn_implementation
     )
     torch.manual_seed(seed)
     cls = getattr(transformers, model.model_class)
@@ -195,13 +206,13 @@ def last_hidden(inner, kwargs: dict):
     return LastHidden()
 
 
-def _torch_fns(model: ZooModel, size: str, seed: int, n_inputs: int) -> dict:
+def _torch_fns(model: ZooModel, size: str, seed: int, n_inputs: int, layers: int = 0) -> dict:
     """``eager`` and ``sdpa`` attention baselines: ``make(device, dtype) -> fn(*inputs, ...)``;
     the functions take the instance's arguments and ignore the weights after the inputs."""
 
     def factory(impl):
         def make(device, dtype):
-            net = last_hidden(make_model(model, size, impl, seed), model.kwargs)
+            net = last_hidden(make_model(model, size, impl, seed, layers), model.kwargs)
             net = net.to(device=device, dtype=dtype)
 
             def fn(*args):
@@ -220,27 +231,28 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
     import functools
 
     @functools.cache
-    def _config():
+    def _config(layers):
         import transformers
 
-        return getattr(transformers, model.config_class)(**model.configs[size])
+        return getattr(transformers, model.config_class)(**_config_kwargs(model, size, layers))
 
-    def build(dtype, rng, batch, seq=None):
+    def build(dtype, rng, batch, seq=None, layers=0):
         import torch
 
         from tvm_stitch.frontend import import_torch
 
         seed = int(rng.integers(0, 2**31))
-        cfg = _config()
+        cfg = _config(layers)
         inputs = model.inputs(cfg, batch, seq, rng)
-        net = last_hidden(make_model(model, size, "eager", seed), model.kwargs)
+        net = last_hidden(make_model(model, size, "eager", seed, layers), model.kwargs)
         imported = import_torch(net, tuple(torch.from_numpy(a) for a in inputs), dtype)
+        depth = f" {layers} layers" if layers else ""
         return Instance(
-            f"{model.name}-{size} {batch}x{seq or ''} {dtype}".replace("x ", " "),
+            f"{model.name}-{size}{depth} {batch}x{seq or ''} {dtype}".replace("x ", " "),
             imported.mod,
             "main",
             [*inputs, *imported.weights],
-            _torch_fns(model, size, seed, len(inputs)),
+            _torch_fns(model, size, seed, len(inputs), layers),
             model.flops(cfg, batch, seq),
             0,
             dtype,
@@ -250,8 +262,8 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
     return Workload(
         f"{model.name}-{size}",
         "zoo",
-        f"transformers {model.model_class} ({cfg_text})",
-        dict(model.defaults),
+        f"transformers {model.model_class} ({cfg_text}; layers=N keeps N layers)",
+        {**model.defaults, "layers": 0},
         build,
     )
 
