@@ -245,11 +245,20 @@ class _Narrower(relax.PyExprMutator):
         self._rebind(binding, relax.op.astype(clipped, str(binding.var.ty.dtype)))
 
     def _wide(self, arg):
-        """``arg`` (an original var or expression) in float32 where it was rounded, else as
-        the mutator has it."""
+        """``arg`` (an original var or expression) in float32 where it was rounded (a float16
+        constant beside it, exactly), else as the mutator has it."""
         if isinstance(arg, relax.Var) and arg in self.wide:
             return self.wide[arg]
+        if isinstance(arg, relax.Tuple):
+            return relax.Tuple([self._wide(f) for f in arg.fields])
+        if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == "float16":
+            return relax.const(arg.value.numpy().astype("float32"), "float32")
         return self.visit_expr(arg)
+
+    def _rounded(self, arg) -> bool:
+        if isinstance(arg, relax.Tuple):
+            return any(self._rounded(f) for f in arg.fields)
+        return isinstance(arg, relax.Var) and arg in self.wide
 
     def _widened(self, value):
         """``value`` recomputed on the float32 values its rounded operands came from (a
@@ -258,7 +267,7 @@ class _Narrower(relax.PyExprMutator):
             return None
         if value.op == tvm.ir.Op.get("relax.astype"):
             return None
-        if not any(isinstance(a, relax.Var) and a in self.wide for a in value.args):
+        if not any(self._rounded(a) for a in value.args):
             return None
         call = relax.Call(value.op, [self._wide(a) for a in value.args], value.attrs,
                           value.ty_args)

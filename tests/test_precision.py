@@ -256,15 +256,16 @@ def test_rotary_tables_keep_their_precision_at_long_positions(spelling):
         def forward(self, x):
             pos = torch.arange(x.shape[1], dtype=torch.float32)
             inv = 1.0 / 10000 ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim)
-            if spelling == "matmul":
-                freqs = (inv[None, :, None] @ pos[None, None, :]).transpose(1, 2)[0]
+            if spelling == "matmul":  # (1, N, d/2), then cat and a scaling, as 5.17's LLaMA
+                freqs = (inv[None, :, None] @ pos[None, None, :]).transpose(1, 2)
             else:
                 freqs = pos[:, None] * inv[None, :]
-            emb = torch.cat((freqs,) * 2, dim=-1)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos() * 1.0, emb.sin() * 1.0
             h = self.proj(x)
             half = h.shape[-1] // 2
             rot = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
-            return h * emb.cos() + rot * emb.sin()
+            return h * cos + rot * sin
 
     torch.manual_seed(0)
     net, x = Rotary(64).eval(), torch.randn(1, 1024, 64)
