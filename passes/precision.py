@@ -352,7 +352,7 @@ _COMPARE = (P.EQ, P.NE, P.LT, P.LE, P.GT, P.GE, P.And, P.Or)
 _MATH = INTRINSICS - {"isnan", "isinf"}
 
 
-def _wide(dtype: str) -> str | None:
+def _float32_like(dtype: str) -> str | None:
     """``float32`` with ``dtype``'s lanes where ``dtype`` is float16, else None."""
     base, _, lanes = dtype.partition("x")
     return None if base != "float16" else "float32" + (f"x{lanes}" if lanes else "")
@@ -367,7 +367,7 @@ def _intrinsic(expr) -> str | None:
 def _computes_half(value) -> bool:
     """Whether ``value`` does float16 arithmetic (not only loads, casts and selections)."""
     return any(
-        _wide(dtype_of(e)) and (isinstance(e, _ARITH) or _intrinsic(e) in _MATH)
+        _float32_like(dtype_of(e)) and (isinstance(e, _ARITH) or _intrinsic(e) in _MATH)
         for e in iter_exprs(value)
     )
 
@@ -375,9 +375,9 @@ def _computes_half(value) -> bool:
 def _widen(expr):
     """``expr`` with its float16 arithmetic done in float32: a float16 value becomes float32,
     rounded to float16 only where ``expr`` casts explicitly; other dtypes are kept."""
-    wide = _wide(dtype_of(expr))
+    wide = _float32_like(dtype_of(expr))
     if wide is None:
-        if isinstance(expr, P.Cast) and _wide(dtype_of(expr.value)):
+        if isinstance(expr, P.Cast) and _float32_like(dtype_of(expr.value)):
             inner = _widen(expr.value)
             return inner if dtype_of(inner) == dtype_of(expr) else P.Cast(dtype_of(expr), inner)
         if isinstance(expr, _COMPARE):
@@ -397,7 +397,7 @@ def _widen(expr):
         return P.Select(*[_widen(p) for p in parts])
     if isinstance(expr, P.Broadcast):
         return P.Broadcast(_widen(expr.value), expr.lanes)
-    if isinstance(expr, P.Cast) and not _wide(dtype_of(expr.value)):
+    if isinstance(expr, P.Cast) and not _float32_like(dtype_of(expr.value)):
         # an explicit rounding (float32 -> float16) stays one; its operand is computed wide
         return P.Cast(wide, P.Cast(dtype_of(expr), _widen(expr.value)))
     if _intrinsic(expr) in _MATH or _intrinsic(expr) == "if_then_else":
