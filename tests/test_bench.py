@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from tvm_stitch.benchmarks import run_study
 from tvm_stitch.benchmarks.harness import Record, compare, format_table
 
 from tvm_stitch.cli import _options, main
+from tvm_stitch.workloads import get_workload
 
 
 def test_memory_study_small(tmp_path):
@@ -108,3 +110,25 @@ def test_rates_use_the_cuda_graph_time_when_there_is_one():
     rec = fill_rates(rec, inst, limits)
     assert rec.gbps == 8000 / 2.5 / 1e3
     assert "graph us" in format_table([rec]) and "2.5" in format_table([rec])
+
+
+def test_numerics_tool_pairs_kernels_and_finds_the_worst_positions():
+    """``benchmarks.numerics``: calls are paired by symbol and occurrence (a call one build
+    made and the other did not is skipped), and the per-position error names the position."""
+    from tvm_stitch.benchmarks.numerics import divergence, kernel_outputs, position_errors
+
+    ones = np.ones((2, 3), "float32")
+    rows = [("a", ones), ("b", ones * 2), ("a", ones * 1.5), ("extra", ones)]
+    ref = [("a", ones), ("a", ones), ("b", ones * 2)]
+    table = divergence(rows, ref)
+    assert [name for name, *_ in table] == ["a#0", "b#0", "a#1"]
+    assert [d for _, d, _ in table] == [0.0, 0.0, 0.5]
+    out = np.zeros((1, 5, 4), "float32")
+    out[0, 3, 1] = 0.25
+    assert "worst positions 3:0.25" in position_errors(out, np.zeros_like(out))
+
+    inst = get_workload("softmax").instance("float32", rows=8, cols=40)
+    calls = kernel_outputs(inst, "llvm")
+    assert calls[-1][0] == "<outputs>" and len(calls) >= 2
+    np.testing.assert_allclose(calls[-1][1], inst.reference()[0], rtol=1e-5, atol=1e-6)
+    assert all(rel == 0 for *_, rel in divergence(calls, kernel_outputs(inst, "llvm")))
