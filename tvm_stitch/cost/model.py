@@ -12,6 +12,7 @@ persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts al
   cores, SFUs and bandwidth but overlap their latencies; programs run in waves over the SMs
   (wave quantization); a persistent kernel pays its pipeline fill once per SM, not per tile;
 * accumulators beyond the registers a thread has spill to local memory: a large penalty;
+* an attention launched with TMA loads makes its tensor descriptors on the device, per program;
 * the whole kernel moves at least its unique bytes through DRAM, and pays one launch.
 
 :class:`CostModel` multiplies that by a correction learned from every measurement the tuning
@@ -36,6 +37,7 @@ WGMMA_ROWS = 64  # rows one warpgroup's wgmma instruction takes
 BASE_REGISTERS = 48  # registers a GEMM thread needs besides its accumulators (addresses, loop)
 SOFTMAX_OPS = 8  # fp32 operations per logit of an online softmax (scale, max, subtract, sum, ...)
 MIN_FIT = 40  # measurements below which no correction is learned
+TMA_DESCRIPTORS = 3  # tensor descriptors an attention program makes on the device (Q, K, V)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +163,10 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         t_iter = resident * (comp + load + sfu) + latency + overhead
     spill_factor = 1.0 + spill / 8.0
     fill = latency * 2  # the pipeline's first loads and the last tile's store
+    if w.family == "attention" and launch.get("TMA"):
+        # tensor descriptors made on the device: each program writes its Q, K and V descriptors
+        # to global memory and fences them before the first load
+        fill += TMA_DESCRIPTORS * latency
     slots = hw.num_sms * resident
     waves = _cdiv(programs, slots)
     per_program = iters * t_iter * spill_factor + resident * epilogue
