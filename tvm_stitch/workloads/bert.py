@@ -264,11 +264,10 @@ def bert_workload(size: str):
     """The ``bert-<size>`` workload: :class:`BertModel` exported from ``relax.frontend.nn``."""
     from .base import Instance, Workload
 
-    cfg = BERT_CONFIGS[size]
-
-    def build(dtype, rng, batch, seq):
+    def build(dtype, rng, batch, seq, layers=0):
         from tvm.relax.frontend.nn import spec
 
+        cfg = with_layers(BERT_CONFIGS[size], layers)
         model = BertModel(cfg, dtype)
         mod, params = model.export_tvm(
             spec={
@@ -281,7 +280,7 @@ def bert_workload(size: str):
         ids, mask = bert_inputs(cfg, batch, seq, rng)
         weights = {name: init_weight(name, p.shape, dtype, rng) for name, p in params}
         return Instance(
-            f"bert-{size} {batch}x{seq} {dtype}",
+            f"bert-{size}{_depth(layers)} {batch}x{seq} {dtype}",
             mod,
             "forward",
             [ids, mask, *weights.values()],
@@ -291,14 +290,24 @@ def bert_workload(size: str):
             dtype,
         )
 
+    cfg = BERT_CONFIGS[size]
     return Workload(
         f"bert-{size}",
         "bert",
         f"BERT-{size} encoder ({cfg.num_hidden_layers} layers, "
-        f"hidden {cfg.hidden_size}) from relax.frontend.nn",
-        {"batch": 1, "seq": 128},
+        f"hidden {cfg.hidden_size}) from relax.frontend.nn; layers=N keeps N layers",
+        {"batch": 1, "seq": 128, "layers": 0},
         build,
     )
+
+
+def with_layers(cfg: BertConfig, layers: int) -> BertConfig:
+    """``cfg`` with its first ``layers`` layers (``0``: all of them)."""
+    return dataclasses.replace(cfg, num_hidden_layers=layers) if layers else cfg
+
+
+def _depth(layers: int) -> str:
+    return f" {layers} layers" if layers else ""
 
 
 def bert_flops(cfg: BertConfig, batch: int, seq: int) -> int:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from .base import Instance, Workload
 from .bert import (
     BERT_CONFIGS,
+    _depth,
     bert_flops,
     bert_inputs,
     hf_torch_fns,
     init_weight,
     load_weights,
     make_hf_bert,
+    with_layers,
 )
 
 
@@ -63,9 +65,8 @@ def import_hf_bert(model, batch: int, seq: int, dtype: str = "float32"):
 
 def hf_bert_workload(size: str) -> Workload:
     """The ``hf-bert-<size>`` workload: HF ``BertModel`` (eager attention) with random weights."""
-    cfg = BERT_CONFIGS[size]
-
-    def build(dtype, rng, batch, seq):
+    def build(dtype, rng, batch, seq, layers=0):
+        cfg = with_layers(BERT_CONFIGS[size], layers)
         model = make_hf_bert(cfg, "eager")
         state = {
             name: init_weight(name, p.shape, "float32", rng) for name, p in model.named_parameters()
@@ -74,7 +75,7 @@ def hf_bert_workload(size: str) -> Workload:
         mod, weights = import_hf_bert(model, batch, seq, dtype)
         ids, mask = bert_inputs(cfg, batch, seq, rng, "int64")
         return Instance(
-            f"hf-bert-{size} {batch}x{seq} {dtype}",
+            f"hf-bert-{size}{_depth(layers)} {batch}x{seq} {dtype}",
             mod,
             "main",
             [ids, mask, *weights],
@@ -87,7 +88,8 @@ def hf_bert_workload(size: str) -> Workload:
     return Workload(
         f"hf-bert-{size}",
         "bert",
-        f"Hugging Face BertModel ({size}) imported with torch.export + from_exported_program",
-        {"batch": 1, "seq": 128},
+        f"Hugging Face BertModel ({size}) imported with torch.export + from_exported_program; "
+        "layers=N keeps N layers",
+        {"batch": 1, "seq": 128, "layers": 0},
         build,
     )
