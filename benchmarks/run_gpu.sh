@@ -27,6 +27,16 @@ fi
 export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 status=0
+# STEP's WORKLOAD[:KEY=VALUE,...] after its "kind:" -> $name and the -p flags in $params
+workload_spec() {
+    local spec=${1#*:} kv
+    [[ "$spec" == "$1" ]] && spec=""
+    name=${spec%%:*}
+    local shape=${spec#"$name"}
+    shape=${shape#:}
+    params=()
+    for kv in ${shape//,/ }; do params+=(-p "$kv"); done
+}
 for step in "$@"; do
     echo "=== $step ($(date +%T))"
     case "$step" in
@@ -69,34 +79,31 @@ for step in "$@"; do
                 --json-out "$out/mcfuser.jsonl" 2>&1 | tee "$out/mcfuser${fam/:/-}.log" || status=1
             ;;
         zoo|zoo:*)
-            spec=${step#zoo}; spec=${spec#:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
+            workload_spec "$step"
             args=(); [[ -n "$name" ]] && args+=(-w "$name")
-            for kv in ${shape//,/ }; do args+=(-p "$kv"); done
+            args+=("${params[@]}")
             python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
                 ${VARIANT:+--variant "$VARIANT"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         profile:*)
-            spec=${step#profile:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
-            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
-            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --cupti --top 20 \
+            workload_spec "$step"
+            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --cupti --top 20 \
                 ${OPTION:+--option "$OPTION"} \
                 2>&1 | tee -a "$out/profile.log" || status=1
             ;;
         ncu:*)  # Nsight Compute on the workload's kernels matching $NCU_KERNELS (and PyTorch's)
-            spec=${step#ncu:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
-            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
-            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --ncu >/dev/null 2>&1
+            workload_spec "$step"
+            python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --ncu >/dev/null 2>&1
             ncu --target-processes all -k "regex:${NCU_KERNELS:-stitch_|flash|fmha|sdpa|gemm}" \
                 --launch-count "${NCU_COUNT:-4}" --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
                 --section ComputeWorkloadAnalysis \
-                python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${args[@]}" --ncu \
+                python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --ncu \
                 2>&1 | tee -a "$out/ncu-$name.log" || status=1
             ;;
         numerics:*)
-            spec=${step#numerics:}; name=${spec%%:*}; shape=${spec#"$name"}; shape=${shape#:}
-            args=(); for kv in ${shape//,/ }; do args+=(-p "$kv"); done
-            python3 -m tvm_stitch.benchmarks.numerics "$name" "${args[@]}" \
+            workload_spec "$step"
+            python3 -m tvm_stitch.benchmarks.numerics "$name" "${params[@]}" \
                 ${OPTION:+--option "$OPTION"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
             ;;
         run)

@@ -69,6 +69,11 @@ class Instance:
         return [_to_torch(a, dtype, device) for a in self.args]
 
 
+def layers_suffix(layers: int) -> str:
+    """The part of an instance's name saying it keeps ``layers`` layers (none for all)."""
+    return f" {layers} layers" if layers else ""
+
+
 def _to_torch(array: np.ndarray, dtype, device):
     import torch
 

@@ -262,7 +262,7 @@ def hf_torch_fns(cfg: BertConfig, state: dict) -> dict:
 
 def bert_workload(size: str):
     """The ``bert-<size>`` workload: :class:`BertModel` exported from ``relax.frontend.nn``."""
-    from .base import Instance, Workload
+    from .base import Instance, Workload, layers_suffix
 
     def build(dtype, rng, batch, seq, layers=0):
         from tvm.relax.frontend.nn import spec
@@ -280,7 +280,7 @@ def bert_workload(size: str):
         ids, mask = bert_inputs(cfg, batch, seq, rng)
         weights = {name: init_weight(name, p.shape, dtype, rng) for name, p in params}
         return Instance(
-            f"bert-{size}{_depth(layers)} {batch}x{seq} {dtype}",
+            f"bert-{size}{layers_suffix(layers)} {batch}x{seq} {dtype}",
             mod,
             "forward",
             [ids, mask, *weights.values()],
@@ -305,9 +305,6 @@ def with_layers(cfg: BertConfig, layers: int) -> BertConfig:
     """``cfg`` with its first ``layers`` layers (``0``: all of them)."""
     return dataclasses.replace(cfg, num_hidden_layers=layers) if layers else cfg
 
-
-def _depth(layers: int) -> str:
-    return f" {layers} layers" if layers else ""
 
 
 def bert_flops(cfg: BertConfig, batch: int, seq: int) -> int:

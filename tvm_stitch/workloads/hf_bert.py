@@ -7,10 +7,9 @@ exported in float32 and, for float16, converted afterwards (``ToMixedPrecision``
 
 from __future__ import annotations
 
-from .base import Instance, Workload
+from .base import Instance, Workload, layers_suffix
 from .bert import (
     BERT_CONFIGS,
-    _depth,
     bert_flops,
     bert_inputs,
     hf_torch_fns,
@@ -75,7 +74,7 @@ def hf_bert_workload(size: str) -> Workload:
         mod, weights = import_hf_bert(model, batch, seq, dtype)
         ids, mask = bert_inputs(cfg, batch, seq, rng, "int64")
         return Instance(
-            f"hf-bert-{size}{_depth(layers)} {batch}x{seq} {dtype}",
+            f"hf-bert-{size}{layers_suffix(layers)} {batch}x{seq} {dtype}",
             mod,
             "main",
             [ids, mask, *weights],

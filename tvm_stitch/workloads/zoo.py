@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from .base import Instance, Workload
+from .base import Instance, Workload, layers_suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +246,9 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
         inputs = model.inputs(cfg, batch, seq, rng)
         net = last_hidden(make_model(model, size, "eager", seed, layers), model.kwargs)
         imported = import_torch(net, tuple(torch.from_numpy(a) for a in inputs), dtype)
-        depth = f" {layers} layers" if layers else ""
+        name = f"{model.name}-{size}{layers_suffix(layers)} {batch}x{seq or ''} {dtype}"
         return Instance(
-            f"{model.name}-{size}{depth} {batch}x{seq or ''} {dtype}".replace("x ", " "),
+            name.replace("x ", " "),
             imported.mod,
             "main",
             [*inputs, *imported.weights],
