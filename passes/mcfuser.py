@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -261,8 +262,12 @@ class _Rewriter:
             self.externals.extend(ext)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         args = [self._value(graph, t) for t in source.inputs]
-        # the kernel's outputs, then buffers it needs besides them (Triton's scratch memory)
         prim = self.prims[key]
+        # inputs that must hold zeros (split-K counters): a zero constant, left zero
+        zeroed = int(prim.attrs.get(embed.ZEROED_INPUTS, 0)) if prim.attrs else 0
+        for buf in list(prim.params)[len(args):len(args) + zeroed]:
+            args.append(relax.const(np.zeros([int(d) for d in buf.shape], str(buf.dtype))))
+        # the kernel's outputs, then buffers it needs besides them (Triton's scratch memory)
         types = [
             relax.TensorType(tuple(int(d) for d in buf.shape), buf.dtype)
             for buf in list(prim.params)[len(args):]

@@ -83,13 +83,23 @@ def run_case(label, match, graph, rng):
         runs.append((" tma", {"TMA": True}, TILES))
     if pieces:  # a row's moments from tiles wider than one piece (16 columns)
         runs.append((" BLOCK_N=64", {}, {**TILES, "BLOCK_N": 64}))
+    if source.split_k:  # k split in 2, and in 3 (slices of unequal steps, maybe an empty one)
+        runs += [(f" split-k {s}", {"SPLIT_K": s}, TILES) for s in (2, 3)]
     for kind, options, tiles in runs:
         consts = {**tiles, **source.constexprs, "DOT_PREC": "ieee"}
-        consts.update({"PERSISTENT": False, "TMA": False, "NUM_SMS": 3, **options})
+        consts.update({"PERSISTENT": False, "TMA": False, "NUM_SMS": 3, "SPLIT_K": 1,
+                       **options})
+        buffers = {
+            name: torch.zeros(size, dtype=getattr(torch, dtype))
+            for name, (size, dtype) in triton_gen.split_k_buffers(source, match, consts).items()
+        }
+        consts.update({"WS": None, "CNT": None, **buffers})
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
         got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
                for t in source.outputs]
         fn[source.grid(consts, match)](*args, *got, **consts)
+        if "CNT" in buffers and buffers["CNT"].any():  # counters must be left zero
+            got = [torch.full_like(g, float("nan")) for g in got]
         for t, ref, out in zip(source.outputs, refs, got):
             g, r = out.float().numpy(), ref
             if t in pieces:  # a row's moment in pieces: how it is split depends on the tiles

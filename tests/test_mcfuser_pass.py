@@ -475,3 +475,79 @@ def test_a_library_built_as_without_a_gpu_runs_on_the_gpu(tmp_path, monkeypatch)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "mod.so")), dev)
     out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
     np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+def _linear_residual(rows=67, k=1000, cols=96, seed=0):
+    """``x @ wᵀ + bias + residual`` in float16 at irregular sizes, with its numpy reference."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * 0.5).astype("float16")
+    w = (rng.standard_normal((cols, k)) * k**-0.5).astype("float16")
+    bias = (rng.standard_normal(cols) * 0.1).astype("float16")
+    res = rng.standard_normal((rows, cols)).astype("float16")
+
+    def body(x_, w_, b_, r_):
+        prod = relax.op.matmul(x_, relax.op.permute_dims(w_), out_dtype="float32")
+        return [relax.op.add(relax.op.add(relax.op.astype(prod, "float16"), b_), r_)]
+
+    mod = relax_function([("x", x.shape, "float16"), ("w", w.shape, "float16"),
+                          ("bias", bias.shape, "float16"), ("res", res.shape, "float16")], body)
+    expected = (x.astype("float32") @ w.astype("float32").T).astype("float16").astype(
+        "float32") + bias + res
+    return mod, [x, w, bias, res], expected
+
+
+#: a split-K launch the search could pick: 3 programs per tile over k = 1000 (16 steps of 64:
+#: slices of 6, 6 and 4 steps), tiles of 64 x 32 over 67 x 96
+SPLIT_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 3, "num_warps": 4,
+                "num_stages": 3, "PERSISTENT": False}
+
+
+def _split_database(database, mod):
+    hw = tvm_stitch.HardwareModel.from_target(CUDA)
+    graph = build_graph(legalized(mod), legalize=False)
+    (match,) = recognize(graph, ("gemm",)).matches
+    source = kernel_source(match)
+    assert source.split_k
+    database.put(tuning_key(database, match, source, hw), SPLIT_CONFIG)
+    return database
+
+
+def test_split_k_launch_gets_zeroed_counters_and_a_workspace(database):
+    """A split-K launch (the tuning database's choice) is one call whose extra input is a zero
+    constant (one counter per output tile, which the kernel leaves zero) and whose extra
+    output is the float32 workspace of 3 partial tiles per output tile."""
+    if not embed.can_compile()[0]:
+        pytest.skip(embed.can_compile()[1])
+    mod, _, _ = _linear_residual()
+    _split_database(database, mod)
+    with CUDA:
+        out = FuseMBCI(database)(legalized(mod))
+    (gv,) = [gv for gv in out.functions if gv.name_hint.startswith("stitch_gemm_")]
+    assert gv.name_hint.endswith("k3")
+    prim = out[gv]
+    assert int(prim.attrs[embed.ZEROED_INPUTS]) == 1
+    tiles = 2 * 3  # 64-row tiles over 67 rows, 32-column tiles over 96 columns
+    params = {p.name: (tuple(int(d) for d in p.shape), p.dtype) for p in prim.params}
+    assert params["CNT"] == ((tiles,), "int32")
+    assert params["WS"] == ((tiles * 3 * 64 * 32,), "float32")
+    (call,) = [b.value for b in out["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.args[0].same_as(gv)]
+    counters = call.args[1].fields[-1]
+    assert isinstance(counters, tvm.ir.expr.Constant)
+    assert not counters.value.numpy().any() and counters.value.numpy().shape == (tiles,)
+
+
+@pytest.mark.gpu
+def test_split_k_gemm_on_the_gpu(tmp_path, monkeypatch):
+    """The split-K launch against numpy, called three times: its counters stay usable (a
+    counter left non-zero would make the next call's tiles skip their epilogue)."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    mod, args, expected = _linear_residual()
+    _split_database(TuningDatabase(tmp_path / "db.json"), mod)
+    ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    inputs = [tvm.runtime.tensor(a, device=dev) for a in args]
+    for _ in range(3):
+        out = vm["main"](*inputs).numpy().astype("float32")
+        np.testing.assert_allclose(out, expected, rtol=2e-2, atol=2e-2)

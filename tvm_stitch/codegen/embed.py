@@ -73,6 +73,11 @@ def can_measure() -> tuple[bool, str]:
     return True, ""
 
 
+#: PrimFunc attribute: how many parameters after the graph's inputs are inputs that must hold
+#: zeros when the kernel starts (and that it leaves zero): split-K counters
+ZEROED_INPUTS = "tvm_stitch.zeroed_inputs"
+
+
 class SharedMemoryError(ValueError):
     """A compiled kernel needs more shared memory than a block can have."""
 
@@ -261,29 +266,39 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     """
-    from .triton_gen import launch_constexprs, load
+    from .triton_gen import launch_constexprs, load, split_k_buffers
 
-    names = [f"I{i}" for i in range(len(source.inputs))]
-    names += [f"O{i}" for i in range(len(source.outputs))]
-    params = [
-        Param(n, tuple(shapes[t][0]), shapes[t][1])
-        for n, t in zip(names, [*source.inputs, *source.outputs])
-    ]
     fn = load(source)
     constexprs = launch_constexprs(source, match, config, fn.arg_names)
+    params = [
+        Param(f"I{i}", tuple(shapes[t][0]), shapes[t][1]) for i, t in enumerate(source.inputs)
+    ]
+    # a split-K launch's counters are an input that must hold zeros (the pass gives a zero
+    # constant, which the kernel leaves zero); its workspace is one more output
+    split = split_k_buffers(source, match, constexprs)
+    if split:
+        params.append(Param("CNT", (split["CNT"][0],), split["CNT"][1]))
+    params += [
+        Param(f"O{i}", tuple(shapes[t][0]), shapes[t][1]) for i, t in enumerate(source.outputs)
+    ]
+    if split:
+        params.append(Param("WS", (split["WS"][0],), split["WS"][1]))
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config)})}"
     grid = source.grid(constexprs, match)
-    return plan_launch(
+    launch = plan_launch(
         fn,
         params,
-        {n: n for n in names},
+        {p.name: p.name for p in params},
         constexprs,
         grid,
         _launch(config),
         symbol,
-        outputs=len(source.outputs),
+        outputs=len(source.outputs) + bool(split),
         smem_limit=smem_limit,
     )
+    if split:
+        launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
+    return launch
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -298,4 +313,6 @@ def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
     tma = "t" if config.get("TMA") else ""
-    return f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}{persistent}{tma}"
+    split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
+    return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
+            f"{persistent}{tma}{split}")

@@ -105,6 +105,10 @@ class KernelSource:
         A GEMM with the persistent TMA formulation (constexpr ``PERSISTENT``).
     tma : bool
         An attention with tensor-descriptor loads (constexpr ``TMA``).
+    split_k : bool
+        A GEMM whose programs may split k (constexpr ``SPLIT_K``; pointer arguments ``WS``, a
+        float32 workspace, and ``CNT``, per-tile counters that are zero between launches, see
+        :func:`split_k_buffers`).
     """
 
     name: str
@@ -115,6 +119,7 @@ class KernelSource:
     family: str
     persistent: bool = False
     tma: bool = False
+    split_k: bool = False
 
     def grid(self, config: dict, match) -> tuple:
         """Programs along x, y for the tile sizes in ``config``."""
@@ -124,7 +129,7 @@ class KernelSource:
             tiles = _cdiv(ext["m"], config["BLOCK_M"]) * tiles_n
             if self.persistent and config.get("PERSISTENT"):
                 return (min(config["NUM_SMS"], tiles), 1)
-            return (tiles, ext.get("b", 1))
+            return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
         if self.family == "attention":
             return (_cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
         return (
@@ -142,10 +147,31 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     """The ``tl.constexpr`` values of ``source``'s kernel for the tiles and options in
     ``config`` (keys the kernel does not take are dropped: launch options, another
     formulation's)."""
-    consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "NUM_SMS": 1, **config,
-              **source.constexprs}
+    consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "NUM_SMS": 1, "SPLIT_K": 1,
+              **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
+    if consts["PERSISTENT"]:
+        consts["SPLIT_K"] = 1  # the persistent formulation does not split
+    if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out
+        consts.update(WS=None, CNT=None)
     return {k: v for k, v in consts.items() if k in arg_names}
+
+
+def split_k_buffers(source: KernelSource, match, consts: dict) -> dict:
+    """Buffers a split-K launch needs (``consts`` from :func:`launch_constexprs`): name ->
+    ``(elements, dtype)`` for the float32 workspace ``WS`` (``SPLIT_K`` partial tiles per output
+    tile and product) and the int32 counters ``CNT`` (one per output tile), which must be zero
+    before the first launch (the kernel leaves them zero); empty without a split."""
+    split = consts.get("SPLIT_K", 1)
+    if not source.split_k or split == 1:
+        return {}
+    ext = match.frame.extents
+    tiles = _cdiv(ext["m"], consts["BLOCK_M"]) * sum(
+        _cdiv(s.n, consts["BLOCK_N"]) for s in match.segments
+    ) * ext.get("b", 1)
+    products = len(match.segments[0].products)
+    per_tile = split * products * consts["BLOCK_M"] * consts["BLOCK_N"]
+    return {"WS": (tiles * per_tile, "float32"), "CNT": (tiles, "int32")}
 
 
 def pow2(n: int, least: int = 16) -> int:
@@ -372,7 +398,7 @@ import triton
 import triton.language as tl
 
 from tvm_stitch.codegen.triton_kernels import (
-    _tile_of, _tile_product, _tile_product2, _tile_product_tma
+    _split_arrive, _split_sum, _tile_of, _tile_product, _tile_product2, _tile_product_tma
 )
 
 '''
@@ -432,9 +458,11 @@ def _write_output(match, pointers, tiles, masks, accumulator: str) -> list[str]:
     return [*printer.lines, _store(printer, value, match.views["out0"])]
 
 
-def _function(match, name, inputs, outputs, constexprs, lines) -> str:
-    """The module text: header, then the jitted kernel over the pointer arguments."""
+def _function(match, name, inputs, outputs, constexprs, lines, workspace=()) -> str:
+    """The module text: header, then the jitted kernel over the pointer arguments (inputs,
+    outputs, then the ``workspace`` buffers its launch provides)."""
     pointers = [f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))]
+    pointers += list(workspace)
     params = ", ".join(pointers + [f"{c}: tl.constexpr" for c in constexprs])
     body = "\n".join("    " + line for line in lines)
     return _HEADER.format(describe=match.describe(outputs=True)) + (
@@ -464,9 +492,26 @@ def gemm_source(match, name: str) -> KernelSource:
         bounds.append(f"{start} + t{i}" if start != "0" else f"t{i}")
         start = bounds[-1]
     prelude.append(f"tiles_n = {start}")
-    lines = [
-        "pid_b = tl.program_id(1)",
-        "pid_m, pid_n = _tile_of(tl.program_id(0), tiles_m, tiles_n, GROUP_M)",
+    # split-K (a computed A, a folded normalization, is not split): SPLIT_K programs per output
+    # tile, each over a slice of k whole BLOCK_K steps long
+    split = match.prologue is None
+    lines = ["pid_b = tl.program_id(1)"]
+    if split:
+        per = f"(({k} + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K)"
+        lines += [
+            "if SPLIT_K == 1:",
+            "    tile = tl.program_id(0)",
+            "    k_lo = 0",
+            f"    k_hi = {k}",
+            "else:",
+            "    tile = tl.program_id(0) // SPLIT_K",
+            f"    k_lo = tl.program_id(0) % SPLIT_K * {per}",
+            f"    k_hi = tl.minimum(k_lo + {per}, {k})",
+        ]
+    else:
+        lines.append("tile = tl.program_id(0)")
+    lines += [
+        "pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
     ]
     if match.prologue is None:
@@ -525,14 +570,16 @@ def gemm_source(match, name: str) -> KernelSource:
     elif len(bviews[0]) == 1:
         lines.append(
             f"acc0 = _tile_product({zeros}, A, B0, rm, rn, {m}, {width}, {k}, {s_am}, {s_ak}, "
-            f"{stride(0, 0)}, {stride(0, 1)}, BLOCK_K, DOT_PREC{convert})"
+            f"{stride(0, 0)}, {stride(0, 1)}, BLOCK_K, DOT_PREC{convert}, K_LO=k_lo, K_HI=k_hi)"
         )
     else:
         lines.append(
             f"acc0, acc1 = _tile_product2({zeros}, {zeros}, A, B0, B1, rm, rn, {m}, {width}, "
             f"{k}, {s_am}, {s_ak}, {stride(0, 0)}, {stride(0, 1)}, {stride(1, 0)}, "
-            f"{stride(1, 1)}, BLOCK_K, DOT_PREC{convert})"
+            f"{stride(1, 1)}, BLOCK_K, DOT_PREC{convert}, K_LO=k_lo, K_HI=k_hi)"
         )
+    if split:
+        lines += _split_reduction(len(bviews[0]))
     epilogues = []
     for si, seg in enumerate(segments):
         head = heads[si][0]
@@ -563,8 +610,13 @@ def gemm_source(match, name: str) -> KernelSource:
             epilogues.append(head)
             body = ["    " + line for line in body]
         epilogues += body
-    lines += epilogues
+    if split:  # only a tile's last split applies the epilogue
+        lines += ["if last:", *["    " + line for line in epilogues]]
+    else:
+        lines += epilogues
     constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "DOT_PREC"]
+    if split:
+        constexprs.append("SPLIT_K")
     layout = tma_layout(match)
     if isinstance(layout, str):
         body = prelude + lines
@@ -601,9 +653,33 @@ def gemm_source(match, name: str) -> KernelSource:
             *["    " + line for line in lines],
         ]
         constexprs += ["PERSISTENT", "NUM_SMS"]
-    text = _function(match, name, inputs, outputs, constexprs, body)
+    workspace = ["WS", "CNT"] if split else []
+    text = _function(match, name, inputs, outputs, constexprs, body, workspace)
     return KernelSource(name, text, inputs, outputs, {}, "gemm", persistent=not isinstance(
-        layout, str))
+        layout, str), split_k=split)
+
+
+def _split_reduction(products: int) -> list[str]:
+    """Lines adding up a split-K tile (``SPLIT_K > 1``): every split stores its float32
+    partial products in the tile's slots of the workspace ``WS``, counts itself in on the
+    tile's counter in ``CNT`` (zero between launches), and the last to arrive sums the slots
+    and goes on to the epilogue (``last``)."""
+    tile = "BLOCK_M * BLOCK_N"
+    lines = [
+        "last = True",
+        "if SPLIT_K > 1:",
+        "    slot = pid_b * tiles_m * tiles_n + tile",
+        f"    ws = WS + slot * (SPLIT_K * {products} * {tile})",
+        "    rw = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]",
+        f"    mine = ws + tl.program_id(0) % SPLIT_K * ({products} * {tile})",
+    ]
+    lines += [f"    tl.store(mine + {i} * {tile} + rw, acc{i})" for i in range(products)]
+    lines += ["    last = _split_arrive(CNT + slot, SPLIT_K)", "    if last:"]
+    lines += [
+        f"        acc{i} = _split_sum(ws + {i} * {tile}, {products} * {tile}, rw, SPLIT_K)"
+        for i in range(products)
+    ]
+    return lines
 
 
 def _moment_store(out, value: str, pointers, m: int, n: int, name: str) -> list[str]:

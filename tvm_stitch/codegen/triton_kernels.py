@@ -44,13 +44,17 @@ def _tile_product(
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     OPERAND: tl.constexpr = None,
+    K_LO=0,
+    K_HI=None,
 ):
-    """``acc + A[rm, :K] @ B[:K, rn]``, the reduction over ``K`` in steps of ``BLOCK_K``
-    (masked at the edges).  Shared by the GEMM-chain and GEMM templates; inlined by Triton.
-    ``OPERAND``: the type both tiles are converted to before the product (an operand stored in
-    another precision, e.g. a float32 activation of a float16 matrix product)."""
+    """``acc + A[rm, K_LO:K_HI] @ B[K_LO:K_HI, rn]``, the reduction over ``K`` (default: all
+    of it) in steps of ``BLOCK_K`` (masked at ``K``).  Shared by the GEMM-chain and GEMM
+    templates; inlined by Triton.  ``OPERAND``: the type both tiles are converted to before the
+    product (an operand stored in another precision, e.g. a float32 activation of a float16
+    matrix product).  ``K_LO``/``K_HI``: one split of a split-K product (``K_LO`` a multiple
+    of ``BLOCK_K``)."""
     rk = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(K_LO, K if K_HI is None else K_HI, BLOCK_K):
         kk = k0 + rk
         a = tl.load(
             A + rm[:, None] * s_am + kk[None, :] * s_ak,
@@ -90,11 +94,14 @@ def _tile_product2(
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     OPERAND: tl.constexpr = None,
+    K_LO=0,
+    K_HI=None,
 ):
     """``(acc0 + A @ B0, acc1 + A @ B1)`` over the same rows and columns, each ``A`` tile loaded
-    once for both products (a gate and an up projection); ``OPERAND`` as for _tile_product."""
+    once for both products (a gate and an up projection); ``OPERAND``, ``K_LO`` and ``K_HI``
+    as for _tile_product."""
     rk = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(K_LO, K if K_HI is None else K_HI, BLOCK_K):
         kk = k0 + rk
         a = tl.load(
             A + rm[:, None] * s_am + kk[None, :] * s_ak,
@@ -139,6 +146,31 @@ def _tile_product_tma(
             a = a.to(OPERAND)
             b = b.to(OPERAND)
         acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _split_arrive(counter, SPLIT_K: tl.constexpr):
+    """Count one split of a split-K tile in: True for the last of its ``SPLIT_K`` splits to
+    arrive, which also sets the counter back to zero for the next launch.  The barrier puts
+    every thread's partial-tile stores before the count, whose release (gpu scope) publishes
+    them to the last split; its acquire and the broadcast of the count order that split's
+    reads after them (CUTLASS's semaphore protocol)."""
+    tl.debug_barrier()
+    last = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+    if last:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def _split_sum(ws, stride, rw, SPLIT_K: tl.constexpr):
+    """The sum of a tile's ``SPLIT_K`` float32 partials (``ws + j * stride + rw``), in split
+    order whatever order they arrived in: a split-K product is deterministic.  Read from L2
+    (``.cg``): other SMs wrote them."""
+    acc = tl.load(ws + rw, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws + j * stride + rw, cache_modifier=".cg")
     return acc
 
 
@@ -502,15 +534,22 @@ def default_launch(config: dict, family: str = "gemm_epilogue") -> dict:
     return {"num_warps": warps, "num_stages": 3}
 
 
+#: splits of k a split-K GEMM may use (``SPLIT_K``: programs per output tile)
+SPLITS = (1, 2, 4, 8)
+
 #: launch options the search tries for its best tile candidates (``num_warps`` x ``num_stages``)
 LAUNCHES = {
-    # PERSISTENT: one program per SM loading through TMA (the template's other formulation)
+    # PERSISTENT: one program per SM loading through TMA (the template's other formulation);
+    # SPLIT_K: programs per output tile, each over a slice of k (generated kernels only)
     "gemm_epilogue": [
         {"num_warps": w, "num_stages": s, "PERSISTENT": p}
         for p in (False, True)
         for w in (4, 8)
         for s in (3, 4)
-    ],
+    ]
+    # a short k loop (few rows: latency-bound) with every step's loads in flight at once
+    + [{"num_warps": 4, "num_stages": 6, "PERSISTENT": False}]
+    + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]],
     "gemm_chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
     "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
 }

@@ -11,6 +11,8 @@ persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts al
 * programs resident on an SM at once (shared memory and registers permitting) share its tensor
   cores, SFUs and bandwidth but overlap their latencies; programs run in waves over the SMs
   (wave quantization); a persistent kernel pays its pipeline fill once per SM, not per tile;
+* a split-K launch runs ``SPLIT_K`` programs per tile over slices of k, each storing its partial
+  tile and counting itself in, the last adding them up;
 * accumulators beyond the registers a thread has spill to local memory: a large penalty;
 * an attention launched with TMA loads makes its tensor descriptors on the device, per program;
 * the whole kernel moves at least its unique bytes through DRAM, and pays one launch.
@@ -96,6 +98,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     warps = int(launch.get("num_warps", 4))
     stages = max(int(launch.get("num_stages", 3)), 1)
     persistent = bool(launch.get("PERSISTENT", False)) and w.persistent
+    split = 1 if persistent or w.family != "gemm" else max(int(launch.get("SPLIT_K", 1)), 1)
     ext, b = w.extents, w.dtype_bytes
     bm, bn = tiles["m"], tiles["n"]
     flops_sm = hw.peak_flops_fp16 / hw.num_sms
@@ -105,8 +108,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     threads = 32 * warps
     if w.family == "gemm":
         bk, acc = tiles["k"], w.accumulators
-        programs = w.batch * _cdiv(ext["m"], bm) * _cdiv(ext["n"], bn)
-        iters = _cdiv(ext["k"], bk)
+        programs = w.batch * _cdiv(ext["m"], bm) * _cdiv(ext["n"], bn) * split
+        iters = _cdiv(_cdiv(ext["k"], bk), split)
         flops = 2 * bm * bn * bk * acc
         loaded = (bm * bk + acc * bk * bn) * b
         sfu = 0.0
@@ -152,6 +155,10 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     if w.row_elements:
         stats = bm * w.row_elements * b / l2_sm + _cdiv(w.row_elements, 64) * latency / 2
     epilogue = stored / l2_sm + stats
+    if split > 1:
+        # split-K: every split stores its float32 partial tile and counts itself in (an atomic
+        # round trip); the last reads all the partials back before the epilogue
+        epilogue += (1 + split) * bm * bn * w.accumulators * 4 / l2_sm + 2 * latency
     hidden = latency / max(stages - 1, 1)
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
@@ -194,6 +201,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         "spill": spill,
         "row_use": row_use,
         "tail": programs / slots - math.floor(programs / slots),
+        "split": split,
     }
 
 
@@ -216,6 +224,7 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
         float(launch.get("num_warps", 4)),
         float(launch.get("num_stages", 3)),
         float(bool(launch.get("PERSISTENT", False)) and w.persistent),
+        math.log2(t["split"]),
         math.log2(t["programs"]),
         float(t["waves"]),
         float(t["resident"]),

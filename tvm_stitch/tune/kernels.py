@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from tvm_stitch.codegen import triton_kernels as tk
-from tvm_stitch.cost.model import Workload
+from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import ChainSpec
 
 from .evolution import SearchConfig
@@ -32,9 +32,11 @@ def _bytes(dtype) -> int:
     return 2 if str(dtype) == "float16" else 4
 
 
-def _gemm_seed(m, n, k, warps, stages, persistent):
-    return {"m": m, "n": n, "k": k, "launch": {
-        "num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}}
+def _gemm_seed(m, n, k, warps, stages, persistent, split=1):
+    launch = {"num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}
+    if split > 1:
+        launch["SPLIT_K"] = split
+    return {"m": m, "n": n, "k": k, "launch": launch}
 
 
 #: tiles measured besides the search's picks (known to suit Hopper's tensor cores): a warpgroup
@@ -53,6 +55,9 @@ SEEDS = {
         _gemm_seed(64, 64, 128, 4, 4, False),
         _gemm_seed(64, 64, 64, 4, 4, False),
         _gemm_seed(64, 32, 128, 4, 4, False),
+        # split-K (tiles of few rows and a long k: BERT's FFN out at 128 tokens)
+        _gemm_seed(64, 64, 128, 4, 4, False, split=4),
+        _gemm_seed(64, 128, 128, 4, 4, False, split=2),
     ],
     "attention": [{"m": m, "n": n} for m in (64, 128) for n in (32, 64, 128)],
     "gemm_chain": [],
@@ -61,8 +66,12 @@ SEEDS = {
 
 def _search(
     spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
-    workload=None, cost=None,
+    workload=None, cost=None, split=False,
 ) -> Tuned:
+    default = lambda c: tk.default_launch(template(c), family)  # noqa: E731
+    if split:
+        cost = cost or CostModel(hw)
+        default = split_k_launch(workload, cost, default)
     tuned = measured_search(
         spec,
         hw,
@@ -70,7 +79,7 @@ def _search(
         legal,
         config,
         tk.LAUNCHES[family] if launches is None else launches,
-        lambda c: tk.default_launch(template(c), family),
+        default,
         desc=desc,
         on_device=on_device,
         seeds=SEEDS[family] if seeds is None else seeds,
@@ -83,15 +92,35 @@ def _search(
     return tuned
 
 
-def _gemm_options(persistent: bool) -> tuple[list, list]:
+def _gemm_options(persistent: bool, split: bool = False) -> tuple[list, list]:
     """Launch options and seeds of a GEMM search; without the persistent formulation, seeds
-    run their tiles one program per tile."""
-    launches = [o for o in tk.LAUNCHES["gemm_epilogue"] if persistent or not o["PERSISTENT"]]
+    run their tiles one program per tile; without split-K, the split ones are left out."""
+    launches = [
+        o for o in tk.LAUNCHES["gemm_epilogue"]
+        if (persistent or not o["PERSISTENT"]) and (split or o.get("SPLIT_K", 1) == 1)
+    ]
     seeds = [
         seed if persistent else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
         for seed in SEEDS["gemm_epilogue"]
+        if split or seed["launch"].get("SPLIT_K", 1) == 1
     ]
     return launches, seeds
+
+
+def split_k_launch(workload: Workload, cost, base):
+    """``base(candidate) -> launch`` with the split of k the cost model prefers among
+    :data:`~tvm_stitch.codegen.triton_kernels.SPLITS` (splits of at least one ``BLOCK_K``
+    step each): a tile search over a split-K kernel prices every tiling at its best split."""
+
+    def launch(cand):
+        opt = base(cand)
+        steps = -(-workload.extents["k"] // cand.tile_dict["k"])
+        splits = [s for s in tk.SPLITS if s <= steps]
+        best = min(splits, key=lambda s: cost.predict(workload, cand.tile_dict,
+                                                      {**opt, "SPLIT_K": s}))
+        return {**opt, "SPLIT_K": best} if best > 1 else opt
+
+    return launch
 
 
 def tune_gemm(
@@ -235,7 +264,7 @@ def tune_generated(
             return tk.gemm_legality(spec, c, accumulators=products)
 
         template, tfamily = tk.gemm_config, "gemm_epilogue"
-        launches, seeds = _gemm_options(source.persistent)
+        launches, seeds = _gemm_options(source.persistent, source.split_k)
     else:
         d = ext["d"]
         spec = ChainSpec.gemm_chain(
@@ -260,7 +289,7 @@ def tune_generated(
         make = _generated_runner(match, source, shapes, constants or {}, hw, template)
     tuned = _search(
         spec, hw, make, legal, config, tfamily, template, on_device, source.name,
-        launches=launches, seeds=seeds, workload=workload, cost=cost,
+        launches=launches, seeds=seeds, workload=workload, cost=cost, split=source.split_k,
     )
     tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned
@@ -272,7 +301,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
     values, random data for the rest)."""
     import torch
 
-    from tvm_stitch.codegen.triton_gen import launch_constexprs, load
+    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, split_k_buffers
 
     constants = constants or {}
     fn = load(source)
@@ -295,6 +324,8 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         opts = {k: v for k, v in config.items() if k in ("num_warps", "num_stages")}
         config = {"NUM_SMS": hw.num_sms, **config}
         consts = launch_constexprs(source, match, config, fn.arg_names)
+        for name, (size, dtype) in split_k_buffers(source, match, consts).items():
+            consts[name] = torch.zeros(size, dtype=getattr(torch, dtype), device="cuda")
         grid = source.grid(consts, match)
         return lambda: fn[grid](*inputs, *outputs, **consts, **opts)
 
