@@ -546,10 +546,7 @@ LAUNCHES = {
         for p in (False, True)
         for w in (4, 8)
         for s in (3, 4)
-    ]
-    # a short k loop (few rows: latency-bound) with every step's loads in flight at once
-    + [{"num_warps": 4, "num_stages": 6, "PERSISTENT": False}]
-    + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]],
+    ] + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]],
     "gemm_chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
     "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
 }
