@@ -69,15 +69,15 @@ class StageInputs:
                 continue
             if "num_input" not in func.attrs or not isinstance(func.body, relax.SeqExpr):
                 continue
-            inputs = [p for p in list(func.params)[: int(func.attrs["num_input"])]
-                      if _static_shape(p) is not None]
             read = set(relax.analysis.free_vars(func.body))
-            inputs = [p for p in inputs if p in read]
+            shapes = {p: _static_shape(p) for p in list(func.params)[: int(func.attrs["num_input"])]
+                      if p in read}
+            inputs = [p for p, shape in shapes.items() if shape is not None]
             if not inputs:
                 continue
             bindings, mapping = [], {}
             for p in inputs:
-                key = (_static_shape(p), str(p.ty.dtype))
+                key = (shapes[p], str(p.ty.dtype))
                 if key not in copies:
                     name = f"stage_input_{len(copies)}"
                     copies[key] = bb.add_func(_copy(*key).with_attr("global_symbol", name), name)

@@ -125,8 +125,7 @@ class KernelSource:
         """Programs along x, y for the tile sizes in ``config``."""
         ext = match.frame.extents
         if self.family == "gemm":
-            tiles_n = sum(_cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
-            tiles = _cdiv(ext["m"], config["BLOCK_M"]) * tiles_n
+            tiles = _gemm_tiles(match, config)
             if self.persistent and config.get("PERSISTENT"):
                 return (min(config["NUM_SMS"], tiles), 1)
             return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
@@ -141,6 +140,12 @@ class KernelSource:
 
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def _gemm_tiles(match, config: dict) -> int:
+    """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``."""
+    tiles_n = sum(_cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
+    return _cdiv(match.frame.extents["m"], config["BLOCK_M"]) * tiles_n
 
 
 def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> dict:
@@ -165,10 +170,7 @@ def split_k_buffers(source: KernelSource, match, consts: dict) -> dict:
     split = consts.get("SPLIT_K", 1)
     if not source.split_k or split == 1:
         return {}
-    ext = match.frame.extents
-    tiles = _cdiv(ext["m"], consts["BLOCK_M"]) * sum(
-        _cdiv(s.n, consts["BLOCK_N"]) for s in match.segments
-    ) * ext.get("b", 1)
+    tiles = _gemm_tiles(match, consts) * match.frame.extents.get("b", 1)
     products = len(match.segments[0].products)
     per_tile = split * products * consts["BLOCK_M"] * consts["BLOCK_N"]
     return {"WS": (tiles * per_tile, "float32"), "CNT": (tiles, "int32")}
