@@ -308,45 +308,43 @@ def launch(q, k, v, o, bm, bn, nb, warps, causal):
                         BM=bm, BN=bn, D=d, NB=nb, CAUSAL=causal, num_warps=warps)
 
 
-def compile_only(dim: int, causal: bool) -> None:
-    """Compile every variant to sm_90a PTX on this machine (no GPU) and print its resources."""
+def _compile(fn, consts: dict, scalars: tuple):
+    """``fn`` compiled to sm_90a with ``consts``: pointers and strides taken 16-byte aligned (as
+    Triton's launcher specializes them on the GPU), ``scalars`` not."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig = {n: "*fp16" for n in ("Q", "K", "V", "O")}
-    sig.update(qk_scale="fp32", H="i32", N_CTX="i32")
-    for n in ("s_qb", "s_qh", "s_qm", "s_kb", "s_kh", "s_kn", "s_vb", "s_vh", "s_vn",
-              "s_ob", "s_oh", "s_om"):
-        sig[n] = "i32"
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in ("Q", "K", "V", "O"):
+            sig[name] = "*fp16"
+        else:
+            sig[name] = "fp32" if name == "qk_scale" else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if sig[name] != "constexpr" and name not in scalars}
+    return triton_compile(GluonASTSource(fn, sig, consts, attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": consts["num_warps"]})
+
+
+def compile_only(dim: int, causal: bool) -> None:
+    """Compile every variant to sm_90a PTX on this machine (no GPU) and print its resources."""
     for bm, bn, nb, warps in VARIANTS:
         consts = dict(BM=bm, BN=bn, D=dim, NB=nb, CAUSAL=causal, num_warps=warps)
-        sig.update(dict.fromkeys(consts, "constexpr"))
-        names = list(attention_fwd.arg_names)
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig
-                 if sig[n] != "constexpr" and n not in ("qk_scale", "H", "N_CTX")}
-        src = GluonASTSource(attention_fwd, sig, consts, attrs)
-        k = triton_compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        k = _compile(attention_fwd, consts, ("qk_scale", "H", "N_CTX"))
         ptx = k.asm["ptx"]
         print(f"{bm}x{bn} NB={nb} warps={warps}: smem {k.metadata.shared} B, "
               f"wgmma {ptx.count('wgmma.mma_async')}, cp.async {ptx.count('cp.async.cg')}, "
               f"wait_group {ptx.count('wgmma.wait_group')}, st.shared {ptx.count('st.shared')}, "
-              f"ld.shared {ptx.count('ld.shared')}, bar.sync {ptx.count('bar.sync')}, "
-              f"ex2 {ptx.count('ex2.approx')}, regs {k.n_regs if hasattr(k, 'n_regs') else '?'}")
-        with open(f"/tmp/gluon_attn_{bm}x{bn}_{nb}_{warps}.ptx", "w") as f:
-            f.write(ptx)
+              f"bar.sync {ptx.count('bar.sync')}, ex2 {ptx.count('ex2.approx')}")
     if causal:
         return
-    sig_p = {n: t for n, t in sig.items() if t != "constexpr"}
-    sig_p["T"] = "i32"
     for bm, bn, warps, _per_sm in PERSISTENT:
         consts = dict(BM=bm, BN=bn, D=dim, MB=512 // bm, NBLK=512 // bn, num_warps=warps)
-        sig = {**sig_p, **dict.fromkeys(consts, "constexpr")}
-        names = list(attention_fwd_persistent.arg_names)
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig
-                 if sig[n] != "constexpr" and n not in ("qk_scale", "H", "N_CTX", "T")}
-        k = triton_compile(GluonASTSource(attention_fwd_persistent, sig, consts, attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        k = _compile(attention_fwd_persistent, consts, ("qk_scale", "H", "N_CTX", "T"))
         print(f"persistent {bm}x{bn} warps={warps}: smem {k.metadata.shared} B")
 
 
@@ -384,36 +382,27 @@ def main(argv=None) -> int:
         print(f"  stitch's Triton kernel (64x64, 4 warps, 3 stages): {r['us']:6.1f} us  SDPA/ours "
               f"{r['sdpa_us'] / r['us']:5.2f} (SDPA {r['sdpa_us']:.1f} in its run)  max err "
               f"{r['err']:.1e}")
-    for variant in VARIANTS:
+    def report(label, run):
         o = torch.empty_like(q)
         try:
-            kernel = launch(q, k, v, o, *variant, args.causal)
+            kernel = run(o)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-            print(f"  {variant}: failed: {str(e).splitlines()[-1][:120]}")
-            continue
+            print(f"  {label}: failed: {str(e).splitlines()[-1][:120]}")
+            return
         err = float((o.float() - ref.float()).abs().max())
-        us = triton.testing.do_bench_cudagraph(lambda o=o, variant=variant: launch(
-            q, k, v, o, *variant, args.causal)) * 1e3
-        print(f"  BM {variant[0]:>3} BN {variant[1]:>3} NB {variant[2]} warps {variant[3]}: "
-              f"{us:6.1f} us  SDPA/ours {sdpa / us:5.2f}  max err {err:.1e}  registers "
-              f"{getattr(kernel, 'n_regs', '?')}, spills {getattr(kernel, 'n_spills', '?')}")
+        us = triton.testing.do_bench_cudagraph(lambda: run(o)) * 1e3
+        print(f"  {label}: {us:6.1f} us  SDPA/ours {sdpa / us:5.2f}  max err {err:.1e}  "
+              f"registers {getattr(kernel, 'n_regs', '?')}, spills "
+              f"{getattr(kernel, 'n_spills', '?')}")
+
+    for bm, bn, nb, warps in VARIANTS:
+        report(f"BM {bm:>3} BN {bn:>3} NB {nb} warps {warps}",
+               lambda o, c=(bm, bn, nb, warps): launch(q, k, v, o, *c, args.causal))
     if not args.causal:
-        for variant in PERSISTENT:
-            o = torch.empty_like(q)
-            try:
-                kernel = launch_persistent(q, k, v, o, *variant)
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 - reported
-                print(f"  persistent {variant}: failed: {str(e).splitlines()[-1][:120]}")
-                continue
-            err = float((o.float() - ref.float()).abs().max())
-            us = triton.testing.do_bench_cudagraph(
-                lambda o=o, variant=variant: launch_persistent(q, k, v, o, *variant)) * 1e3
-            print(f"  persistent BM {variant[0]:>3} BN {variant[1]:>3} warps {variant[2]}, "
-                  f"{variant[3]} per SM: {us:6.1f} us  SDPA/ours {sdpa / us:5.2f}  max err "
-                  f"{err:.1e}  registers {getattr(kernel, 'n_regs', '?')}, spills "
-                  f"{getattr(kernel, 'n_spills', '?')}")
+        for bm, bn, warps, per_sm in PERSISTENT:
+            report(f"persistent BM {bm:>3} BN {bn:>3} warps {warps}, {per_sm} per SM",
+                   lambda o, c=(bm, bn, warps, per_sm): launch_persistent(q, k, v, o, *c))
     return 0
 
 
