@@ -32,6 +32,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -284,6 +286,170 @@ def attention_fwd_persistent(Q, K, V, O, qk_scale, H, N_CTX,
                 o_l, ld)
 
 
+
+# --- warp-specialized: one loading warp, two consumer warpgroups (FlashAttention-3) ----------
+
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX,
+               BN: gl.constexpr, NB: gl.constexpr):
+    """TMA loads: the tile's two Q halves, then K and V blocks into an ``NB``-slot ring; a
+    slot is refilled once both consumers have arrived on its 'empty' barrier."""
+    q_bar, k_ready, k_empty, v_ready, v_empty, _turn = bars
+    HALF: gl.constexpr = q_desc.block_type.shape[0]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [row0 + HALF, 0], q_bar, q_smem.index(1))
+    kv0 = row0 - row0 % N_CTX
+    for j in range(n_blocks):
+        slot = j % NB
+        phase = (j // NB) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv0 + j * BN, 0], k_ready.index(slot),
+                                        k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv0 + j * BN, 0], v_ready.index(slot),
+                                        v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_consumer(o_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX, qk_scale,
+                 C: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NB: gl.constexpr,
+                 CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup's 64 query rows (half ``C`` of the tile), FlashAttention-3's in-warpgroup
+    overlap; with ``PINGPONG`` the two warpgroups issue their products in turns, so one's
+    softmax runs while the other's products occupy the tensor cores."""
+    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
+    HALF: gl.constexpr = 64
+    s_l: gl.constexpr = _mma_layout(BN, 4)
+    o_l: gl.constexpr = _mma_layout(D, 4)
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    q = q_smem.index(C)
+    m0 = row0 % N_CTX + C * HALF
+    m_rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, s_l))
+    n_cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+    s_zero = gl.zeros([HALF, BN], gl.float32, s_l)
+
+    mbarrier.wait(q_bar, 0)
+    if PINGPONG:
+        mbarrier.wait(turn.index(C), C ^ 1)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - C), count=1)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    s = _masked(s, m0, 0, m_rows, n_cols, CAUSAL)
+    m_i = gl.max(s, 1) * qk_scale
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
+    l_i = gl.sum(p, 1)
+    p_prev = gl.convert_layout(p.to(gl.float16), p_l)
+    acc = gl.zeros([HALF, D], gl.float32, o_l)
+
+    for j in range(1, n_blocks):
+        slot = j % NB
+        prev = (j - 1) % NB
+        if PINGPONG:
+            mbarrier.wait(turn.index(C), (j & 1) ^ C ^ 1)
+        mbarrier.wait(k_ready.index(slot), (j // NB) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
+        o_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - C), count=1)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        s = _masked(s, m0, j * BN, m_rows, n_cols, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), 1)
+        p_prev = gl.convert_layout(p.to(gl.float16), p_l)
+
+    last = (n_blocks - 1) % NB
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NB) & 1)
+    o_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), 1)
+    # the output leaves through this warpgroup's Q slot (Q is no longer read)
+    q.store(o.to(gl.float16))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [row0 + C * HALF, 0], q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ws_consumer1(o_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX, qk_scale,
+                  BN: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, CAUSAL: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+    _ws_consumer(o_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX, qk_scale, 1, BN,
+                 D, NB, CAUSAL, PINGPONG)
+
+
+@gluon.jit
+def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, N_CTX, Qp, Kp, Vp, ROWS,
+                     BN: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, CAUSAL: gl.constexpr,
+                     PINGPONG: gl.constexpr, LOAD_REGS: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, DEVICE_DESC: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """Q, K, V, O as [batch·heads·seq, D] with TMA descriptors (seq a multiple of 128); a
+    program takes 128 query rows: the default partition and one worker warpgroup consume 64
+    rows each, a one-warp worker loads."""
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    BM: gl.constexpr = 128
+    row0 = gl.program_id(1) * N_CTX + gl.program_id(0) * BM
+    if CAUSAL:
+        n_blocks = gl.cdiv(gl.minimum(N_CTX, row0 % N_CTX + BM), BN)
+    else:
+        n_blocks = gl.cdiv(N_CTX, BN)
+
+    if DEVICE_DESC:  # made on the device, as the pipeline's generated kernels do
+        q_desc = tma.make_tensor_descriptor(Qp, [ROWS, D], [D, 1], [64, D], _smem_layout(64, D))
+        k_desc = tma.make_tensor_descriptor(Kp, [ROWS, D], [D, 1], [BN, D], _smem_layout(BN, D))
+        v_desc = tma.make_tensor_descriptor(Vp, [ROWS, D], [D, 1], [BN, D], _smem_layout(BN, D))
+    q_smem = gl.allocate_shared_memory(gl.float16, [2, 64, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, D], v_desc.layout)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NB):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn)
+
+    gl.warp_specialize([
+        (_ws_consumer, (o_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX, qk_scale,
+                        0, BN, D, NB, CAUSAL, PINGPONG)),
+        (_ws_consumer1, (o_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks, N_CTX, qk_scale,
+                         BN, D, NB, CAUSAL, PINGPONG)),
+        (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, row0, n_blocks,
+                      N_CTX, BN, NB)),
+    ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
+
+
+#: warp-specialized: (BLOCK_N, ring slots, ping-pong, launch maxnreg, consumer regs, loader regs)
+WS_VARIANTS = [(128, 2, True, 168, 240, 24), (128, 2, False, 168, 240, 24),
+               (64, 4, True, 168, 240, 24), (128, 3, True, 168, 240, 24)]
+
+
 def launch_persistent(q, k, v, o, bm, bn, warps, programs_per_sm=2):
     """The persistent kernel on one grid of ``programs_per_sm`` programs per SM."""
     import torch
@@ -298,6 +464,24 @@ def launch_persistent(q, k, v, o, bm, bn, warps, programs_per_sm=2):
         NBLK=seq // bn, num_warps=warps)
 
 
+def launch_ws(q, k, v, o, bn, nb, pingpong, maxnreg, consumer_regs, load_regs, causal,
+              device_desc=False):
+    """The warp-specialized kernel; contiguous [batch, heads, seq, d] tensors, seq % 128 == 0."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, heads, seq, d = q.shape
+
+    def desc(t, rows):
+        return TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], _smem_layout(rows, d))
+
+    grid = (seq // 128, batch * heads)
+    return attention_fwd_ws[grid](
+        desc(q, 64), desc(k, bn), desc(v, bn), desc(o, 64), LOG2E / d ** 0.5, seq, q, k, v,
+        batch * heads * seq, BN=bn, D=d, NB=nb, CAUSAL=causal, PINGPONG=pingpong,
+        LOAD_REGS=load_regs, CONSUMER_REGS=consumer_regs, DEVICE_DESC=device_desc, num_warps=4,
+        maxnreg=maxnreg)
+
+
 def launch(q, k, v, o, bm, bn, nb, warps, causal):
     """``o = softmax(q·kᵀ/√d)·v`` for contiguous [batch, heads, seq, d] float16 tensors."""
     batch, heads, seq, d = q.shape
@@ -308,26 +492,31 @@ def launch(q, k, v, o, bm, bn, nb, warps, causal):
                         BM=bm, BN=bn, D=d, NB=nb, CAUSAL=causal, num_warps=warps)
 
 
-def _compile(fn, consts: dict, scalars: tuple):
+def _compile(fn, consts: dict, scalars: tuple, descs: dict | None = None, options=None):
     """``fn`` compiled to sm_90a with ``consts``: pointers and strides taken 16-byte aligned (as
-    Triton's launcher specializes them on the GPU), ``scalars`` not."""
+    Triton's launcher specializes them on the GPU), ``scalars`` not; ``descs`` maps tensor
+    descriptor parameters to their block shapes."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {}
+    descs = descs or {}
     for name in fn.arg_names:
-        if name in consts:
+        if name in descs:
+            rows, cols = descs[name]
+            sig[name] = f"tensordesc<fp16[{rows},{cols}],{_smem_layout(rows, cols)!r}>"
+        elif name in consts:
             sig[name] = "constexpr"
         elif name in ("Q", "K", "V", "O"):
             sig[name] = "*fp16"
         else:
             sig[name] = "fp32" if name == "qk_scale" else "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if sig[name] != "constexpr" and name not in scalars}
+             if sig[name] not in ("constexpr",) and name not in scalars and name not in descs}
     return triton_compile(GluonASTSource(fn, sig, consts, attrs),
                           target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": consts["num_warps"]})
+                          options={"num_warps": consts["num_warps"], **(options or {})})
 
 
 def compile_only(dim: int, causal: bool) -> None:
@@ -340,6 +529,17 @@ def compile_only(dim: int, causal: bool) -> None:
               f"wgmma {ptx.count('wgmma.mma_async')}, cp.async {ptx.count('cp.async.cg')}, "
               f"wait_group {ptx.count('wgmma.wait_group')}, st.shared {ptx.count('st.shared')}, "
               f"bar.sync {ptx.count('bar.sync')}, ex2 {ptx.count('ex2.approx')}")
+    for bn, nb, pingpong, maxnreg, consumer_regs, load_regs in WS_VARIANTS:
+        consts = dict(BN=bn, D=dim, NB=nb, CAUSAL=causal, PINGPONG=pingpong, LOAD_REGS=load_regs,
+                      CONSUMER_REGS=consumer_regs, DEVICE_DESC=False, num_warps=4)
+        descs = dict(q_desc=(64, dim), k_desc=(bn, dim), v_desc=(bn, dim), o_desc=(64, dim))
+        k = _compile(attention_fwd_ws, consts, ("qk_scale", "N_CTX", "ROWS"), descs,
+                     {"maxnreg": maxnreg})
+        ptx = k.asm["ptx"]
+        print(f"warp-specialized BN={bn} NB={nb} pingpong={pingpong}: smem {k.metadata.shared} B, "
+              f"wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg {ptx.count('setmaxnreg')}, "
+              f"tma {ptx.count('cp.async.bulk.tensor')}, mbarrier waits "
+              f"{ptx.count('mbarrier.try_wait')}")
     if causal:
         return
     for bm, bn, warps, _per_sm in PERSISTENT:
@@ -353,6 +553,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--ws-only", action="store_true",
+                        help="time only the warp-specialized variants")
     parser.add_argument("--baseline", action="store_true",
                         help="also time the stitch pipeline's Triton kernel (64x64, 4 warps)")
     args = parser.parse_args(argv)
@@ -396,10 +598,22 @@ def main(argv=None) -> int:
               f"registers {getattr(kernel, 'n_regs', '?')}, spills "
               f"{getattr(kernel, 'n_spills', '?')}")
 
-    for bm, bn, nb, warps in VARIANTS:
+    for bm, bn, nb, warps in [] if args.ws_only else VARIANTS:
         report(f"BM {bm:>3} BN {bn:>3} NB {nb} warps {warps}",
                lambda o, c=(bm, bn, nb, warps): launch(q, k, v, o, *c, args.causal))
-    if not args.causal:
+    import torch as _torch
+
+    triton.set_allocator(lambda size, align, stream: _torch.empty(size, dtype=_torch.int8,
+                                                                  device="cuda"))
+    for bn, nb, pingpong, maxnreg, cregs, lregs in WS_VARIANTS[:1]:
+        report(f"warp-specialized BN {bn:>3} NB {nb}, descriptors made on the device",
+               lambda o, c=(bn, nb, pingpong, maxnreg, cregs, lregs): launch_ws(
+                   q, k, v, o, *c, args.causal, device_desc=True))
+    for bn, nb, pingpong, maxnreg, cregs, lregs in WS_VARIANTS:
+        report(f"warp-specialized BN {bn:>3} NB {nb} pingpong {pingpong} regs {cregs}/{lregs}",
+               lambda o, c=(bn, nb, pingpong, maxnreg, cregs, lregs): launch_ws(
+                   q, k, v, o, *c, args.causal))
+    if not args.causal and not args.ws_only:
         for bm, bn, warps, per_sm in PERSISTENT:
             report(f"persistent BM {bm:>3} BN {bn:>3} warps {warps}, {per_sm} per SM",
                    lambda o, c=(bm, bn, warps, per_sm): launch_persistent(q, k, v, o, *c))

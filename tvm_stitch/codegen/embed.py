@@ -118,6 +118,8 @@ class Launch:
         forced = os.environ.get("TVM_COMPILE_FORCE_FALLBACK", "") not in ("", "0", "false",
                                                                         "False", "FALSE")
         if runtime is not None and not forced:
+            if TENSORMAP in self.arg_types:
+                return _tensormap_module(self.ptx, self.arg_types, self.tags, self.symbol)
             from tvm.tirx.script.builder.external_kernel import BaseKernel
 
             return BaseKernel()._create_cuda_module(
@@ -126,6 +128,27 @@ class Launch:
         from .ptx import build_module
 
         return build_module(self.ptx, self.symbol, self.arg_types, self.tags)
+
+
+#: a kernel argument that is a TMA descriptor the host makes (a CUtensorMap passed by value)
+TENSORMAP = "tensormap"
+
+
+def _tensormap_module(ptx: str, arg_types: list, tags: list, symbol: str):
+    """A loaded CUDA module whose function table marks the TMA descriptor arguments (TVM's
+    launcher then passes the 128 bytes they point to as the parameter's value)."""
+    import json
+
+    import tvm_ffi
+
+    info = {"tvm_version": tvm.__version__, "func_info": {symbol: {
+        "name": "",
+        "arg_types": ["handle" if t == TENSORMAP else t for t in arg_types],
+        "launch_param_tags": tags,
+        "arg_extra_tags": [int(t == TENSORMAP) for t in arg_types],
+    }}}
+    fmap = tvm_ffi.get_global_func("runtime.LoadMetaDataFromJSON")(json.dumps(info))
+    return tvm_ffi.get_global_func("ffi.Module.create.cuda")(ptx.encode(), "ptx", fmap, {})
 
 
 def plan_launch(
@@ -138,6 +161,7 @@ def plan_launch(
     symbol: str,
     outputs: int = 1,
     smem_limit: int | None = None,
+    descriptors: dict | None = None,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -164,10 +188,13 @@ def plan_launch(
     smem_limit : int, optional
         Shared memory per block the device grants; a kernel needing more raises
         :class:`SharedMemoryError` (it would fail at launch).
+    descriptors : dict, optional
+        Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
+        the host (:class:`~tvm_stitch.codegen.gluon_attention.Descriptor`) over that buffer
+        parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
     """
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script.builder import ir as T
 
@@ -176,12 +203,24 @@ def plan_launch(
     # IEEE float32 products for float32 inputs (Triton's default is TF32)
     fp32 = any(p.dtype == "float32" for p in params[:-outputs])
     consts = {"DOT_PREC": "tf32", **precision("float32" if fp32 else "float16"), **constexprs}
-    missing = [a for a in fn.arg_names if a not in args and a not in consts]
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    descriptors = descriptors or {}
+    missing = [a for a in fn.arg_names if a not in args and a not in consts
+               and a not in descriptors]
     if missing:
         raise ValueError(f"{name}: no value for kernel arguments {missing}")
     signature, attrs, values = {}, {}, []
     for arg in fn.arg_names:
         if arg in consts:
+            continue
+        if arg in descriptors:
+            from .gluon_attention import smem_layout
+
+            desc, _ = descriptors[arg]
+            block = desc.block(consts)
+            signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}[{block[0]},{block[1]}],"
+                              f"{smem_layout(*block, desc.dtype)!r}>")
+            values.append(descriptors[arg])
             continue
         value = args[arg]
         if isinstance(value, str):
@@ -197,7 +236,7 @@ def plan_launch(
             if value % 16 == 0:
                 attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
         values.append(value)
-    src = ASTSource(
+    src = _ast_source(fn)(
         fn, {**signature, **dict.fromkeys(consts, "constexpr")}, constexprs=consts, attrs=attrs
     )
     compiled = triton.compile(
@@ -216,10 +255,14 @@ def plan_launch(
         size = -(-scratch // align) * align * math.prod(grid)
         params = [*params, Param("scratch", (size,), "uint8")]
         outputs += 1
-    arg_types = [
-        "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32")
-        for t in signature.values()
-    ]
+    arg_types = []
+    for t in signature.values():
+        if t.startswith("tensordesc"):  # the descriptor, its shape, its strides (rank 2)
+            arg_types += [TENSORMAP, "int32", "int32", "int64", "int64"]
+        else:
+            arg_types.append(
+                "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32"))
+    box_meta = iter(getattr(meta, "tensordesc_meta", None) or [])
     # Triton's scratch pointers: the global one when the kernel needs it, else null
     arg_types += ["handle" if scratch else "int64", "int64"]
     tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
@@ -241,23 +284,52 @@ def plan_launch(
             def whole(p):
                 return bufs[p.name][tuple(slice(0, s) for s in p.shape)]
 
-            call = []
-            for v in values:
-                if isinstance(v, str):
-                    call.append(bufs[v].data)
-                elif isinstance(v, float):
-                    call.append(T.float32(v))
-                else:
-                    call.append(T.int32(v))
-            nulls = [T.int64(0)] * _SCRATCH_ARGS
-            if scratch:
-                nulls[0] = bufs["scratch"].data
-            call += nulls + [T.int32(e) for e in extents]
             with T.sblock("root"):
                 T.reads(*[whole(p) for p in params[:-outputs]])
                 T.writes(*[whole(p) for p in params[-outputs:]])
+                call = []
+                for v in values:
+                    if isinstance(v, tuple):  # a TMA descriptor, made here on the host
+                        call += _host_descriptor(T, bufs[v[1]], v[0], next(box_meta))
+                    elif isinstance(v, str):
+                        call.append(bufs[v].data)
+                    elif isinstance(v, float):
+                        call.append(T.float32(v))
+                    else:
+                        call.append(T.int32(v))
+                nulls = [T.int64(0)] * _SCRATCH_ARGS
+                if scratch:
+                    nulls[0] = bufs["scratch"].data
+                call += nulls + [T.int32(e) for e in extents]
                 T.evaluate(T.call_packed(symbol, *call))
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
+
+
+def _host_descriptor(T, buf, desc, meta: dict) -> list:  # noqa: N803 - TVMScript's T
+    """Encode ``desc`` over ``buf`` into a CUtensorMap on the host's stack, as Triton's
+    launcher does for the box and swizzle its compiler chose (``meta``): the launch
+    arguments ``[descriptor, rows, row length, row stride, 1]``."""
+    rows, cols = meta["block_size"]
+    tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+    ptr = buf.access_ptr("r", offset=desc.offset) if desc.offset else buf.data
+    width = {"float16": 2, "bfloat16": 2}[desc.dtype]
+    T.evaluate(T.tensormap_encode_tiled(
+        tmap, ptr, desc.row_len, desc.rows, desc.row_len * width, cols, rows, 1, 1,
+        descriptor_dtype=desc.dtype, rank=2, swizzle=int(meta["swizzle"]),
+        l2_promotion=2, oob_fill=0))  # L2 promotion 128 B, zeros past the ends: Triton's
+    return [tmap, T.int32(desc.rows), T.int32(desc.row_len), T.int64(desc.row_len),
+            T.int64(1)]
+
+
+def _ast_source(fn):
+    """Triton's source class for ``fn``: Gluon's for a Gluon kernel."""
+    from triton.compiler import ASTSource
+
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:
+        return ASTSource
+    return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
 
 
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None) -> Launch:
@@ -268,7 +340,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     """
     from .triton_gen import launch_constexprs, load, split_k_buffers
 
-    fn = load(source)
+    fn = load(source, config)
     constexprs = launch_constexprs(source, match, config, fn.arg_names)
     params = [
         Param(f"I{i}", tuple(shapes[t][0]), shapes[t][1]) for i, t in enumerate(source.inputs)
@@ -283,18 +355,23 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     ]
     if split:
         params.append(Param("WS", (split["WS"][0],), split["WS"][1]))
-    symbol = f"{source.name}_{_tag({**constexprs, **_launch(config)})}"
-    grid = source.grid(constexprs, match)
+    symbol = f"{source.name}_{_tag({**constexprs, **_launch(config), 'WS': config.get('WS')})}"
+    descriptors = {}
+    if config.get("WS"):  # Q, K and V as TMA descriptors over their input parameters
+        names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
+        descriptors = {d.name: (d, names[d.tensor]) for d in source.ws_descs}
+    grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
         fn,
         params,
         {p.name: p.name for p in params},
         constexprs,
         grid,
-        _launch(config),
+        launch_options(source, config),
         symbol,
         outputs=len(source.outputs) + bool(split),
         smem_limit=smem_limit,
+        descriptors=descriptors,
     )
     if split:
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
@@ -309,10 +386,22 @@ def _launch(config: dict) -> dict:
     return {"num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 3)}
 
 
+def launch_options(source, config: dict) -> dict:
+    """Triton's compile options of ``source`` launched with ``config``: warps and pipeline
+    stages, or for the warp-specialized attention (``WS``) its 4 warps per partition and the
+    register limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
+    if config.get("WS"):
+        from .gluon_attention import WS_MAXNREG
+
+        return {"num_warps": 4, "maxnreg": WS_MAXNREG}
+    return _launch(config)
+
+
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
     tma = "t" if config.get("TMA") else ""
+    tma = "ws" if config.get("WS") else tma
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
             f"{persistent}{tma}{split}")

@@ -62,7 +62,11 @@ def build_module(ptx: str, symbol: str, arg_types: list, tags: list):
     import tvm_ffi
 
     install()
-    params = [tvm.tirx.Var(f"arg{i}", t) for i, t in enumerate(arg_types)]
+    from tvm.tirx.script.builder import ir as T
+
+    # a TMA descriptor passed by value: TVM's generator marks it in the function table
+    params = [tvm.tirx.Var(f"arg{i}", T.handle("tensormap").ty if t == "tensormap" else t)
+              for i, t in enumerate(arg_types)]
     func = tvm.tirx.PrimFunc(params, tvm.tirx.Evaluate(0)).with_attrs(
         {
             "global_symbol": symbol,

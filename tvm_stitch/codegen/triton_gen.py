@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import logging
 import math
 import os
 import sys
@@ -74,6 +75,8 @@ _CALLS = {
 
 LOG2E = 1.4426950408889634
 
+logger = logging.getLogger("tvm_stitch.codegen")
+
 
 class UnsupportedKernelError(ValueError):
     """A match the printers cannot express (the message says why)."""
@@ -109,6 +112,10 @@ class KernelSource:
         A GEMM whose programs may split k (constexpr ``SPLIT_K``; pointer arguments ``WS``, a
         float32 workspace, and ``CNT``, per-tile counters that are zero between launches, see
         :func:`split_k_buffers`).
+    ws : str, optional
+        An attention's warp-specialized Gluon form (:mod:`.gluon_attention`), the text of a
+        module defining a kernel of the same name and pointer arguments, after the TMA
+        descriptors ``ws_descs`` of Q, K and V; a config with ``WS`` launches it.
     """
 
     name: str
@@ -120,6 +127,8 @@ class KernelSource:
     persistent: bool = False
     tma: bool = False
     split_k: bool = False
+    ws: str | None = None
+    ws_descs: tuple = ()
 
     def grid(self, config: dict, match) -> tuple:
         """Programs along x, y for the tile sizes in ``config``."""
@@ -130,7 +139,10 @@ class KernelSource:
                 return (min(config["NUM_SMS"], tiles), 1)
             return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
         if self.family == "attention":
-            return (_cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
+            tiles = (_cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
+            if config.get("WS"):  # persistent: a program per SM, each over several tiles
+                return (min(tiles[0] * tiles[1], config["NUM_SMS"]), 1)
+            return tiles
         return (
             _cdiv(ext["m"], config["BLOCK_M"]),
             _cdiv(ext["d"], config["BLOCK_H"]),
@@ -155,6 +167,7 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "NUM_SMS": 1, "SPLIT_K": 1,
               **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
+    consts.setdefault("NB", config.get("num_stages", 2))  # the Gluon attention's ring slots
     if consts["PERSISTENT"]:
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out
@@ -970,9 +983,15 @@ def attention_source(match, name: str) -> KernelSource:
     lines += _write_output(match, pointers, tiles, out_masks, "o")
     constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC", *(["TMA"] if tma else [])]
     text = _function(match, name, inputs, outputs, constexprs, lines)
+    from .gluon_attention import attention_ws_source, ws_descriptors, ws_legality
+
+    why = ws_legality(match)
+    if why:
+        logger.info("%s: no warp-specialized form: %s", match.describe(), why)
     return KernelSource(
         name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention",
-        tma=tma,
+        tma=tma, ws=None if why else attention_ws_source(match, name),
+        ws_descs=() if why else tuple(ws_descriptors(match)),
     )
 
 
@@ -1022,6 +1041,8 @@ def kernel_source(match, name: str | None = None) -> KernelSource:
     """The generated kernel of ``match``, named after its content unless ``name`` is given."""
     draft = PRINTERS[match.family](match, "KERNEL")
     body = draft.text[draft.text.index("@triton.jit") :]  # the header names the call site
+    if draft.ws:  # another form to search: records of the Triton form alone are stale
+        body += draft.ws[draft.ws.index("@gluon") :]
     # the launch's buffers are part of the kernel: equal code over differently shaped tensors
     # (a residual of (1, s, h) in one layer, (s, h) in another) is another PrimFunc
     # (by the pointer arguments' order, never the graph's tensor names: equal kernels of two
@@ -1045,17 +1066,23 @@ def cache_dir() -> Path:
     return base / "triton"
 
 
-def load(source: KernelSource):
-    """The jitted function of ``source`` (written to :func:`cache_dir` and imported once)."""
-    key = hashlib.sha1(source.text.encode()).hexdigest()[:16]
+def load(source: KernelSource, config: dict | None = None):
+    """The jitted function of ``source`` (written to :func:`cache_dir` and imported once); its
+    warp-specialized Gluon form when ``config`` has ``WS``."""
+    text = source.text
+    if config and config.get("WS"):
+        if not source.ws:
+            raise UnsupportedKernelError(f"{source.name} has no warp-specialized form")
+        text = source.ws
+    key = hashlib.sha1(text.encode()).hexdigest()[:16]
     if key in _LOADED:
         return _LOADED[key]
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{source.name}_{key}.py"
-    if not path.exists() or path.read_text() != source.text:
+    if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source.text)
+        tmp.write_text(text)
         tmp.replace(path)
     module_name = f"tvm_stitch_generated_{key}"
     spec = importlib.util.spec_from_file_location(module_name, path)
