@@ -210,3 +210,27 @@ def test_warp_specialized_attention_through_the_pipeline(tmp_path, monkeypatch):
     q, k, v = (torch.from_numpy(a).float() for a in inst.args)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).numpy()
     assert np.abs(got.astype("float32") - ref).max() < 2e-2
+
+
+def test_float16_logits_keep_the_products_asynchronous(tmp_path):
+    """BERT computes its logits in float16 and adds its padding mask: the mask is loaded before
+    the products are issued, and ptxas keeps the wgmma asynchronous (no C7514 serialization,
+    which rounding the accumulator straight to f16x2 caused)."""
+    import os
+    import subprocess
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton ships no ptxas here")
+    match, source, shapes, _ = _attention("bert-base", "float16", batch=2, seq=128)
+    text = source.ws
+    load = text.index("gl.load(I3")
+    assert text.index("def _logit_inputs") < load < text.index("def _softmax")
+    assert "(s + 0.0).to(gl.float16)" in text
+    launch = embed.generated_launch(source, match, _ws(*WS_TILES[0]), shapes)
+    (tmp_path / "k.ptx").write_text(launch.ptx)
+    out = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True, check=True)
+    assert "C7514" not in out.stderr and " 0 bytes spill stores" in out.stderr

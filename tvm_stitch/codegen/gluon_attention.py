@@ -275,8 +275,17 @@ def _coords(b, h, hk, pid_m):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, rm, m0, n0, cols, b, h, {ptrs}, BLOCK_N: gl.constexpr):
+def _logit_inputs(rm, n0, cols, b, h, {ptrs}):
+    # what the logits read besides the products (masks): issued before the products, so
+    # their latency is the products', not the softmax's
     rn = n0 + cols
+{inputs}
+    return {input_names}
+
+
+@gluon.jit
+def _softmax(s, inputs, m_i, l_i, rm, m0, n0, b, h, {ptrs}, BLOCK_N: gl.constexpr):
+    {input_names} = inputs
 {logits}
     m_new = gl.maximum(m_i, gl.max(z, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -311,13 +320,14 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
         mbarrier.wait(turn.index(C), (u & 1) ^ C ^ 1)
         slot = g % NB
         mbarrier.wait(k_ready.index(slot), (g // NB) & 1)
+        inputs = _logit_inputs(rm, 0, cols, b, h, {ptrs})
         s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
         mbarrier.arrive(turn.index(1 - C), count=1)
         u += 1
         s = warpgroup_mma_wait(0, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rm, m0, 0, cols, b, h, {ptrs}, BLOCK_N)
+        p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, 0, b, h, {ptrs}, BLOCK_N)
         p_prev = gl.convert_layout(p.to(gl.{dtype}), P_L)
         acc = gl.zeros([64, BLOCK_H], gl.float32, O_L)
 
@@ -327,6 +337,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
             # this warpgroup's turn to issue: Q·Kⱼᵀ and P·Vⱼ₋₁, then the other's
             mbarrier.wait(turn.index(C), (u & 1) ^ C ^ 1)
             mbarrier.wait(k_ready.index(slot), ((g + j) // NB) & 1)
+            inputs = _logit_inputs(rm, j * BLOCK_N, cols, b, h, {ptrs})
             s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
             mbarrier.wait(v_ready.index(prev), ((g + j - 1) // NB) & 1)
@@ -336,7 +347,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
             # block j's softmax while P·Vⱼ₋₁ runs
-            p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rm, m0, j * BLOCK_N, cols, b, h, {ptrs},
+            p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, j * BLOCK_N, b, h, {ptrs},
                                           BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(prev), count=1)
@@ -407,6 +418,34 @@ def {name}(q_desc, k_desc, v_desc, {ptrs}, BLOCK_M: gl.constexpr, BLOCK_N: gl.co
 '''
 
 
+def _hoisted(lines: list[str]) -> tuple[list, list]:
+    """Printed lines ``name = expr`` split into the loads that do not depend on the products
+    ``s`` (masks), with what they need and what is computed from them alone — issued before the
+    products, their latency hidden by them — and the rest (index arithmetic, such as a causal
+    mask, stays after: hoisted, its tiles would hold registers across the products)."""
+    parsed = [line.split(" = ", 1) for line in lines]
+
+    def refs(expr, names):
+        return {n for n in names if re.search(rf"\b{n}\b", expr)}
+
+    dependent = {"s"}
+    for name, expr in parsed:
+        if refs(expr, dependent):
+            dependent.add(name)
+    defined = [name for name, _ in parsed]
+    hoisted = set()
+    for name, expr in parsed:  # loads and what is computed from loads alone
+        if name not in dependent and (".load(" in expr or refs(expr, hoisted)):
+            hoisted.add(name)
+    changed = True
+    while changed:  # with the temporaries they read
+        need = {n for name, expr in parsed if name in hoisted for n in refs(expr, defined)}
+        changed = not need <= hoisted
+        hoisted |= need
+    pre = [f"{n} = {e}" for n, e in parsed if n in hoisted]
+    return pre, [f"{n} = {e}" for n, e in parsed if n not in hoisted]
+
+
 def _indent(lines, depth=1) -> str:
     return "\n".join("    " * depth + gluon_line(x) for x in lines)
 
@@ -450,17 +489,22 @@ def attention_ws_source(match, name: str) -> str:
         z = printer.expr(_times(score, LOG2E))
         if keys_bound:
             z = f"gl.where((rn < {n})[None, :], {z}, float('-inf'))"
-        return [*printer.lines, f"z = {z}"]
+        # the products rounded to 16 bits (a model computing its logits in float16) through an
+        # add: ptxas serializes every wgmma of a kernel that converts an accumulator
+        # register straight to f16x2 (C7514); s + 0.0 is s but for the sign of a zero
+        lines = [re.sub(r"\bs\.to\(", "(s + 0.0).to(", x) for x in printer.lines]
+        return _hoisted([*lines, f"z = {z}"])
 
     visible = visible_logits(match) if match.causal is not None else None
+    pre, body = logits(match.score)
     if visible is not None:
         # keys past the diagonal of some row of the block: the mask; else the logits without it
-        body = [f"if n0 + BLOCK_N - 1 > m0 + {match.causal}:",
-                *["    " + x for x in logits(match.score)], "else:",
-                *["    " + x for x in logits(visible, "v")]]
-        logits_text = _indent(body)
-    else:
-        logits_text = _indent(logits(match.score))
+        pre_v, body_v = logits(visible, "v")
+        pre += pre_v
+        body = [f"if n0 + BLOCK_N - 1 > m0 + {match.causal}:", *["    " + x for x in body],
+                "else:", *["    " + x for x in body_v]]
+    input_names = ", ".join(["rn", *(line.split(" = ", 1)[0] for line in pre)])
+    logits_text = _indent(body)
 
     out_tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
     out_masks = {}
@@ -494,6 +538,7 @@ def attention_ws_source(match, name: str) -> str:
     header += f"TILES = gl.constexpr({tiles_m * ext.get('b', 1) * heads})\n"
     return header + _CONSUMER.format(
         name=name, ptrs=ptrs, dtype=dtype, logits=logits_text, store=_indent(store_lines, 2),
+        inputs=_indent(pre) if pre else "    pass", input_names=input_names,
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,
     )
