@@ -234,3 +234,20 @@ def test_float16_logits_keep_the_products_asynchronous(tmp_path):
     out = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
                           str(tmp_path / "k.o")], capture_output=True, text=True, check=True)
     assert "C7514" not in out.stderr and " 0 bytes spill stores" in out.stderr
+
+
+def test_model_only_search_picks_the_warp_specialized_form():
+    """Without a GPU or a stored choice the cost model prices the Gluon form beside the Triton
+    form's launches; at head dim 128 it picks it (the H100's measured best there), with the
+    tiling and program count the kernel needs."""
+    import tvm_stitch
+    from tvm_stitch.tune.kernels import tune_generated
+
+    match, source, shapes, _ = _attention("torch-attention", "float16", batch=4, heads=16,
+                                          seq=512, dim=128, causal=0)
+    hw = tvm_stitch.HardwareModel.from_target(CUDA)
+    tuned = tune_generated(match, source, shapes, hw=hw, on_device=False)
+    assert tuned.config["WS"] and tuned.config["BLOCK_M"] == 128
+    assert tuned.config["NUM_SMS"] == hw.num_sms and tuned.measurements == []
+    launch = embed.generated_launch(source, match, tuned.config, shapes)
+    assert launch.symbol.endswith("ws")

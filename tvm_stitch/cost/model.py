@@ -15,6 +15,9 @@ persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts al
   tile and counting itself in, the last adding them up;
 * accumulators beyond the registers a thread has spill to local memory: a large penalty;
 * an attention launched with TMA loads makes its tensor descriptors on the device, per program;
+* the warp-specialized attention (launch ``WS``: 128 query rows, two consumer warpgroups taking
+  turns behind a loading warp, persistent) hides each warpgroup's softmax behind the other's
+  products: per key block the larger of the two, not their sum;
 * the whole kernel moves at least its unique bytes through DRAM, and pays one launch.
 
 :class:`CostModel` multiplies that by a correction learned from every measurement the tuning
@@ -36,6 +39,7 @@ from tvm_stitch.hardware import HardwareModel
 logger = logging.getLogger("tvm_stitch.cost")
 
 WGMMA_ROWS = 64  # rows one warpgroup's wgmma instruction takes
+WS_ROWS = 128  # query rows of a warp-specialized attention's tile (two consumer warpgroups)
 BASE_REGISTERS = 48  # registers a GEMM thread needs besides its accumulators (addresses, loop)
 SOFTMAX_OPS = 8  # fp32 operations per logit of an online softmax (scale, max, subtract, sum, ...)
 MIN_FIT = 40  # measurements below which no correction is learned
@@ -95,9 +99,13 @@ def _cdiv(a, b) -> int:
 
 def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     """The analytical model's terms for one candidate (seconds unless named otherwise)."""
-    warps = int(launch.get("num_warps", 4))
+    ws = bool(launch.get("WS")) and w.family == "attention"
+    if ws and tiles["m"] != WS_ROWS:
+        return {**_INFEASIBLE, "time": math.inf}
+    # the warp-specialized form's two consumer warpgroups compute; its loading warp only loads
+    warps = 8 if ws else int(launch.get("num_warps", 4))
     stages = max(int(launch.get("num_stages", 3)), 1)
-    persistent = bool(launch.get("PERSISTENT", False)) and w.persistent
+    persistent = ws or (bool(launch.get("PERSISTENT", False)) and w.persistent)
     split = 1 if persistent or w.family != "gemm" else max(int(launch.get("SPLIT_K", 1)), 1)
     ext, b = w.extents, w.dtype_bytes
     bm, bn = tiles["m"], tiles["n"]
@@ -130,6 +138,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         # the output accumulator, the logits tile and its half-precision copy
         registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
         smem = stages * loaded + bm * dk * b
+        if ws:  # the output leaves through shared memory too
+            smem += bm * dh * b
         unique = w.batch * (ext["m"] * dk + ext["n"] * (dk + dh) + ext["m"] * dh) * b
         stored = bm * dh * b
     # a kernel whose stages do not fit in shared memory is built with fewer (the pass retries)
@@ -163,14 +173,18 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
     t_iter = max(resident * comp, resident * load, resident * sfu, hidden) + overhead
-    if sfu:  # the softmax sits between the two products: one program's steps do not overlap,
-        # and resident programs contend for the same issue slots
+    if sfu and not ws:  # the softmax sits between the two products: one program's steps do
+        # not overlap, and resident programs contend for the same issue slots
         t_iter = max(resident * (comp + sfu), resident * load, hidden) + overhead
+    elif ws:  # each warpgroup's softmax runs during the other's products: the tensor cores
+        # or the SM's arithmetic, whichever is busier (the overlap's bound; measured 15-20%
+        # above it at 4x16x512 on the H100)
+        t_iter = max(comp, sfu, load, hidden) + overhead
     if stages == 1:  # nothing in flight: every load's latency and time precede its product
         t_iter = resident * (comp + load + sfu) + latency + overhead
     spill_factor = 1.0 + spill / 8.0
     fill = latency * 2  # the pipeline's first loads and the last tile's store
-    if w.family == "attention" and launch.get("TMA"):
+    if w.family == "attention" and launch.get("TMA") and not ws:
         # tensor descriptors made on the device: each program writes its Q, K and V descriptors
         # to global memory and fences them before the first load
         fill += TMA_DESCRIPTORS * latency
@@ -205,6 +219,11 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     }
 
 
+_INFEASIBLE = {k: math.inf for k in ("main", "dram", "comp", "load", "sfu", "hidden")} | {
+    "programs": 1, "waves": 1, "resident": 1, "iters": 1, "registers": 0.0, "spill": 0.0,
+    "row_use": 1.0, "tail": 0.0, "split": 1}
+
+
 def analytical(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> float:
     """Seconds the analytical model predicts for ``tiles`` launched with ``launch``."""
     return terms(w, tiles, launch, hw)["time"]
@@ -224,6 +243,7 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
         float(launch.get("num_warps", 4)),
         float(launch.get("num_stages", 3)),
         float(bool(launch.get("PERSISTENT", False)) and w.persistent),
+        float(bool(launch.get("WS")) and w.family == "attention"),
         math.log2(t["split"]),
         math.log2(t["programs"]),
         float(t["waves"]),

@@ -292,8 +292,11 @@ def tune_generated(
         launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
         if source.tma:  # each launch also with Q, K and V brought in by TMA
             launches = [{**o, "TMA": t} for t in (False, True) for o in launches]
-        if source.ws:  # the warp-specialized Gluon form, measured at its tilings
+        if source.ws:  # the warp-specialized Gluon form: measured at its tilings, or
+            # priced by the model beside the Triton form's launches
             seeds = [*seeds, *ws_seeds()]
+            if not on_device:
+                launches = [*launches, *(s["launch"] for s in ws_seeds())]
     workload = Workload(
         family, dict(spec.extents), spec.batch, spec.dtype_bytes,
         products if family == "gemm" else 1, bool(source.persistent),
