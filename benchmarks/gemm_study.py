@@ -10,7 +10,9 @@ Formulations (all ``C = A @ W^T``, fp16, fp32 accumulation, W stored (N, K) as n
 - ``tma_p``: the same, persistent (one program per SM walking the tiles, ``flatten`` so the
   pipeline runs across tiles);
 - ``splitk``: ``tma`` with the K loop split over ``SPLIT`` programs adding into an fp32 output
-  (for few rows: every SM pulls its share of the weights).
+  (for few rows: every SM pulls its share of the weights);
+- ``--descriptors``: ``tma_p`` against ``tma_ph`` (the descriptors made by the host and passed
+  by value) and ``tma_ph_ws`` (with Triton's warp specialization of the tile loop).
 
 The product loops and tile order are the templates' own (``_tile_product``,
 ``_tile_product_tma``, ``_tile_of``).  Each formulation runs a fixed list of tile configs on
@@ -106,6 +108,25 @@ def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                WS: tl.constexpr):
+    # ``tma_p`` with descriptors the host makes (Triton's launcher passes them by value), and
+    # with Triton's automatic warp specialization of the tile loop (``WS``)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    tile_c = tl.program_id(0) - NUM_SMS
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True,
+                         warp_specialize=WS):
+        pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tile_product_tma(acc, a_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+                                BLOCK_K, True)
+        tile_c += NUM_SMS
+        pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
+        _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def gemm_splitk(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr):
     a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
@@ -124,8 +145,9 @@ def gemm_splitk(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   mask=(rm < M)[:, None] & (rn < N)[None, :], sem="relaxed")
 
 
-def run(json_out=None, quick=False, echo=print) -> list[dict]:
+def run(json_out=None, quick=False, echo=print, descriptors=False) -> list[dict]:
     import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     from tvm_stitch.tune.measure import time_torch
 
@@ -134,7 +156,8 @@ def run(json_out=None, quick=False, echo=print) -> list[dict]:
                                                                  dtype=torch.int8))
     rows = []
     configs = CONFIGS[:4] if quick else CONFIGS
-    for case, (m, n, k) in SHAPES.items():
+    shapes = {c: v for c, v in SHAPES.items() if not (descriptors and "@" in c)}
+    for case, (m, n, k) in shapes.items():
         torch.manual_seed(0)
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w = torch.randn(n, k, device="cuda", dtype=torch.float16) / 16
@@ -152,6 +175,13 @@ def run(json_out=None, quick=False, echo=print) -> list[dict]:
                 "tma": (gemm_tma, (tiles,), {}),
                 "tma_p": (gemm_tma_p, (min(sms, tiles),), {"NUM_SMS": sms}),
             }
+            if descriptors:  # device- vs host-made descriptors, and warp specialization
+                host = (TensorDescriptor.from_tensor(a, [bm, bk]),
+                        TensorDescriptor.from_tensor(w, [bn, bk]))
+                variants = {"tma_p": variants["tma_p"]}
+                for ws in (False, True):
+                    variants[f"tma_ph{'_ws' if ws else ''}"] = (
+                        gemm_tma_ph, (min(sms, tiles),), {"NUM_SMS": sms, "WS": ws, "host": host})
             if m <= 512:
                 for split in (2, 3, 4, 6):
                     variants[f"splitk{split}"] = (gemm_splitk, (tiles, split), {"SPLIT": split})
@@ -161,7 +191,9 @@ def run(json_out=None, quick=False, echo=print) -> list[dict]:
 
                 def call(fn=fn, grid=grid, extra=extra, out=out, bm=bm, bn=bn, bk=bk,
                          warps=warps, stages=stages, a=a, w=w, m=m, n=n, k=k):
-                    fn[grid](a, w, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                    extra = dict(extra)
+                    ops = extra.pop("host", (a, w))
+                    fn[grid](*ops, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                              GROUP_M=8, num_warps=warps, num_stages=stages, **extra)
 
                 try:
@@ -198,8 +230,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json-out")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--descriptors", action="store_true",
+                        help="4096 tokens only: persistent TMA with device- vs host-made "
+                             "descriptors, and Triton's warp specialization")
     args = parser.parse_args(argv)
-    run(args.json_out, args.quick)
+    run(args.json_out, args.quick, descriptors=args.descriptors)
     return 0
 
 
