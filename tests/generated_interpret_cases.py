@@ -97,7 +97,8 @@ def run_case(label, match, graph, rng):
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
         got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
                for t in source.outputs]
-        fn[source.grid(consts, match)](*args, *got, **consts)
+        descs = triton_gen.torch_descriptors(source, options, consts, args)  # A, B of a GEMM
+        fn[source.grid(consts, match)](*args, *got, **descs, **consts)
         if "CNT" in buffers and buffers["CNT"].any():  # counters must be left zero
             got = [torch.full_like(g, float("nan")) for g in got]
         for t, ref, out in zip(source.outputs, refs, got):

@@ -65,7 +65,8 @@ def test_warp_specialized_form_compiles_for_hopper(name, dtype, params):
     # passed by value (the module's function table marks them)
     assert len(launch.func.params) == len(source.inputs) + len(source.outputs)
     assert str(launch.func).count("tensormap_encode_tiled") == 3
-    assert launch.arg_types[:5] == ["tensormap", "int32", "int32", "int64", "int64"]
+    n_ptrs = len(source.inputs) + len(source.outputs)
+    assert launch.arg_types[n_ptrs:n_ptrs + 5] == ["tensormap", "int32", "int32", "int64", "int64"]
     assert ".param .align 64 .b8" in ptx and "tensormap.replace" not in ptx
 
 
@@ -117,9 +118,8 @@ def test_warp_specialized_attention_numerics(name, dtype, params):
     """Every tiling of the Gluon form against the TE reference compiled for the CPU."""
     import torch
 
-    from tvm_stitch.codegen.gluon_attention import torch_descriptors
     from tvm_stitch.codegen.te_reference import reference_func
-    from tvm_stitch.codegen.triton_gen import launch_constexprs, load
+    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, torch_descriptors
 
     match, source, shapes, graph = _attention(name, dtype, **params)
     rng = np.random.default_rng(0)
@@ -145,8 +145,8 @@ def test_warp_specialized_attention_numerics(name, dtype, params):
         consts = launch_constexprs(source, match, config, fn.arg_names)
         outs = [torch.full(tuple(shapes[t][0]), float("nan"), dtype=getattr(torch, shapes[t][1]),
                            device="cuda") for t in source.outputs]
-        descs = torch_descriptors(source, consts, args)
-        fn[source.grid({**consts, "WS": True}, match)](*descs, *args, *outs, **consts,
+        descs = torch_descriptors(source, config, consts, args)
+        fn[source.grid({**consts, "WS": True}, match)](*args, *outs, **descs, **consts,
                                                        **embed.launch_options(source, config))
         torch.cuda.synchronize()
         for ref, out in zip(refs, outs):

@@ -153,83 +153,43 @@ def test_generated_launch_carries_pointers_only():
               for t in [*source.inputs, *source.outputs]}
     launch = embed.generated_launch(source, ffn, cfg, shapes)
     assert "wgmma.mma_async" in launch.ptx and f".entry {launch.symbol}" in launch.ptx
-    call = launch.func.body.block.body.value
+    call = _packed_call(launch.func)
     assert [str(a) for a in call.args[1:5]] == ["I0.data", "I1.data", "I2.data", "O0.data"]
-    assert launch.arg_types == ["handle"] * 4 + ["int64"] * 2
-    ints = [int(a) for a in call.args[5:]]
+    # then A's and B's TMA descriptors, encoded by the host code before the launch (the
+    # persistent formulation reads through them; this one does not), each with its shape and
+    # row stride: A (128 x 768, rows 768 apart), B the weight (3072 x 768)
+    desc = ["tensormap", "int32", "int32", "int64", "int64"]
+    assert launch.arg_types == ["handle"] * 4 + desc * 2 + ["int64"] * 2
+    assert str(launch.func).count("tensormap_encode_tiled") == 2
+    assert [int(a) for a in call.args[6:10]] == [128, 768, 768, 1]
+    assert [int(a) for a in call.args[11:15]] == [3072, 768, 768, 1]
+    ints = [int(a) for a in call.args[15:]]
     # scratch pointers, threads, one program per 128x128 tile (then the batch axis), smem
     assert ints[:5] == [0, 0, 256, 24, 1] and ints[5] > 0
 
     # the persistent formulation: one program per SM, operands through TMA (tensor-map
-    # copies in the PTX), the descriptors' scratch memory an extra output buffer of the launch
+    # copies in the PTX) whose descriptors the host made: no descriptor is written on the device
     assert source.persistent
     launch = embed.generated_launch(source, ffn, {**cfg, "PERSISTENT": True, "NUM_SMS": 132},
                                     shapes)
     assert "cp.async.bulk.tensor" in launch.ptx and "wgmma.mma_async" in launch.ptx
+    assert "tensormap.replace" not in launch.ptx
     assert launch.symbol.endswith("p")  # its own PTX symbol
-    params = list(launch.func.params)
-    assert len(params) == 5 and params[-1].dtype == "uint8"
-    # 24 tiles of 128x128 for 128 tokens: 24 programs, 2 descriptors of 128 bytes each
-    assert int(params[-1].shape[0]) == 24 * 256
-    call = launch.func.body.block.body.value
-    assert str(call.args[5]) == "scratch.data" and launch.arg_types[4:] == ["handle", "int64"]
-    assert [int(a) for a in call.args[7:10]] == [256, 24, 1]
+    assert len(list(launch.func.params)) == 4  # no scratch memory
+    call = _packed_call(launch.func)
+    assert [int(a) for a in call.args[15:20]] == [0, 0, 256, 24, 1]
 
 
-
-def test_generated_attention_loads_through_tma_where_it_can():
-    """An attention whose Q, K and V rows are 16-byte aligned has a TMA formulation (constexpr
-    ``TMA``, tensor-map copies in its sm_90 PTX, three descriptors of scratch per program); a head
-    dimension of 60 float16 elements (120-byte rows) has not, and says why."""
+def _packed_call(node):
+    """The launch's ``call_packed`` in a PrimFunc of :func:`embed.generated_launch`."""
     import tvm
-    from tvm import relax
 
-    import tvm_stitch
-    from tvm_stitch.analysis.recognize import recognize
-    from tvm_stitch.codegen import embed
-    from tvm_stitch.codegen.triton_gen import attention_tma, kernel_source
-    from tvm_stitch.graph import build_graph
-    from tvm_stitch.workloads import get_workload
-
-    def attention(name, **params):
-        inst = get_workload(name).instance("float16", **params)
-        with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
-            mod = relax.transform.LegalizeOps()(tvm_stitch.passes.AccumulateFloat32()(inst.mod))
-        graph = build_graph(mod, legalize=False)
-        match = recognize(graph, ("attention",)).matches[0]
-        source = kernel_source(match)
-        shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
-                  for t in [*source.inputs, *source.outputs]}
-        return match, source, shapes
-
-    match, source, shapes = attention("bert-base", batch=1, seq=128)
-    assert attention_tma(match) is None and source.tma and "TMA: tl.constexpr" in source.text
-    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    plain = embed.generated_launch(source, match, cfg, shapes)
-    assert "cp.async.bulk.tensor" not in plain.ptx and len(plain.func.params) == 5
-    launch = embed.generated_launch(source, match, {**cfg, "TMA": True}, shapes)
-    assert "cp.async.bulk.tensor" in launch.ptx and "wgmma.mma_async" in launch.ptx
-    assert launch.symbol.endswith("t") and launch.symbol != plain.symbol
-    # 2 query tiles x 12 heads, 3 descriptors of 128 bytes each
-    assert int(launch.func.params[-1].shape[0]) == 24 * 3 * 128
-
-    match, source, _ = attention("torch-attention", batch=1, heads=2, seq=64, dim=60, causal=0)
-    assert "16 bytes" in attention_tma(match)
-    assert not source.tma and "TMA" not in source.text
-
-
-def test_template_legality():
-    spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
-    tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
-    flat = TilingExpr(("m", "n"), (("k",), ("h",)))
-    reason = tk.chain_legality(spec, Candidate(flat, tuple(tiles.items())))
-    assert reason and "accumulators" in reason  # 4 h tiles inside the n loop
-    ok = Candidate(flat, tuple({**tiles, "h": 256}.items()))  # one h tile: a FlashAttention shape
-    assert tk.chain_legality(spec, ok) is None
-    assert tk.chain_config(spec, ok)["BLOCK_H"] == 256
-    deep = Candidate(TilingExpr(tuple("mhnk")), tuple(tiles.items()))
-    assert tk.chain_legality(spec, deep) is None and not tk.chain_config(spec, deep)["HOIST_A"]
-    kn = Candidate(TilingExpr(tuple("mhkn")), tuple(tiles.items()))
-    assert "encloses n" in tk.chain_legality(spec, kn)
-    odd = Candidate(TilingExpr(tuple("mhnk")), tuple({**tiles, "n": 48}.items()))
-    assert "powers of two" in tk.chain_legality(spec, odd)  # Triton's tl.arange
+    if isinstance(node, tvm.ir.Call) and node.op.name == "tirx.tvm_call_packed":
+        return node
+    for attr in ("body", "block", "seq", "value"):
+        child = getattr(node, attr, None)
+        for c in child if isinstance(child, (list, tvm.ir.Array)) else [child]:
+            found = _packed_call(c) if c is not None else None
+            if found is not None:
+                return found
+    return None

@@ -214,12 +214,15 @@ def plan_launch(
         if arg in consts:
             continue
         if arg in descriptors:
-            from .gluon_attention import smem_layout
-
             desc, _ = descriptors[arg]
             block = desc.block(consts)
-            signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}[{block[0]},{block[1]}],"
-                              f"{smem_layout(*block, desc.dtype)!r}>")
+            layout = ""  # a Gluon kernel's descriptor names its shared-memory layout
+            if _is_gluon(fn):
+                from .gluon_attention import smem_layout
+
+                layout = f",{smem_layout(*block, desc.dtype)!r}"
+            signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}"
+                              f"[{block[0]},{block[1]}]{layout}>")
             values.append(descriptors[arg])
             continue
         value = args[arg]
@@ -308,28 +311,35 @@ def plan_launch(
 def _host_descriptor(T, buf, desc, meta: dict) -> list:  # noqa: N803 - TVMScript's T
     """Encode ``desc`` over ``buf`` into a CUtensorMap on the host's stack, as Triton's
     launcher does for the box and swizzle its compiler chose (``meta``): the launch
-    arguments ``[descriptor, rows, row length, row stride, 1]``."""
+    arguments ``[descriptor, rows, columns, row stride, 1]``."""
     rows, cols = meta["block_size"]
     tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
     ptr = buf.access_ptr("r", offset=desc.offset) if desc.offset else buf.data
-    width = {"float16": 2, "bfloat16": 2}[desc.dtype]
+    width = {"float16": 2, "bfloat16": 2, "float32": 4}[desc.dtype]
     T.evaluate(T.tensormap_encode_tiled(
-        tmap, ptr, desc.row_len, desc.rows, desc.row_len * width, cols, rows, 1, 1,
+        tmap, ptr, desc.cols, desc.rows, desc.stride * width, cols, rows, 1, 1,
         descriptor_dtype=desc.dtype, rank=2, swizzle=int(meta["swizzle"]),
         l2_promotion=2, oob_fill=0))  # L2 promotion 128 B, zeros past the ends: Triton's
-    return [tmap, T.int32(desc.rows), T.int32(desc.row_len), T.int64(desc.row_len),
-            T.int64(1)]
+    return [tmap, T.int32(desc.rows), T.int32(desc.cols), T.int64(desc.stride), T.int64(1)]
+
+
+def _is_gluon(fn) -> bool:
+    try:
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:
+        return False
+    return isinstance(fn, GluonJITFunction)
 
 
 def _ast_source(fn):
     """Triton's source class for ``fn``: Gluon's for a Gluon kernel."""
+    if _is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource
     from triton.compiler import ASTSource
 
-    try:
-        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
-    except ImportError:
-        return ASTSource
-    return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    return ASTSource
 
 
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None) -> Launch:
@@ -356,10 +366,11 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     if split:
         params.append(Param("WS", (split["WS"][0],), split["WS"][1]))
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config), 'WS': config.get('WS')})}"
-    descriptors = {}
-    if config.get("WS"):  # Q, K and V as TMA descriptors over their input parameters
-        names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
-        descriptors = {d.name: (d, names[d.tensor]) for d in source.ws_descs}
+    # TMA descriptors over input parameters: the warp-specialized attention's Q, K and V, or
+    # the kernel's own (a persistent GEMM's A and B)
+    names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
+    descs = source.ws_descs if config.get("WS") else source.descs
+    descriptors = {d.name: (d, names[d.tensor]) for d in descs}
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
         fn,

@@ -38,11 +38,11 @@ PTX on any machine.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from tvm_stitch.codegen.triton_gen import (
     LOG2E,
+    Descriptor,
     ElemPrinter,
     UnsupportedKernelError,
     _extra_views,
@@ -113,27 +113,6 @@ def _unflattened(match) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Descriptor:
-    """A TMA descriptor argument of the warp-specialized kernel, made on the host.
-
-    ``tensor`` (a graph tensor, from element ``offset``) read as a matrix of ``rows`` rows of
-    ``row_len`` elements, in boxes of ``box`` (rows, columns): ints or the names of the
-    kernel's constexprs giving them."""
-
-    name: str
-    tensor: str
-    dtype: str
-    offset: int
-    rows: int
-    row_len: int
-    box: tuple
-
-    def block(self, consts: dict) -> list[int]:
-        """The box for the constexprs ``consts``."""
-        return [consts[b] if isinstance(b, str) else b for b in self.box]
-
-
 def ws_descriptors(match) -> list[Descriptor]:
     """The kernel's Q, K and V descriptors (arguments ``q_desc``, ``k_desc``, ``v_desc``)."""
     out = []
@@ -142,21 +121,7 @@ def ws_descriptors(match) -> list[Descriptor]:
         view = match.views[role]
         step = view.stride["m" if role == "q" else "n"]
         out.append(Descriptor(f"{role}_desc", view.tensor, view.dtype, view.offset,
-                              _flat_rows(view, step), step, box))
-    return out
-
-
-def torch_descriptors(source, consts: dict, inputs: list) -> list:
-    """Triton's host descriptors of ``source.ws_descs`` over the torch tensors ``inputs``
-    (``source.inputs``' order), for launching the kernel from Python with ``consts``."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    out = []
-    for d in source.ws_descs:
-        t = inputs[source.inputs.index(d.tensor)].reshape(-1)
-        flat = t[d.offset:d.offset + d.rows * d.row_len].view(d.rows, d.row_len)
-        block = d.block(consts)
-        out.append(TensorDescriptor.from_tensor(flat, block, smem_layout(*block, d.dtype)))
+                              _flat_rows(view, step), step, step, box))
     return out
 
 
@@ -379,7 +344,7 @@ def _consume1(q_smem, k_smem, v_smem, bars, {ptrs}, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
-def {name}(q_desc, k_desc, v_desc, {ptrs}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def {name}({ptrs}, q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
            BLOCK_K: gl.constexpr, BLOCK_H: gl.constexpr, NB: gl.constexpr,
            NUM_SMS: gl.constexpr):
     # persistent: program p takes tiles p, p + programs, ...; Q, K and V come as TMA
@@ -453,7 +418,8 @@ def _indent(lines, depth=1) -> str:
 def attention_ws_source(match, name: str) -> str:
     """The Gluon module text of ``match``'s warp-specialized attention kernel ``name``.
 
-    Its arguments are the Triton form's pointers (inputs ``I0..``, outputs ``O0..``) and the
+    Its arguments are the Triton form's pointers (inputs ``I0..``, outputs ``O0..``), the
+    descriptors of :func:`ws_descriptors`, and the
     constexprs ``BLOCK_M`` (128), ``BLOCK_N``, ``BLOCK_K``, ``BLOCK_H`` (the padded head dims)
     and ``NB`` (ring slots); it launches with 4 warps and ``maxnreg`` :data:`WS_MAXNREG`.
     """

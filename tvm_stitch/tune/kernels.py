@@ -320,7 +320,12 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
     import torch
 
     from tvm_stitch.codegen.embed import launch_options
-    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, split_k_buffers
+    from tvm_stitch.codegen.triton_gen import (
+        launch_constexprs,
+        load,
+        split_k_buffers,
+        torch_descriptors,
+    )
 
     constants = constants or {}
     inputs = []
@@ -346,12 +351,8 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         for name, (size, dtype) in split_k_buffers(source, match, consts).items():
             consts[name] = torch.zeros(size, dtype=getattr(torch, dtype), device="cuda")
         grid = source.grid({**consts, "WS": config.get("WS")}, match)
-        if config.get("WS"):  # Q, K and V as host-made TMA descriptors, first
-            from tvm_stitch.codegen.gluon_attention import torch_descriptors
-
-            descs = torch_descriptors(source, consts, inputs)
-            return lambda: fn[grid](*descs, *inputs, *outputs, **consts, **opts)
-        return lambda: fn[grid](*inputs, *outputs, **consts, **opts)
+        descs = torch_descriptors(source, config, consts, inputs)  # by name, made here
+        return lambda: fn[grid](*inputs, *outputs, **descs, **consts, **opts)
 
     return run
 
