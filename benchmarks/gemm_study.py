@@ -91,28 +91,9 @@ def gemm_tma(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
-    a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    w_desc = tl.make_tensor_descriptor(W, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    tile_c = tl.program_id(0) - NUM_SMS
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):
-        pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _tile_product_tma(acc, a_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
-                                BLOCK_K, True)
-        tile_c += NUM_SMS
-        pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
-        _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
                 WS: tl.constexpr):
-    # ``tma_p`` with descriptors the host makes (Triton's launcher passes them by value), and
-    # with Triton's automatic warp specialization of the tile loop (``WS``)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     tile_c = tl.program_id(0) - NUM_SMS
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True,
@@ -124,6 +105,23 @@ def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
         _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(A, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(W, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS, False)
+
+
+@triton.jit
+def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                WS: tl.constexpr):
+    # ``tma_p`` with descriptors the host makes (Triton's launcher passes them by value), and
+    # with Triton's automatic warp specialization of the tile loop (``WS``)
+    _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS, WS)
 
 
 @triton.jit
