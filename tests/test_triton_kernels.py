@@ -193,3 +193,61 @@ def _packed_call(node):
             if found is not None:
                 return found
     return None
+
+
+def test_generated_attention_loads_through_tma_where_it_can():
+    """An attention whose Q, K and V rows are 16-byte aligned has a TMA formulation (constexpr
+    ``TMA``, tensor-map copies in its sm_90 PTX, three descriptors of scratch per program); a head
+    dimension of 60 float16 elements (120-byte rows) has not, and says why."""
+    import tvm
+    from tvm import relax
+
+    import tvm_stitch
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.codegen.triton_gen import attention_tma, kernel_source
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.workloads import get_workload
+
+    def attention(name, **params):
+        inst = get_workload(name).instance("float16", **params)
+        with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):
+            mod = relax.transform.LegalizeOps()(tvm_stitch.passes.AccumulateFloat32()(inst.mod))
+        graph = build_graph(mod, legalize=False)
+        match = recognize(graph, ("attention",)).matches[0]
+        source = kernel_source(match)
+        shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                  for t in [*source.inputs, *source.outputs]}
+        return match, source, shapes
+
+    match, source, shapes = attention("bert-base", batch=1, seq=128)
+    assert attention_tma(match) is None and source.tma and "TMA: tl.constexpr" in source.text
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    plain = embed.generated_launch(source, match, cfg, shapes)
+    assert "cp.async.bulk.tensor" not in plain.ptx and len(plain.func.params) == 5
+    launch = embed.generated_launch(source, match, {**cfg, "TMA": True}, shapes)
+    assert "cp.async.bulk.tensor" in launch.ptx and "wgmma.mma_async" in launch.ptx
+    assert launch.symbol.endswith("t") and launch.symbol != plain.symbol
+    # 2 query tiles x 12 heads, 3 descriptors of 128 bytes each
+    assert int(launch.func.params[-1].shape[0]) == 24 * 3 * 128
+
+    match, source, _ = attention("torch-attention", batch=1, heads=2, seq=64, dim=60, causal=0)
+    assert "16 bytes" in attention_tma(match)
+    assert not source.tma and "TMA" not in source.text
+
+
+def test_template_legality():
+    spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
+    tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
+    flat = TilingExpr(("m", "n"), (("k",), ("h",)))
+    reason = tk.chain_legality(spec, Candidate(flat, tuple(tiles.items())))
+    assert reason and "accumulators" in reason  # 4 h tiles inside the n loop
+    ok = Candidate(flat, tuple({**tiles, "h": 256}.items()))  # one h tile: a FlashAttention shape
+    assert tk.chain_legality(spec, ok) is None
+    assert tk.chain_config(spec, ok)["BLOCK_H"] == 256
+    deep = Candidate(TilingExpr(tuple("mhnk")), tuple(tiles.items()))
+    assert tk.chain_legality(spec, deep) is None and not tk.chain_config(spec, deep)["HOIST_A"]
+    kn = Candidate(TilingExpr(tuple("mhkn")), tuple(tiles.items()))
+    assert "encloses n" in tk.chain_legality(spec, kn)
+    odd = Candidate(TilingExpr(tuple("mhnk")), tuple({**tiles, "n": 48}.items()))
+    assert "powers of two" in tk.chain_legality(spec, odd)  # Triton's tl.arange
