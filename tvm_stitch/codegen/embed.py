@@ -190,7 +190,7 @@ def plan_launch(
         :class:`SharedMemoryError` (it would fail at launch).
     descriptors : dict, optional
         Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
-        the host (:class:`~tvm_stitch.codegen.gluon_attention.Descriptor`) over that buffer
+        the host (:class:`~tvm_stitch.codegen.triton_gen.Descriptor`) over that buffer
         parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
     """
     import triton
@@ -369,8 +369,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
     # TMA descriptors over input parameters: the warp-specialized attention's Q, K and V, or
     # the kernel's own (a persistent GEMM's A and B)
     names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
-    descs = source.ws_descs if config.get("WS") else source.descs
-    descriptors = {d.name: (d, names[d.tensor]) for d in descs}
+    descriptors = {d.name: (d, names[d.tensor]) for d in source.descriptors(config)}
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
         fn,
@@ -411,8 +410,7 @@ def launch_options(source, config: dict) -> dict:
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
-    tma = "t" if config.get("TMA") else ""
-    tma = "ws" if config.get("WS") else tma
+    tma = "ws" if config.get("WS") else "t" if config.get("TMA") else ""
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
             f"{persistent}{tma}{split}")

@@ -73,8 +73,9 @@ def gluon_version() -> str | None:
         from triton.experimental.gluon.language.nvidia.hopper import tma
     except ImportError as err:
         return f"Triton has no Gluon ({err})"
-    if not hasattr(gl, "warp_specialize") or not hasattr(tma, "make_tensor_descriptor"):
-        return "this Triton's Gluon lacks warp_specialize or device-side TMA descriptors"
+    if not hasattr(gl, "warp_specialize") or not (
+            hasattr(tma, "async_load") or hasattr(tma, "async_copy_global_to_shared")):
+        return "this Triton's Gluon lacks warp_specialize or TMA loads"
     return None
 
 
@@ -87,8 +88,8 @@ def _flat_rows(view, step: int) -> int:
 def _unflattened(match) -> str | None:
     """Why one of Q, K, V cannot be read as boxes of a flat [rows, row length] matrix, or None.
 
-    The persistent kernel makes its descriptors once per program, so they cannot depend on the
-    (batch, head) of a tile: each operand's rows (query or key positions) must be rows of one
+    The host makes the descriptors once per launch, so they cannot depend on the (batch, head)
+    of a tile: each operand's rows (query or key positions) must be rows of one
     matrix whose row length is the row stride, every head's head-dim slice inside one such row,
     and the box exactly the head dim (a power of two, nothing of a neighbour read into it)."""
     ext = match.frame.extents

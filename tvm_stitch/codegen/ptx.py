@@ -64,8 +64,10 @@ def build_module(ptx: str, symbol: str, arg_types: list, tags: list):
     install()
     from tvm.tirx.script.builder import ir as T
 
+    from .embed import TENSORMAP
+
     # a TMA descriptor passed by value: TVM's generator marks it in the function table
-    params = [tvm.tirx.Var(f"arg{i}", T.handle("tensormap").ty if t == "tensormap" else t)
+    params = [tvm.tirx.Var(f"arg{i}", T.handle("tensormap").ty if t == TENSORMAP else t)
               for i, t in enumerate(arg_types)]
     func = tvm.tirx.PrimFunc(params, tvm.tirx.Evaluate(0)).with_attrs(
         {

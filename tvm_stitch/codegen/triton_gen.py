@@ -118,9 +118,8 @@ def torch_descriptors(source, config: dict, consts: dict, inputs: list) -> dict:
     """Argument name -> Triton host descriptor of each of ``source``'s descriptors for a launch
     with ``config`` (``consts`` its constexprs) over the torch tensors ``inputs``
     (``source.inputs``' order): what Triton's launcher needs to run the kernel from Python."""
-    descs = source.ws_descs if config.get("WS") else source.descs
     out = {}
-    for d in descs:
+    for d in source.descriptors(config):
         flat = inputs[source.inputs.index(d.tensor)].reshape(-1)[d.offset:]
         block = d.block(consts)
         if config.get("WS"):
@@ -181,6 +180,10 @@ class KernelSource:
     ws: str | None = None
     ws_descs: tuple = ()
     descs: tuple = ()
+
+    def descriptors(self, config: dict) -> tuple:
+        """The TMA descriptor arguments of the form ``config`` launches."""
+        return self.ws_descs if config.get("WS") else self.descs
 
     def grid(self, config: dict, match) -> tuple:
         """Programs along x, y for the tile sizes in ``config``."""
