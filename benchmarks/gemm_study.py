@@ -12,7 +12,8 @@ Formulations (all ``C = A @ W^T``, fp16, fp32 accumulation, W stored (N, K) as n
 - ``splitk``: ``tma`` with the K loop split over ``SPLIT`` programs adding into an fp32 output
   (for few rows: every SM pulls its share of the weights);
 - ``--descriptors``: ``tma_p`` against ``tma_ph`` (the descriptors made by the host and passed
-  by value) and ``tma_ph_ws`` (with Triton's warp specialization of the tile loop).
+  by value) and ``tma_ph_ws`` (with Triton's warp specialization of the tile loop); FFN1 also
+  with BERT's erf GELU epilogue (``_gelu``): does the specialization overlap it?
 
 The product loops and tile order are the templates' own (``_tile_product``,
 ``_tile_product_tma``, ``_tile_of``).  Each formulation runs a fixed list of tile configs on
@@ -23,6 +24,7 @@ next to ``torch.matmul`` (cuBLAS) from the same run, in µs and TFLOP/s.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import triton
@@ -93,7 +95,7 @@ def gemm_tma(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                WS: tl.constexpr):
+                WS: tl.constexpr, GELU: tl.constexpr = False):
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     tile_c = tl.program_id(0) - NUM_SMS
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True,
@@ -104,6 +106,8 @@ def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
                                 BLOCK_K, True)
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
+        if GELU:  # BERT's FFN1 epilogue (erf): does warp specialization overlap it?
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
         _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
@@ -118,10 +122,11 @@ def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                WS: tl.constexpr):
+                WS: tl.constexpr, GELU: tl.constexpr = False):
     # ``tma_p`` with descriptors the host makes (Triton's launcher passes them by value), and
     # with Triton's automatic warp specialization of the tile loop (``WS``)
-    _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS, WS)
+    _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS, WS,
+                GELU)
 
 
 @triton.jit
@@ -177,9 +182,11 @@ def run(json_out=None, quick=False, echo=print, descriptors=False) -> list[dict]
                 host = (TensorDescriptor.from_tensor(a, [bm, bk]),
                         TensorDescriptor.from_tensor(w, [bn, bk]))
                 variants = {"tma_p": variants["tma_p"]}
-                for ws in (False, True):
-                    variants[f"tma_ph{'_ws' if ws else ''}"] = (
-                        gemm_tma_ph, (min(sms, tiles),), {"NUM_SMS": sms, "WS": ws, "host": host})
+                gelus = (False, True) if case == "ffn1" else (False,)
+                for ws, gelu in itertools.product((False, True), gelus):
+                    variants[f"tma_ph{'_ws' if ws else ''}{'_gelu' if gelu else ''}"] = (
+                        gemm_tma_ph, (min(sms, tiles),),
+                        {"NUM_SMS": sms, "WS": ws, "GELU": gelu, "host": host})
             if m <= 512:
                 for split in (2, 3, 4, 6):
                     variants[f"splitk{split}"] = (gemm_splitk, (tiles, split), {"SPLIT": split})
@@ -199,7 +206,8 @@ def run(json_out=None, quick=False, echo=print, descriptors=False) -> list[dict]
                     if "splitk" in name:
                         out.zero_()
                         call()
-                    err = (out.float() - ref).abs().max().item()
+                    want = ref if "gelu" not in name else torch.nn.functional.gelu(ref)
+                    err = (out.float() - want).abs().max().item()
                     us = time_torch(call, [], "cuda", budget_ms=20)
                 except Exception as e:  # noqa: BLE001 - a config that fails is reported
                     echo(f"  {case} {name} {bm}x{bn}x{bk} w{warps}s{stages}: "

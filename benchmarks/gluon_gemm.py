@@ -1,0 +1,342 @@
+"""A warp-specialized Hopper GEMM in Gluon with BERT's epilogues, against cuBLAS: a study.
+
+    python -m tvm_stitch.benchmarks.gluon_gemm [--compile-only] [--quick]
+
+``C = epilogue(A · Wᵀ)``, fp16, fp32 accumulation, W stored (N, K) as nn.Linear keeps it.
+Triton's pipeliner issues a tile's epilogue after its last product in the same warps, so the
+tensor cores idle while a GELU or a residual is computed and stored (BERT's FFN1 GEMM with its
+erf GELU: 48.7 µs against 35.2 µs with a bias only, ``h100-hopper-gemm-2026-11-23.md``).  The
+kernel here is persistent, with one **loading warp** bringing A and W tiles by TMA into a ring
+of ``NB`` shared-memory slots and two **consumer warpgroups**, in one of two schedules:
+
+- ``pingpong``: each consumer takes every other tile of the program (BM × BN each, the whole
+  accumulator in one warpgroup), so one's epilogue runs while the other's products hold the
+  tensor cores (CUTLASS's ``KernelTmaWarpSpecializedPingpong``);
+- ``coop``: both take the same tile, 64 rows each (CUTLASS's cooperative schedule): wider
+  tiles, the epilogue not overlapped.
+
+Output through shared memory and a TMA store (``store tma``) or from the accumulator's
+registers with pointers (``store ptr``, what a generated epilogue writing any index map needs).
+Epilogues as BERT has them: Q/K/V bias, FFN1 bias + erf GELU, out-projection and FFN2 bias +
+residual.  Baselines from the same run: ``torch.matmul`` (cuBLAS, no epilogue), ``F.linear``
+with the bias, and the eager epilogue after it (two kernels, as torch.compile leaves a GEMM with
+a GELU or a residual: cuBLAS plus one fused elementwise kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+SHAPES = {  # (M, N, K, epilogue): 0 none, 1 bias, 2 bias + GELU, 3 bias + residual
+    "qkv": (4096, 2304, 768, 1),
+    "out": (4096, 768, 768, 3),
+    "ffn1": (4096, 3072, 768, 2),
+    "ffn2": (4096, 768, 3072, 3),
+}
+
+#: (schedule, BM, BN, BK, NB): BM is a consumer's rows in ``pingpong``, the tile's (two
+#: consumers of BM/2) in ``coop``
+CONFIGS = [
+    ("pingpong", 128, 128, 64, 4),
+    ("pingpong", 128, 128, 64, 3),
+    ("pingpong", 64, 256, 64, 4),
+    ("pingpong", 128, 64, 64, 6),
+    ("coop", 128, 256, 64, 3),
+    ("coop", 128, 128, 64, 5),
+    ("pingpong", 64, 128, 64, 6),
+    # deeper rings, no room left for the output's staging tiles (pointer stores only)
+    ("pingpong", 128, 128, 64, 6),
+    ("pingpong", 64, 256, 64, 5),
+    ("coop", 128, 256, 64, 4),
+]
+MAXNREG, CONSUMER_REGS, LOAD_REGS = 168, 240, 24
+
+# TMA's copies, renamed after Triton 3.6: the text works with either
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = gl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@gluon.jit
+def _load(a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM: gl.constexpr,
+          BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr):
+    # the loading warp: every k step of the program's tiles, in order, into the ring
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    k_steps = gl.cdiv(K, BK)
+    g = 0
+    for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, 8)
+        for kk in range(k_steps):
+            slot = g % NB
+            mbarrier.wait(empty.index(slot), ((g // NB) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot),
+                            (COOP + 1) * a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            for half in gl.static_range(COOP + 1):
+                _tma_load(
+                    a_desc, [pid_m * BM + half * (BM // (COOP + 1)), kk * BK],
+                    ready.index(slot), a_smem.index(slot * (COOP + 1) + half))
+            _tma_load(w_desc, [pid_n * BN, kk * BK], ready.index(slot),
+                                            w_smem.index(slot))
+            g += 1
+
+
+@gluon.jit
+def _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+             CI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+             NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
+             EPI: gl.constexpr):
+    ROWS: gl.constexpr = BM // (COOP + 1)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BN, 16])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    k_steps = gl.cdiv(K, BK)
+    # pingpong: this consumer's tiles are every other one of the program's; coop: all of them
+    first = CI * (1 - COOP)
+    step = 2 - COOP
+    j = first
+    for t in range(gl.program_id(0) + first * gl.num_programs(0), tiles_m * tiles_n,
+                   step * gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, 8)
+        g = j * k_steps
+        acc = gl.zeros([ROWS, BN], gl.float32, acc_l)
+        if not COOP:
+            # pingpong: the consumers' product loops take turns (the other's epilogue runs
+            # meanwhile), which also keeps each within one phase of the ring's barriers
+            mbarrier.wait(turn.index(CI), ((j // 2) & 1) ^ CI ^ 1)
+        for kk in range(k_steps):
+            slot = (g + kk) % NB
+            mbarrier.wait(ready.index(slot), ((g + kk) // NB) & 1)
+            acc = warpgroup_mma(a_smem.index(slot * (COOP + 1) + CI * COOP),
+                                w_smem.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            if kk > 0:
+                mbarrier.arrive(empty.index((g + kk - 1) % NB), count=1)
+        if not COOP:
+            mbarrier.arrive(turn.index(1 - CI), count=1)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
+        j += step
+
+        row0 = pid_m * BM + CI * COOP * ROWS
+        rm = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_l))
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
+        inside = (rm < M)[:, None] & (rn < N)[None, :]
+        if EPI >= 1:
+            acc = acc + gl.load(bias + rn, mask=rn < N, other=0.0).to(gl.float32)[None, :]
+        if EPI == 2:
+            acc = 0.5 * acc * (1.0 + gl.erf(acc * 0.7071067811865476))
+        if EPI == 3:
+            acc = acc + gl.load(res + rm[:, None] * N + rn[None, :], mask=inside,
+                                other=0.0).to(gl.float32)
+        out = acc.to(gl.float16)
+        if STORE_TMA:
+            tma.store_wait(0)
+            c_smem.index(CI).store(out)
+            fence_async_shared()
+            _tma_store(c_desc, [row0, pid_n * BN], c_smem.index(CI))
+        else:
+            gl.store(C + rm[:, None] * N + rn[None, :], out, mask=inside)
+    if STORE_TMA:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _consume1(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
+              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
+    _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
+             BN, BK, NB, COOP, STORE_TMA, EPI)
+
+
+@gluon.jit
+def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+            BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
+            EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+    ROWS: gl.constexpr = BM // (COOP + 1)
+    a_smem = gl.allocate_shared_memory(gl.float16, [NB * (COOP + 1), ROWS, BK], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, BK], w_desc.layout)
+    # the output's staging tiles, one per consumer (a token one without TMA stores)
+    c_smem = gl.allocate_shared_memory(gl.float16, [2, ROWS if STORE_TMA else 8, BN],
+                                       c_desc.layout)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    for i in gl.static_range(NB):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=COOP + 1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    gl.warp_specialize([
+        (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+                    0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+        (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+        (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB, COOP)),
+    ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
+
+
+def _layout(rows, cols):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float16)
+
+
+def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
+    """``c = epilogue(a @ w.T)`` by :func:`gemm_ws` on ``min(sms, tiles)`` programs."""
+    import triton
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    coop = int(sched == "coop")
+    rows = bm // (coop + 1)
+    m, k = a.shape
+    n = w.shape[0]
+    a_desc = TensorDescriptor.from_tensor(a, [rows, bk], _layout(rows, bk))
+    w_desc = TensorDescriptor.from_tensor(w, [bn, bk], _layout(bn, bk))
+    c_desc = TensorDescriptor.from_tensor(c, [rows, bn], _layout(rows, bn))
+    grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
+                         NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
+                         CONSUMER_REGS=CONSUMER_REGS, LOAD_REGS=LOAD_REGS, num_warps=4,
+                         maxnreg=MAXNREG)
+
+
+def compile_only() -> None:
+    """Every config compiled to sm_90a PTX here (no GPU): shared memory, wgmma, TMA counts."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import compile as triton_compile
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    for (sched, bm, bn, bk, nb), store_tma in itertools.product(CONFIGS, (True, False)):
+        coop = int(sched == "coop")
+        rows = bm // (coop + 1)
+        consts = dict(BM=bm, BN=bn, BK=bk, NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=2,
+                      CONSUMER_REGS=CONSUMER_REGS, LOAD_REGS=LOAD_REGS)
+        boxes = dict(a_desc=(rows, bk), w_desc=(bn, bk), c_desc=(rows, bn))
+        sig = {}
+        for name in gemm_ws.arg_names:
+            if name in boxes:
+                sig[name] = f"tensordesc<fp16[{boxes[name][0]},{boxes[name][1]}]," \
+                            f"{_layout(*boxes[name])!r}>"
+            elif name in consts:
+                sig[name] = "constexpr"
+            else:
+                sig[name] = "*fp16" if name in ("C", "bias", "res") else "i32"
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(gemm_ws.arg_names)
+                 if name in ("C", "bias", "res", "N", "K")}
+        try:
+            kern = triton_compile(GluonASTSource(gemm_ws, sig, consts, attrs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4, "maxnreg": MAXNREG})
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is reported
+            print(f"{sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: "
+                  f"{str(e).strip().splitlines()[-1][:200]}")
+            continue
+        ptx = kern.asm["ptx"]
+        print(f"{sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: smem "
+              f"{kern.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, setmaxnreg "
+              f"{ptx.count('setmaxnreg')}, tma loads {ptx.count('cp.async.bulk.tensor.2d.shared')}")
+
+
+def run(quick=False, only=None, baselines=True, cases=None) -> list[dict]:
+    """Time every config and epilogue on the GPU next to the PyTorch baselines of the same run."""
+    import torch
+    import torch.nn.functional as F
+
+    from tvm_stitch.tune.measure import time_torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for case, (m, n, k, epi) in SHAPES.items():
+        if cases and case not in cases:
+            continue
+        torch.manual_seed(0)
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k ** 0.5
+        bias = torch.randn(n, device="cuda", dtype=torch.float16)
+        res = torch.randn(m, n, device="cuda", dtype=torch.float16)
+        wt = w.t().contiguous()
+
+        def torch_ref(x=a, w=w, bias=bias, res=res, epi=epi):
+            y = F.linear(x, w, bias)
+            if epi == 2:
+                y = F.gelu(y)
+            elif epi == 3:
+                y = y + res
+            return y
+
+        ref = torch_ref().float()
+        base = {"matmul": time_torch(lambda x, wt=wt: torch.matmul(x, wt), [a], "cuda")}
+        if baselines:
+            base["linear"] = time_torch(lambda x, w=w, bias=bias: F.linear(x, w, bias), [a],
+                                        "cuda")
+            if epi >= 2:
+                base["linear+epi"] = time_torch(torch_ref, [a], "cuda")
+        flops = 2 * m * n * k
+        line = " ".join(f"{key} {us:.1f}" for key, us in base.items())
+        print(f"{case} {m}x{n}x{k} epilogue {epi}: {line} us "
+              f"(matmul {flops / base['matmul'] / 1e6:.0f} TFLOP/s)")
+        configs = CONFIGS[:3] if quick else CONFIGS
+        if only is not None:
+            configs = [CONFIGS[only]]
+        for (sched, bm, bn, bk, nb), store_tma in itertools.product(configs, (True, False)):
+            c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+
+            def call(c=c, cfg=(sched, bm, bn, bk, nb, store_tma), ops=(a, w), more=(bias, res),
+                     epi=epi):
+                return launch(*ops, c, *more, *cfg, epi, sms)
+
+            try:
+                kern = call()
+                torch.cuda.synchronize()
+                err = float((c.float() - ref).abs().max())
+                us = time_torch(call, [], "cuda", budget_ms=30)
+            except Exception as e:  # noqa: BLE001 - a config that fails is reported
+                print(f"  {sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: "
+                      f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:160]}")
+                continue
+            row = dict(case=case, sched=sched, tile=[bm, bn, bk, nb], store_tma=store_tma,
+                       us=us, err=err, **{f"{key}_us": v for key, v in base.items()})
+            rows.append(row)
+            ratio = " ".join(f"{key} {v / us:.2f}x" for key, v in base.items())
+            print(f"  {sched:8s} {bm}x{bn}x{bk} NB {nb} store {'tma' if store_tma else 'ptr'}: "
+                  f"{us:6.1f} us ({flops / us / 1e6:4.0f} TFLOP/s) {ratio} err {err:.1e} "
+                  f"regs {getattr(kern, 'n_regs', '?')} spills {getattr(kern, 'n_spills', '?')}")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--config", type=int, help="only CONFIGS[i] (a crash ends one process)")
+    parser.add_argument("--no-baselines", action="store_true", help="cuBLAS's matmul only")
+    parser.add_argument("--cases", nargs="*", help=f"some of {list(SHAPES)}")
+    args = parser.parse_args(argv)
+    if args.compile_only:
+        compile_only()
+    else:
+        run(args.quick, args.config, not args.no_baselines, args.cases)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
