@@ -11,6 +11,8 @@ persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts al
 * programs resident on an SM at once (shared memory and registers permitting) share its tensor
   cores, SFUs and bandwidth but overlap their latencies; programs run in waves over the SMs
   (wave quantization); a persistent kernel pays its pipeline fill once per SM, not per tile;
+* tiles brought in by the TMA unit (persistent GEMMs, attention with TMA loads) stream from L2
+  faster per SM than the warps' own loads;
 * a split-K launch runs ``SPLIT_K`` programs per tile over slices of k, each storing its partial
   tile and counting itself in, the last adding them up;
 * accumulators beyond the registers a thread has spill to local memory: a large penalty;
@@ -154,10 +156,11 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     comp = flops / (flops_sm * row_use)
     # L2 bandwidth of an SM: its port, or its share of the whole when every SM pulls
     active = min(programs, hw.num_sms)
-    l2_sm = min(
-        hw.sm_l2_bytes_per_cycle * hw.clock_hz,
-        hw.mem_bandwidth * hw.l2_bandwidth_ratio / active,
-    )
+    # the TMA unit fills shared memory faster than the warps' own loads
+    tma = (persistent and w.family == "gemm") or (
+        w.family == "attention" and (ws or bool(launch.get("TMA"))))
+    port = hw.sm_l2_tma_bytes_per_cycle if tma else hw.sm_l2_bytes_per_cycle
+    l2_sm = min(port * hw.clock_hz, hw.mem_bandwidth * hw.l2_bandwidth_ratio / active)
     load = loaded / l2_sm
     # a folded normalization's statistics: its rows read once more per program, before the
     # product (the loads wait for each other: latency per step of the statistics' loop)
@@ -169,7 +172,12 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         # split-K: every split stores its float32 partial tile and counts itself in (an atomic
         # round trip); the last reads all the partials back before the epilogue
         epilogue += (1 + split) * bm * bn * w.accumulators * 4 / l2_sm + 2 * latency
-    hidden = latency / max(stages - 1, 1)
+    # the ring's stages - 1 loads in flight; a GEMM's slot is busy for a load's latency and its
+    # transfer (Little's law), so few stages bound its loop even where L2 keeps up (BERT's
+    # GEMMs at 4096 tokens: 128x256x128 tiles in 2 stages measured 1.2-1.4x the 3-stage
+    # 128x256x64 ones; an attention's measured 2-slot rings show no such bound)
+    busy = latency + load if w.family == "gemm" else latency
+    hidden = busy / max(stages - 1, 1)
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
     t_iter = max(resident * comp, resident * load, resident * sfu, hidden) + overhead
