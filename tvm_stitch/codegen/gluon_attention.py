@@ -52,9 +52,8 @@ from tvm_stitch.codegen.triton_gen import (
     attention_tma,
     pow2,
 )
+from tvm_stitch.cost.model import WS_ROWS  # a program's query rows: two warpgroups of 64
 
-#: query rows of a program: two consumer warpgroups of 64 (a Hopper wgmma's rows)
-WS_ROWS = 128
 #: widest head tile: a consumer holds a 64×n float32 score tile and a 64×d output tile in
 #: registers (240 per thread)
 WS_MAX_HEAD = 128

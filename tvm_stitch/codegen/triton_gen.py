@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -1108,7 +1109,11 @@ def kernel_source(match, name: str | None = None) -> KernelSource:
     signature = [shapes[t] for t in (*inputs, *outputs)]
     digest = hashlib.sha1((body + repr(signature)).encode()).hexdigest()[:10]
     name = name or f"stitch_{match.family}_{digest}"
-    return PRINTERS[match.family](match, name)
+
+    def named(text):  # the draft under its name (printing it again costs as much as the draft)
+        return re.sub(r"\bKERNEL\b", name, text) if text else text
+
+    return dataclasses.replace(draft, name=name, text=named(draft.text), ws=named(draft.ws))
 
 
 # -- loading ---------------------------------------------------------------------------------------
