@@ -13,7 +13,8 @@ Formulations (all ``C = A @ W^T``, fp16, fp32 accumulation, W stored (N, K) as n
   (for few rows: every SM pulls its share of the weights);
 - ``--descriptors``: ``tma_p`` against ``tma_ph`` (the descriptors made by the host and passed
   by value) and ``tma_ph_ws`` (with Triton's warp specialization of the tile loop); FFN1 also
-  with BERT's erf GELU epilogue (``_gelu``): does the specialization overlap it?
+  with BERT's erf GELU epilogue (``_gelu``; ``_gelu_sub``: on two column halves of the
+  tile, one after the other): does the specialization overlap it, do fewer live values help?
 
 The product loops and tile order are the templates' own (``_tile_product``,
 ``_tile_product_tma``, ``_tile_of``).  Each formulation runs a fixed list of tile configs on
@@ -95,7 +96,7 @@ def gemm_tma(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                WS: tl.constexpr, GELU: tl.constexpr = False):
+                WS: tl.constexpr, GELU: tl.constexpr = 0):
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     tile_c = tl.program_id(0) - NUM_SMS
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True,
@@ -106,9 +107,17 @@ def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
                                 BLOCK_K, True)
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
-        if GELU:  # BERT's FFN1 epilogue (erf): does warp specialization overlap it?
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-        _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+        if GELU == 2:  # the same epilogue on two column halves (fewer live registers)
+            halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
+            lo, hi = tl.split(halves)
+            lo = 0.5 * lo * (1.0 + tl.math.erf(lo * 0.7071067811865476))
+            _store_tile(C, lo, pid_m, 2 * pid_n, M, N, BLOCK_M, BLOCK_N // 2)
+            hi = 0.5 * hi * (1.0 + tl.math.erf(hi * 0.7071067811865476))
+            _store_tile(C, hi, pid_m, 2 * pid_n + 1, M, N, BLOCK_M, BLOCK_N // 2)
+        else:
+            if GELU:  # BERT's FFN1 epilogue (erf): does warp specialization overlap it?
+                acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+            _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -122,7 +131,7 @@ def gemm_tma_p(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def gemm_tma_ph(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                WS: tl.constexpr, GELU: tl.constexpr = False):
+                WS: tl.constexpr, GELU: tl.constexpr = 0):
     # ``tma_p`` with descriptors the host makes (Triton's launcher passes them by value), and
     # with Triton's automatic warp specialization of the tile loop (``WS``)
     _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS, WS,
@@ -182,9 +191,9 @@ def run(json_out=None, quick=False, echo=print, descriptors=False) -> list[dict]
                 host = (TensorDescriptor.from_tensor(a, [bm, bk]),
                         TensorDescriptor.from_tensor(w, [bn, bk]))
                 variants = {"tma_p": variants["tma_p"]}
-                gelus = (False, True) if case == "ffn1" else (False,)
+                gelus = (0, 1, 2) if case == "ffn1" else (0,)
                 for ws, gelu in itertools.product((False, True), gelus):
-                    variants[f"tma_ph{'_ws' if ws else ''}{'_gelu' if gelu else ''}"] = (
+                    variants[f"tma_ph{'_ws' if ws else ''}{['', '_gelu', '_gelu_sub'][gelu]}"] = (
                         gemm_tma_ph, (min(sms, tiles),),
                         {"NUM_SMS": sms, "WS": ws, "GELU": gelu, "host": host})
             if m <= 512:
