@@ -31,7 +31,12 @@ import json
 import triton
 import triton.language as tl
 
-from tvm_stitch.codegen.triton_kernels import _tile_of, _tile_product, _tile_product_tma
+from tvm_stitch.codegen.triton_kernels import (
+    _epilogue,
+    _tile_of,
+    _tile_product,
+    _tile_product_tma,
+)
 
 SHAPES = {
     "qkv": (4096, 2304, 768),
@@ -107,16 +112,18 @@ def _persistent(a_desc, w_desc, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
                                 BLOCK_K, True)
         tile_c += NUM_SMS
         pid_m, pid_n = _tile_of(tile_c, tiles_m, tiles_n, GROUP_M)
+        # GELU: the template's epilogue (bias and residual off, its erf form 1: GELU_ERF)
         if GELU == 2:  # the same epilogue on two column halves (fewer live registers)
             halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
             lo, hi = tl.split(halves)
-            lo = 0.5 * lo * (1.0 + tl.math.erf(lo * 0.7071067811865476))
-            _store_tile(C, lo, pid_m, 2 * pid_n, M, N, BLOCK_M, BLOCK_N // 2)
-            hi = 0.5 * hi * (1.0 + tl.math.erf(hi * 0.7071067811865476))
-            _store_tile(C, hi, pid_m, 2 * pid_n + 1, M, N, BLOCK_M, BLOCK_N // 2)
+            _epilogue(lo, C, C, C, pid_m, 2 * pid_n, M, N, N, 1, N, 1, BLOCK_M, BLOCK_N // 2,
+                      False, 1, False)
+            _epilogue(hi, C, C, C, pid_m, 2 * pid_n + 1, M, N, N, 1, N, 1, BLOCK_M,
+                      BLOCK_N // 2, False, 1, False)
+        elif GELU:  # BERT's FFN1 epilogue: does warp specialization overlap it?
+            _epilogue(acc, C, C, C, pid_m, pid_n, M, N, N, 1, N, 1, BLOCK_M, BLOCK_N, False,
+                      1, False)
         else:
-            if GELU:  # BERT's FFN1 epilogue (erf): does warp specialization overlap it?
-                acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
             _store_tile(C, acc, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 

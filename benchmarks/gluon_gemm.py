@@ -38,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tvm_stitch.codegen.gluon_attention import smem_layout
+
 SHAPES = {  # (M, N, K, epilogue): 0 none, 1 bias, 2 bias + GELU, 3 bias + residual
     "qkv": (4096, 2304, 768, 1),
     "out": (4096, 768, 768, 3),
@@ -196,10 +198,6 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
     ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
 
 
-def _layout(rows, cols):
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float16)
-
-
 def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     """``c = epilogue(a @ w.T)`` by :func:`gemm_ws` on ``min(sms, tiles)`` programs."""
     import triton
@@ -209,9 +207,9 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     rows = bm // (coop + 1)
     m, k = a.shape
     n = w.shape[0]
-    a_desc = TensorDescriptor.from_tensor(a, [rows, bk], _layout(rows, bk))
-    w_desc = TensorDescriptor.from_tensor(w, [bn, bk], _layout(bn, bk))
-    c_desc = TensorDescriptor.from_tensor(c, [rows, bn], _layout(rows, bn))
+    a_desc = TensorDescriptor.from_tensor(a, [rows, bk], smem_layout(rows, bk, "float16"))
+    w_desc = TensorDescriptor.from_tensor(w, [bn, bk], smem_layout(bn, bk, "float16"))
+    c_desc = TensorDescriptor.from_tensor(c, [rows, bn], smem_layout(rows, bn, "float16"))
     grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
     return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
                          NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
@@ -235,7 +233,7 @@ def compile_only() -> None:
         for name in gemm_ws.arg_names:
             if name in boxes:
                 sig[name] = f"tensordesc<fp16[{boxes[name][0]},{boxes[name][1]}]," \
-                            f"{_layout(*boxes[name])!r}>"
+                            f"{smem_layout(*boxes[name], 'float16')!r}>"
             elif name in consts:
                 sig[name] = "constexpr"
             else:

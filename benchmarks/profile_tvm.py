@@ -81,19 +81,26 @@ def main(argv=None) -> int:
     return 0
 
 
-def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
-    """Kernel times as CUPTI sees them (TVM's and Triton's kernels alike), per run."""
+def cupti_kernels(run, sync, runs: int = 5) -> dict:
+    """Kernel name -> ``[µs per run, launches in all runs]`` of ``run()`` called ``runs``
+    times, as CUPTI sees them (TVM's, Triton's and PyTorch's kernels alike)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(runs):
-            vm[inst.func](*vm_args)
-        dev.sync()
+            run()
+        sync()
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in prof.events():
         if event.device_type.name == "CUDA" and event.device_time > 0:
             totals[event.name][0] += event.device_time / runs
             totals[event.name][1] += 1
+    return totals
+
+
+def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
+    """Kernel times as CUPTI sees them (TVM's and Triton's kernels alike), per run."""
+    totals = cupti_kernels(lambda: vm[inst.func](*vm_args), dev.sync, runs)
     total = sum(t for t, _ in totals.values())
     calls = sum(n for _, n in totals.values()) // runs
     print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI)")

@@ -18,18 +18,12 @@ import argparse
 def kernel_time(fn, runs: int = 50) -> tuple[float, list[str]]:
     """Mean CUDA kernel time per call of ``fn`` (µs) and the names of its kernels."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from tvm_stitch.benchmarks.profile_tvm import cupti_kernels
 
     for _ in range(5):
         fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    total = sum(e.device_time for e in events)
-    return total / runs, sorted({e.name[:90] for e in events})
+    totals = cupti_kernels(fn, torch.cuda.synchronize, runs)
+    return sum(us for us, _ in totals.values()), sorted(name[:90] for name in totals)
 
 
 def main(argv=None) -> int:
