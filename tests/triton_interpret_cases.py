@@ -14,6 +14,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from tvm_stitch.codegen import triton_kernels as tk  # noqa: E402
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, TilingExpr  # noqa: E402
@@ -115,5 +117,25 @@ for dtype in (torch.float32, torch.float16):
             got = tk.run_gemm_epilogue(xx, ww, bias, res if residual else None, gelu, config)
             check(f"gemm {label} gelu={gelu} residual={residual} {dtype}", got,
                   linear(xx, ww, gelu, residual), dtype)
+
+
+# erf to absolute accuracy (GELU's 1 + erf): against float64 over the range where it bends,
+# beyond the clamp (3.92), and at zeros, infinities and NaN
+@triton.jit
+def _erf_kernel(x_ptr, y_ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    tl.store(y_ptr + i, tk._erf_abs(tl.load(x_ptr + i)))
+
+
+specials = [0.0, -0.0, 1e-30, -1e-3, 3.91, 3.92, 3.93, 30.0, float("inf"), -float("inf"),
+            float("nan")]
+xs = torch.cat([torch.linspace(-6, 6, 8192 - len(specials)), torch.tensor(specials)])
+ys = torch.empty_like(xs)
+_erf_kernel[(1,)](xs, ys, n=8192)
+exact = torch.erf(xs.double())
+err = (ys.double() - exact)[~exact.isnan()].abs().max().item()
+minus_zero = ys[8192 - len(specials) + 1]
+records.append({"case": "erf absolute", "max_err": err,
+                "ok": err <= 1.2e-7 and bool(ys[-1].isnan()) and bool(minus_zero.signbit())})
 
 json.dump(records, sys.stdout)

@@ -215,6 +215,35 @@ def replace(elem: Elem, fn: Callable[[Elem], Elem | None]) -> Elem:
     return elem
 
 
+def offset_erf(elem: Elem) -> Op | None:
+    """The ``erf`` that ``elem`` adds to a constant at least half its scale, or None.
+
+    ``elem`` of the form ``c ± s·erf(u)`` — through casts to floating types and multiplications
+    by constants, ``|c| ≥ |s| / 2`` (GELU's ``1 + erf(x/√2)`` or ``0.5 + 0.5·erf(x/√2)``,
+    however spelled). The sum is rounded at about ``2**-25·|s|`` or coarser, so an ``erf``
+    accurate to ``1.1e-7`` absolute (not relative: its values near 0 lose digits) is as good as
+    a correctly rounded one there, within two units of that rounding; that is all such a sum
+    needs (:func:`tvm_stitch.codegen.triton_kernels._erf_abs`, half the instructions of
+    libdevice's ``erff``)."""
+    if not isinstance(elem, Op) or elem.op not in ("add", "sub") or "float" not in elem.dtype:
+        return None
+    for const, other in (elem.args, elem.args[::-1]):
+        if not isinstance(const, Const):
+            continue
+        scale, e = 1.0, other
+        while isinstance(e, Op):
+            if e.op == "cast" and "float" in e.dtype:
+                e = e.args[0]
+            elif e.op == "mul" and any(isinstance(a, Const) for a in e.args):
+                c, e = e.args if isinstance(e.args[0], Const) else e.args[::-1]
+                scale *= float(c.value)
+            else:
+                break
+        if isinstance(e, Op) and e.op == "erf" and abs(float(const.value)) >= abs(scale) / 2:
+            return e
+    return None
+
+
 def format_elem(elem: Elem) -> str:
     """Readable text of an element expression (for logs and reasons)."""
     if isinstance(elem, Leaf):

@@ -151,7 +151,8 @@ def ws_legality(match) -> str | None:
     return attention_tma(match) or _unflattened(match)
 
 
-_GL_CALLS = [(r"\btl\.math\.erf\(", "gl.erf("), (r"\btl\.sigmoid\(", "_sigmoid("),
+_GL_CALLS = [(r"\btl\.math\.erf\(", "gl.erf("), (r"\b_erf_abs\(", "gl.erf("),
+             (r"\btl\.sigmoid\(", "_sigmoid("),
              (r"\btl\.", "gl.")]
 
 

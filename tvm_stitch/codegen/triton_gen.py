@@ -27,7 +27,7 @@ from pathlib import Path
 from tvm import ir
 from tvm.ir.prim import expr as P
 
-from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Op, Reduce
+from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Op, Reduce, offset_erf, replace
 from tvm_stitch.analysis.indexing import Strided, dtype_of
 from tvm_stitch.codegen.triton_kernels import ATTENTION_MAX_TILE, GEMM_MAX_TILE
 
@@ -69,6 +69,7 @@ _CALLS = {
     "floor": "tl.floor",
     "ceil": "tl.ceil",
     "erf": "tl.math.erf",
+    "erf_abs": "_erf_abs",  # an erf inside c + s·erf, |c| ≥ |s|/2 (analysis.elem.offset_erf)
     "sin": "tl.sin",
     "cos": "tl.cos",
 }
@@ -324,6 +325,9 @@ class ElemPrinter:
             if name is None:
                 raise UnsupportedKernelError("a reduction inside an epilogue")
             return f"{name}[:, None]"
+        erf = offset_erf(e)
+        if erf is not None:  # the sum needs the erf's absolute accuracy only
+            e = replace(e, lambda x: Op("erf_abs", x.args, x.dtype) if x is erf else None)
         args = [self.expr(a) for a in e.args]
         op = e.op
         if op in _INFIX:
@@ -469,7 +473,8 @@ import triton
 import triton.language as tl
 
 from tvm_stitch.codegen.triton_kernels import (
-    _split_arrive, _split_sum, _tile_of, _tile_product, _tile_product2, _tile_product_tma
+    _erf_abs, _split_arrive, _split_sum, _tile_of, _tile_product, _tile_product2,
+    _tile_product_tma
 )
 
 '''
