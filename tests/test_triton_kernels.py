@@ -189,6 +189,51 @@ def test_generated_launch_carries_pointers_only():
     assert [int(a) for a in call.args[15:20]] == [0, 0, 256, 24, 1]
 
 
+def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
+    """Launched with programmatic dependent launch, a generated kernel's first instructions
+    wait for the grid before it (nothing is loaded or stored earlier), then release the next
+    launch; the tag sits before the shared-memory one (TVM wants that last) and ptxas takes
+    the PTX."""
+    import os
+    import re
+    import shutil
+
+    from tvm_stitch.codegen import embed
+
+    source = embed.plan_launch(
+        "gemm_epilogue",
+        [embed.Param(n, s, "float16") for n, s in (("A", (70, 64)), ("W", (48, 64)),
+                                                    ("C", (70, 48)))],
+        {"A": "A", "B": "W", "C": "C", "Bias": "A", "Res": "A", "M": 70, "N": 48, "K": 64,
+         "s_am": 64, "s_ak": 1, "s_bk": 1, "s_bn": 64, "s_cm": 48, "s_cn": 1, "s_rm": 48,
+         "s_rn": 1},
+        {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "HAS_BIAS": False, "GELU": 0,
+         "HAS_RES": False, "GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1},
+        (4,), {"num_warps": 4, "num_stages": 2}, "pdl_probe")
+    body = source.ptx[source.ptx.index(".entry pdl_probe"):]
+    body = body[body.index("{") + 1:]
+    instructions = [ln.strip() for ln in body.splitlines()
+                    if ln.strip() and not ln.strip().startswith((".reg", ".shared", "//", "$"))]
+    assert instructions[:2] == ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"]
+    assert not any(re.match(r"(ld|st|cp|atom|red)\.", i) for i in instructions[:2])
+    assert embed.PDL_TAG in source.tags
+    if "tirx.use_dyn_shared_memory" in source.tags:
+        assert source.tags[-1] == "tirx.use_dyn_shared_memory"
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        ptxas = shutil.which("ptxas")
+    if ptxas:
+        import subprocess
+
+        (tmp_path / "k.ptx").write_text(source.ptx)
+        out = subprocess.run([ptxas, "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
+                              str(tmp_path / "k.cubin")], capture_output=True, text=True,
+                             check=False)
+        assert out.returncode == 0, out.stderr
+
+
 def _packed_call(node):
     """The launch's ``call_packed`` in a PrimFunc of :func:`embed.generated_launch`."""
     import tvm

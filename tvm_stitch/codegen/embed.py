@@ -31,6 +31,9 @@ _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers 
 #: R570 on compile it; a newer Triton would otherwise emit its own ptxas's ISA (9.4 for 13.4),
 #: which the GPU host's driver may not know
 PTX_ISA = 87
+#: TVM's launch tag for programmatic dependent launch (``cuLaunchKernelEx`` with programmatic
+#: stream serialization; the spelling is TVM's)
+PDL_TAG = "tirx.use_programtic_dependent_launch"
 _TRITON_TYPES = {
     "float16": "*fp16",
     "bfloat16": "*bf16",
@@ -268,12 +271,12 @@ def plan_launch(
     box_meta = iter(getattr(meta, "tensordesc_meta", None) or [])
     # Triton's scratch pointers: the global one when the kernel needs it, else null
     arg_types += ["handle" if scratch else "int64", "int64"]
-    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
+    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)], PDL_TAG]
     extents = [meta.num_warps * 32, *grid]
     if meta.shared:
-        tags.append("tirx.use_dyn_shared_memory")
+        tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
         extents.append(meta.shared)
-    ptx = compiled.asm["ptx"].replace(meta.name, symbol)
+    ptx = dependent_launch(compiled.asm["ptx"].replace(meta.name, symbol))
 
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
@@ -306,6 +309,23 @@ def plan_launch(
                 call += nulls + [T.int32(e) for e in extents]
                 T.evaluate(T.call_packed(symbol, *call))
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
+
+
+def dependent_launch(ptx: str) -> str:
+    """``ptx`` whose kernel may be launched before the kernel before it has finished
+    (programmatic dependent launch, sm_90): its first instructions wait for that grid to complete
+    and its memory to be visible (``griddepcontrol.wait``: before any load or store, so neither
+    what it reads nor what it overwrites can race), then let the next launch begin
+    (``griddepcontrol.launch_dependents``). Launched with :data:`PDL_TAG`, each generated
+    kernel's launch and start-up overlap the previous kernel's last wave instead of following
+    it; a kernel launched without the tag (TVM's own) waits for everything before it."""
+    lines = ptx.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(".visible .entry"))
+    body = next(i for i in range(start, len(lines)) if lines[i].strip() == "{") + 1
+    while lines[body].strip().startswith((".reg", ".shared", ".local")) or not lines[body].strip():
+        body += 1
+    lines.insert(body, "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n")
+    return "".join(lines)
 
 
 def _host_descriptor(T, buf, desc, meta: dict) -> list:  # noqa: N803 - TVMScript's T
