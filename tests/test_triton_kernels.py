@@ -327,6 +327,8 @@ def test_erf_printed_to_the_accuracy_its_sum_needs():
                                                 "float32")), "float32")
     assert offset_erf(tvm_gelu.args[1]) is erf32 and offset_erf(hf_sum) is erf32
     assert offset_erf(fine) is None and offset_erf(erf32) is None
+    erf64 = Op("erf", (Leaf("y", ("i",), "float64"),), "float64")
+    assert offset_erf(Op("add", (Const(1.0, "float64"), erf64), "float64")) is None
 
     view = Strided("x", (8,), "float16", 0, (("i", 1),))
     p = ElemPrinter({"i": "ri"}, {}, {"x": "X"}, {x.key(): view}, {})

@@ -224,7 +224,7 @@ def offset_erf(elem: Elem) -> Op | None:
     accurate to ``1.1e-7`` absolute (not relative: its values near 0 lose digits) is as good as
     a correctly rounded one there, within two units of that rounding; that is all such a sum
     needs (:func:`tvm_stitch.codegen.triton_kernels._erf_abs`, half the instructions of
-    libdevice's ``erff``)."""
+    libdevice's ``erff``). A float64 erf is left alone (its sum keeps more digits)."""
     if not isinstance(elem, Op) or elem.op not in ("add", "sub") or "float" not in elem.dtype:
         return None
     for const, other in (elem.args, elem.args[::-1]):
@@ -239,7 +239,8 @@ def offset_erf(elem: Elem) -> Op | None:
                 scale *= float(c.value)
             else:
                 break
-        if isinstance(e, Op) and e.op == "erf" and abs(float(const.value)) >= abs(scale) / 2:
+        if (isinstance(e, Op) and e.op == "erf" and e.dtype != "float64"
+                and abs(float(const.value)) >= abs(scale) / 2):
             return e
     return None
 

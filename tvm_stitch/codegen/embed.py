@@ -320,7 +320,7 @@ def dependent_launch(ptx: str) -> str:
     kernel's launch and start-up overlap the previous kernel's last wave instead of following
     it; a kernel launched without the tag (TVM's own) waits for everything before it."""
     lines = ptx.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(".visible .entry"))
+    start = next(i for i, line in enumerate(lines) if ".entry " in line)
     body = next(i for i in range(start, len(lines)) if lines[i].strip() == "{") + 1
     while lines[body].strip().startswith((".reg", ".shared", ".local")) or not lines[body].strip():
         body += 1

@@ -29,12 +29,12 @@ GELU_NONE, GELU_ERF, GELU_TANH = 0, 1, 2
 
 @triton.jit
 def _erf_abs(x):
-    """``erf(x)`` to 1.1e-7 absolute error (float32; up to 2.3e-7 with the GPU's ``ex2.approx``,
-    two units at 1): ``±(1 − 2**R(|x|))`` with ``R`` a degree-8
-    polynomial fitting ``log2(erfc)`` on [0, 3.92] (weighted least squares, no constant term:
-    exact at 0) — one ``ex2`` and eight FMAs, branch-free, about half of libdevice's ``erff``,
-    whose two branches a warp of mixed signs and sizes runs both of. Values near 0 keep their
-    absolute, not relative, accuracy: for sums such as GELU's ``1 + erf``
+    """``erf(x)`` of float32 ``x`` to 1.1e-7 absolute error (up to 2.3e-7 with the GPU's
+    ``ex2.approx``, two units at 1): ``±(1 − 2**R(|x|))`` with ``R`` a degree-8 polynomial
+    fitting ``log2(erfc)`` on [0, 3.92] (weighted least squares, no constant term: exact at 0)
+    — one ``ex2`` and eight FMAs, branch-free, about half of libdevice's ``erff``, whose two
+    branches a warp of mixed signs and sizes runs both of. Values near 0 keep their absolute,
+    not relative, accuracy: for sums such as GELU's ``1 + erf``
     (:func:`tvm_stitch.analysis.elem.offset_erf`). NaN stays NaN."""
     t = tl.minimum(tl.abs(x), 3.92, propagate_nan=tl.PropagateNan.ALL)
     p = -4.535461630e-05 * t + 4.454722512e-04
