@@ -23,12 +23,10 @@ import triton.language as tl
 
 from tvm_stitch.codegen.triton_kernels import _tile_of
 
-SHAPES = {
-    "ffn2": (4096, 768, 3072),
-    "out": (4096, 768, 768),
-    "qkv": (4096, 2304, 768),
-    "ffn1": (4096, 3072, 768),
-}
+from .gemm_study import SHAPES as BERT_GEMMS
+
+#: BERT-base's four GEMMs at 4096 tokens (gemm_study's, without its 128-token ones)
+SHAPES = {case: shape for case, shape in BERT_GEMMS.items() if "@" not in case}
 #: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 CONFIGS = [
     (128, 256, 64, 8, 3),
