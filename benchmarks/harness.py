@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.pipeline import as_target
+from tvm_stitch.pipeline import as_target, num_input, prepare_args
 from tvm_stitch.tune.measure import time_torch
 
 logger = logging.getLogger("tvm_stitch.bench")
@@ -111,10 +111,13 @@ _CHILD = """
 import json, sys, numpy as np, tvm
 from tvm import relax
 from tvm_stitch.benchmarks.harness import time_tvm
+from tvm_stitch.pipeline import prepare_args
 folder, func, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+inputs = None if sys.argv[4] == "-" else int(sys.argv[4])
 dev = tvm.cuda(0)
 vm = relax.VirtualMachine(tvm.runtime.load_module(folder + "/mod.so"), dev)
 args = [tvm.runtime.tensor(np.load(f"{folder}/arg{i}.npy"), device=dev) for i in range(count)]
+args = prepare_args(vm, func, args, inputs)
 out = vm[func](*args)
 outs = list(out) if type(out).__name__ in ("Array", "list", "tuple") else [out]
 for i, o in enumerate(outs):
@@ -145,7 +148,8 @@ def run_isolated(inst, target, pipeline_kind: str) -> tuple[float, list[np.ndarr
         for i, a in enumerate(inst.args):
             np.save(f"{folder}/arg{i}.npy", a)
         res = subprocess.run(
-            [sys.executable, "-c", _CHILD, folder, inst.func, str(len(inst.args))],
+            [sys.executable, "-c", _CHILD, folder, inst.func, str(len(inst.args)),
+             str(num_input(inst.mod, inst.func) or "-")],
             capture_output=True, text=True, check=False, timeout=600,
         )
         if res.returncode != 0:
@@ -157,11 +161,19 @@ def run_isolated(inst, target, pipeline_kind: str) -> tuple[float, list[np.ndarr
 
 
 def run_tvm(vm, inst, dev) -> tuple[list, list[np.ndarray]]:
-    """Run once; return the device arguments (reused for timing) and the outputs as numpy."""
-    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    """Run once; return the device arguments (reused for timing; weights transformed where
+    the module lifted their transform) and the outputs as numpy."""
+    args = device_args(vm, inst, dev)
     out = vm[inst.func](*args)
     outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
     return args, [o.numpy() for o in outs]
+
+
+def device_args(vm, inst, dev) -> list:
+    """``inst.args`` on ``dev``, as ``vm[inst.func]`` takes them (see
+    :func:`tvm_stitch.pipeline.prepare_args`)."""
+    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    return prepare_args(vm, inst.func, args, num_input(inst.mod, inst.func))
 
 
 def time_tvm(vm, func: str, args, dev, budget_ms: float = 200.0) -> float:

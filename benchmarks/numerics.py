@@ -26,7 +26,7 @@ import tvm
 
 from tvm_stitch.pipeline import as_target
 
-from .harness import compare, compile_tvm, tvm_device
+from .harness import compare, compile_tvm, device_args, tvm_device
 
 
 def kernel_outputs(inst, target, options=None) -> list[tuple[str, np.ndarray]]:
@@ -46,7 +46,7 @@ def kernel_outputs(inst, target, options=None) -> list[tuple[str, np.ndarray]]:
         return 0  # VMInstrumentReturnKind.kNoOp
 
     vm.set_instrument(instrument)
-    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    args = device_args(vm, inst, dev)
     out = vm[inst.func](*args)
     first = out[0] if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else out
     rows.append(("<outputs>", first.numpy().astype("float32")))

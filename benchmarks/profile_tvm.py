@@ -19,6 +19,8 @@ from tvm import relax
 import tvm_stitch
 from tvm_stitch.workloads import get_workload
 
+from .harness import device_args
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     ex = tvm.compile(inst.mod, target, relax_pipeline=pipe)
     dev = tvm.cuda(0) if cuda else tvm.cpu(0)
     vm = relax.VirtualMachine(ex, dev)
-    vm_args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    vm_args = device_args(vm, inst, dev)
     vm[inst.func](*vm_args)  # warm up (and tune/compile nothing more)
     if args.cupti:
         return _cupti(vm, inst, vm_args, dev, args.top)

@@ -26,9 +26,10 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.recognize import FAMILIES, recognize
+from tvm_stitch.analysis.weights import join_weights, weight_tensors
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.embed import can_compile, can_measure
-from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source
+from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
 from tvm_stitch.graph import build_graph
 
 from .order import topological
@@ -135,11 +136,16 @@ class FuseMBCI:
     fold_norms : bool
         Fold normalizations whose every reader is a GEMM kernel into those kernels (see
         :class:`tvm_stitch.config.PipelineOptions`).
+    join_weights : bool
+        Concatenate the weights of a banded GEMM (parameters past the function's
+        ``num_input``) into one tensor its kernel reads through one TMA descriptor (see
+        :mod:`tvm_stitch.analysis.weights`); the concatenation is left in the function, for
+        ``relax.transform.LiftTransformParams`` to move out of it.
     """
 
     def __init__(
         self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
-        fold_norms=False,
+        fold_norms=False, join_weights=False,
     ):
         unknown = set(families) - set(FAMILIES)
         if unknown:
@@ -150,6 +156,7 @@ class FuseMBCI:
         self.plan_only = plan_only
         self.measure = measure
         self.fold_norms = fold_norms
+        self.join_weights = join_weights
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -174,15 +181,18 @@ class FuseMBCI:
             logger.info("Triton kernels not used: %s", err)
             return mod
         tuner = _Tuner(hw, self.database or TuningDatabase(), on_device and self.measure)
-        return _Rewriter(mod, builder, tuner, self.fold_norms).run(self.families)
+        return _Rewriter(mod, builder, tuner, self.fold_norms, self.join_weights).run(
+            self.families)
 
 
 class _Rewriter:
     """One pass over a module: rewrites matches, collects the new PrimFuncs and CUDA modules."""
 
-    def __init__(self, mod, builder, tuner, fold_norms=False):
+    def __init__(self, mod, builder, tuner, fold_norms=False, join=False):
         self.mod, self.builder, self.tuner = mod, builder, tuner
         self.fold_norms = fold_norms
+        self.join = join
+        self.weights: set[str] = set()  # graph tensors that are weights (when joining)
         self.ctx = relax.BlockBuilder(mod)  # hands out typed GlobalVars for new PrimFuncs
         self.funcs: dict[str, relax.GlobalVar] = {}
         self.prims: dict[str, tvm.tirx.PrimFunc] = {}
@@ -216,6 +226,7 @@ class _Rewriter:
     def _function(self, name, func, families):
         graph = build_graph(self.mod, name, legalize=False)
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
+        self.weights = weight_tensors(graph, func) if self.join else set()
         found = recognize(graph, families, fold_norms=self.fold_norms)
         kernels = []
         for match in found.matches:
@@ -240,10 +251,13 @@ class _Rewriter:
         )
 
     def _kernel(self, graph, match):
-        """``(GlobalVar, output types)`` of the kernel of ``match`` (built once per variant)."""
+        """``(GlobalVar, args, output types, outputs, bindings before the call)`` of the kernel
+        of ``match`` (built once per variant)."""
+        match, pre, shapes = self._joined(match)
         source = kernel_source(match)
         tensors = [*source.inputs, *source.outputs]
-        shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
+        shapes.update({t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors
+                       if t not in shapes})
         constants = {
             t: graph.values[t].value.numpy()
             for t in source.inputs
@@ -273,7 +287,44 @@ class _Rewriter:
             for buf in list(prim.params)[len(args):]
         ]
         outs = [self._value(graph, t) for t in source.outputs]
-        return self.funcs[key], args, types, outs
+        return self.funcs[key], args, types, outs, pre
+
+    def _joined(self, match):
+        """``(match, bindings, shapes)``: ``match`` reading its bands' weights joined in one
+        tensor where that lets one TMA descriptor read them (the concatenation bound before
+        the kernel), else ``match`` unchanged, no bindings."""
+        if not self.weights or len(match.segments) < 2:
+            return match, [], {}
+        joined_match, joined = join_weights(match, self.weights)
+        if joined_match is None:
+            logger.info("%s: weights not joined: %s", match.describe(), joined)
+            return match, [], {}
+        why = tma_layout(joined_match)
+        if isinstance(why, str):
+            logger.info("%s: weights not joined: TMA cannot read them (%s)",
+                        match.describe(), why)
+            return match, [], {}
+        from tvm import te, topi
+
+        key = f"join_{joined.dtype}_{joined.axis}_" + "_".join(
+            "x".join(str(int(d)) for d in self.values[t].ty.shape.values)
+            for t in joined.parts)
+        if key not in self.funcs:
+            parts = [te.placeholder(tuple(int(d) for d in self.values[t].ty.shape.values),
+                                    joined.dtype, name=f"w{i}")
+                     for i, t in enumerate(joined.parts)]
+            out = topi.concatenate(parts, joined.axis)
+            func = te.create_prim_func([*parts, out]).with_attr("global_symbol", key)
+            self.funcs[key] = self.ctx.add_func(func, key)
+        var = relax.DataflowVar(joined.name.replace(".", "_"),
+                                relax.TensorType(joined.shape, joined.dtype))
+        self.values[joined.name] = var
+        call = relax.call_tir(self.funcs[key], [self.values[t] for t in joined.parts],
+                              relax.TensorType(joined.shape, joined.dtype))
+        logger.info("%s: weights %s joined into one %s tensor", match.describe(),
+                    ", ".join(joined.parts), "x".join(map(str, joined.shape)))
+        return joined_match, [relax.VarBinding(var, call)], {
+            joined.name: (joined.shape, joined.dtype)}
 
     def _value(self, graph, tensor):
         """The Relax value of a graph tensor, or a new variable for a tensor only kernels pass
@@ -312,14 +363,14 @@ def _rewrite_block(block, kernels):
     replaced = {}
     nodes = []  # (priority, bindings)
     position = {b.var: i for i, b in enumerate(block.bindings)}
-    for _, (gv, args, types, outs) in kernels:
+    for _, (gv, args, types, outs, pre) in kernels:
         call = relax.call_tir(gv, args, types[0] if len(types) == 1 else types)
         first = min(position[o] for o in outs if o in position)
         if len(types) == 1:
-            bindings = [relax.VarBinding(outs[0], call)]
+            bindings = [*pre, relax.VarBinding(outs[0], call)]
         else:
             tup = relax.DataflowVar(f"{outs[0].name}_kernel", relax.TupleType(types))
-            bindings = [relax.VarBinding(tup, call)]
+            bindings = [*pre, relax.VarBinding(tup, call)]
             bindings += [relax.VarBinding(o, relax.TupleGetItem(tup, i)) for i, o in
                          enumerate(outs)]  # buffers past the outputs are left unread
         for o in outs:

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 import tvm  # noqa: E402
 
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
+from tvm_stitch.analysis.weights import join_weights, weight_tensors  # noqa: E402
 from tvm_stitch.codegen import triton_gen  # noqa: E402
 from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
 from tvm_stitch.graph import build_graph  # noqa: E402
@@ -50,7 +51,10 @@ def moments_input(shape, rng):
     return (np.abs(rng.standard_normal(shape)) * 0.5 + 0.5).astype("float32")
 
 
-def run_case(label, match, graph, rng):
+def run_case(label, match, graph, rng, joined=None):
+    """Print one JSON line per output of each run of ``match``'s kernel (and, with
+    ``joined`` — ``(match', JoinedWeights)`` — of the kernel reading the bands' weights
+    concatenated, against the same reference)."""
     source = triton_gen.kernel_source(match)
     tensors = [*source.inputs, *source.outputs]
     shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
@@ -69,6 +73,19 @@ def run_case(label, match, graph, rng):
     outs = [tvm.runtime.tensor(np.zeros(shapes[t][0], shapes[t][1])) for t in source.outputs]
     ex["main"](*[tvm.runtime.tensor(a) for a in inputs], *outs)
     refs = [o.numpy().astype("float32") for o in outs]
+    kernels = [("", match, source, inputs)]
+    if joined is not None:  # the same products, their weights read from one tensor
+        jmatch, jw = joined
+        by_name = dict(zip(source.inputs, inputs))
+        by_name[jw.name] = np.concatenate([by_name[t] for t in jw.parts], axis=jw.axis)
+        jsource = triton_gen.kernel_source(jmatch)
+        assert jsource.persistent, "joined weights that TMA cannot read"
+        kernels.append((" joined weights", jmatch, jsource, [by_name[t] for t in jsource.inputs]))
+    for suffix, kmatch, ksource, kinputs in kernels:
+        _run_kernel(f"{label} {match.describe()}{suffix}", kmatch, ksource, kinputs, shapes, refs)
+
+
+def _run_kernel(label, match, source, inputs, shapes, refs):
     # the generated kernel, interpreted
     fn = triton_gen.load(source)
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
@@ -79,6 +96,12 @@ def run_case(label, match, graph, rng):
     runs = [("", {}, TILES)]
     if source.persistent:
         runs.append((" persistent", {"PERSISTENT": True}, TILES))
+    if source.persistent and len(match.segments) > 1:  # tiles straddling a band's last column
+        bn = 32
+        while all(s.n % bn == 0 for s in match.segments):
+            bn *= 2
+        wide = {**TILES, "BLOCK_N": bn}
+        runs.append((f" persistent BLOCK_N={wide['BLOCK_N']}", {"PERSISTENT": True}, wide))
     if source.tma:
         runs.append((" tma", {"TMA": True}, TILES))
     if pieces:  # a row's moments from tiles wider than one piece (16 columns)
@@ -109,7 +132,7 @@ def run_case(label, match, graph, rng):
             scale = max(1.0, float(np.abs(r).max()))
             ok = bool(err <= TOL[match.dtype] * scale and np.isfinite(g).all())
             print(json.dumps(
-                {"case": f"{label} {match.describe()}{kind} {t}", "max_err": err, "ok": ok}
+                {"case": f"{label}{kind} {t}", "max_err": err, "ok": ok}
             ))
 
 
@@ -120,7 +143,9 @@ def main(specs):
         params = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
         fold = params.pop("fold", "0") == "1"  # the kernels with normalizations folded in too
         inst = get_workload(name).instance(dtype, **{k: int(v) for k, v in params.items()})
-        graph = build_graph(legalized(inst.mod), legalize=False)
+        mod = legalized(inst.mod)
+        graph = build_graph(mod, legalize=False)
+        weights = weight_tensors(graph, mod[inst.func])
         seen = set()
         matches = recognize(graph).matches
         if fold:
@@ -129,7 +154,9 @@ def main(specs):
             key = triton_gen.kernel_source(match).name
             if key not in seen:
                 seen.add(key)
-                run_case(f"{name} {dtype}", match, graph, rng)
+                found = join_weights(match, weights)
+                run_case(f"{name} {dtype}", match, graph, rng,
+                         found if found[0] is not None else None)
 
 
 if __name__ == "__main__":

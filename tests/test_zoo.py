@@ -29,7 +29,7 @@ from tvm_stitch.analysis.recognize import recognize, visible_logits
 from tvm_stitch.codegen.te_reference import reference_func
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.graph import build_graph
-from tvm_stitch.pipeline import run_until
+from tvm_stitch.pipeline import num_input, prepare_args, run_until
 from tvm_stitch.tune.database import TuningDatabase
 from tvm_stitch.workloads import get_workload
 
@@ -205,6 +205,28 @@ def test_zoo_on_the_gpu(tmp_path, monkeypatch, name, params):
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
     out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
+    np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "params"), [
+    ("hf-bert-tiny", {"batch": 2, "seq": 67}),
+    ("llama-tiny", {"seq": 45}),  # bands of unequal widths (grouped K/V heads)
+])
+def test_joined_weights_on_the_gpu(tmp_path, monkeypatch, name, params):
+    """``lift_params``: Q/K/V's weights concatenated once by ``<func>_transform_params``, the
+    banded GEMM reading them through one TMA descriptor (persistent): PyTorch's numbers."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload(name).instance("float16", **params)
+    pipe = tvm_stitch.pipeline(CUDA, tune="model", lift_params=True)
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=pipe)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    assert vm.module.implements_function(f"{inst.func}_transform_params")
+    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    args = prepare_args(vm, inst.func, args, num_input(inst.mod, inst.func))
+    assert len(args) < len(inst.args)  # three weights became one
+    out = vm[inst.func](*args).numpy()
     np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
 
 

@@ -55,6 +55,19 @@ class PipelineOptions:
         re-reading 781 µs vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A``
         in registers lose the TMA formulation and take 3–4 µs more each, where a LayerNorm
         kernel costs 2 µs).  Needs ``"gemm"``.
+    lift_params : bool
+        Computations that depend on weights only — the parameters past the entry function's
+        ``num_input`` — move into a function of their own, ``<entry>_transform_params``
+        (``relax.transform.LiftTransformParams``), which takes the weights as one tuple and
+        returns the entry's new trailing parameters: run it once when the weights are
+        loaded. With it, the weights of GEMMs sharing their input (a layer's Q, K, V) are
+        concatenated there, and their kernel reads them with one TMA descriptor
+        (BERT-base 8×512 on an H100: 1992.8 against 2021.4 µs without, same run). Off by
+        default: the entry's parameters change (:func:`tvm_stitch.from_torch`'s module and
+        the benchmarks' runners call the transform when it is on,
+        :func:`tvm_stitch.pipeline.prepare_args`), and TVM 0.27's CUDA-graph rewriting then
+        cuts BERT-base's graph into four captures, which costs more than it gains at 1×128
+        (399.8 against 369.0 µs).
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
@@ -70,6 +83,7 @@ class PipelineOptions:
     compute_fp32: bool = True
     mcfuser: tuple = ("attention", "chain", "gemm")
     fold_norms: bool = False
+    lift_params: bool = False
     tune: str = "measure"
 
     def __post_init__(self):

@@ -200,7 +200,12 @@ class StitchModule:
         self.device = device
         self.vm = relax.VirtualMachine(executable, device)
         self._cuda = device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
-        self.params = [tvm.runtime.tensor(w, device=device) for w in imported.weights]
+        from tvm_stitch.pipeline import num_input, prepare_args
+
+        weights = [tvm.runtime.tensor(w, device=device) for w in imported.weights]
+        # compiled with lift_params: the weights' own computations (joined Q/K/V weights) once
+        self.params = prepare_args(self.vm, "main", weights,
+                                   0 if num_input(imported.mod, "main") is not None else None)
         main = imported.mod["main"]
         self.inputs = [
             (p.name, tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))

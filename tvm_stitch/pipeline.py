@@ -92,7 +92,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             measure = opts.tune == "measure"
             fusion.insert(
                 at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only,
-                                    measure=measure, fold_norms=opts.fold_norms)
+                                    measure=measure, fold_norms=opts.fold_norms,
+                                    join_weights=opts.lift_params)
             )
         # one tensor where a front end computed it several times (a cast per consumer); the
         # aliases that leaves are dropped (an alias reads its tensor outside any kernel)
@@ -108,6 +109,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             fusion.insert(at, passes.StitchSchedule(schedules))
         if target.kind.name == "cuda":  # kernels reading model inputs would cut CUDA graphs
             fusion.append(passes.StageInputs())
+        if opts.lift_params:  # weight-only computations (joined weights) run once, apart
+            fusion.append(relax.transform.LiftTransformParams())
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())
@@ -177,6 +180,35 @@ def pipeline(target=None, **options) -> tvm.transform.Pass:
             return tvm.transform.Sequential(seq)(mod)
 
     return _pipeline
+
+
+def prepare_args(vm, func: str, args: list, num_input: int | None) -> list:
+    """The arguments of ``vm[func]`` for ``args`` (inputs, then weights, as the module before
+    compilation took them): a module compiled with ``lift_params`` takes what its
+    ``<func>_transform_params`` makes of the weights (computed here, once: keep the result for
+    every call); any other module, ``args`` unchanged.
+
+    Parameters
+    ----------
+    vm : tvm.relax.VirtualMachine
+    func : str
+        The entry function.
+    args : list of tvm.runtime.Tensor
+    num_input : int or None
+        The entry's ``num_input`` attribute before compilation (how many of ``args`` are
+        inputs); None when it had none (nothing was lifted).
+    """
+    name = f"{func}_transform_params"
+    if num_input is None or not vm.module.implements_function(name):
+        return list(args)
+    return [*args[:num_input], *vm[name](list(args[num_input:]))]
+
+
+def num_input(mod: tvm.IRModule, func: str) -> int | None:
+    """The ``num_input`` attribute of ``mod[func]`` (how many parameters are inputs, the rest
+    weights), or None."""
+    value = (mod[func].attrs or {}).get("num_input")
+    return None if value is None else int(value)
 
 
 def default_pipeline(target=None) -> tvm.transform.Pass:

@@ -549,7 +549,7 @@ def _function(match, name, inputs, outputs, constexprs, lines, workspace=()) -> 
 def gemm_source(match, name: str) -> KernelSource:
     """The GEMM kernel: ``A`` (b, m, k) times each segment's ``B`` (b, k, n), epilogues, stores.
 
-    One program per output tile; a single product whose operands TMA can read (see
+    One program per output tile; a product per band whose operands TMA can read (see
     :func:`tma_layout`) also gets the persistent formulation, chosen by ``PERSISTENT``.
     """
     pointers, inputs, outputs = _pointers(match)
@@ -656,9 +656,9 @@ def gemm_source(match, name: str) -> KernelSource:
         )
     if split:
         lines += _split_reduction(len(bviews[0]))
-    epilogues = []
-    for si, seg in enumerate(segments):
-        head = heads[si][0]
+    def band_body(si, seg, within=None):
+        """Band ``si``'s epilogue; ``within``: a condition every load and store of it also
+        needs (a program computing every band's epilogue, storing only its own)."""
         n_axis = n_axes[si]
         tiles = {"b": "pid_b", "m": "rm[:, None]", n_axis: "rn[None, :]"}
         # no bounds checks along an axis every legal tile divides
@@ -670,6 +670,8 @@ def gemm_source(match, name: str) -> KernelSource:
             )
             if extent % GEMM_MAX_TILE
         }
+        if within:  # on the column axis: every store and every load of a column varies
+            masks[n_axis] = f"{masks[n_axis]} & {within}" if n_axis in masks else within
         acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
         printer = ElemPrinter(tiles, masks, pointers, extras, acc, prefix=f"e{si}_",
                               reduced=reduced)
@@ -682,6 +684,12 @@ def gemm_source(match, name: str) -> KernelSource:
                 body += _moment_store(out, value, pointers, m, seg.n, f"mo{oi}")
             else:
                 body.append(_store(printer, value, views[f"out{si}.{oi}"]))
+        return body
+
+    epilogues = []
+    for si, seg in enumerate(segments):
+        head = heads[si][0]
+        body = band_body(si, seg)
         if head:
             epilogues.append(head)
             body = ["    " + line for line in body]
@@ -699,24 +707,50 @@ def gemm_source(match, name: str) -> KernelSource:
     else:
         b_nk, b_stride = layout
         bv = bviews[0][0]
-        n = segments[0].n
+        n = sum(seg.n for seg in segments)  # bands: consecutive column ranges of one B
         descs = (
             Descriptor("a_desc", a.tensor, a.dtype, a.offset, m, k, s_am, ("BLOCK_M", "BLOCK_K")),
             Descriptor("b_desc", bv.tensor, bv.dtype, bv.offset, *((n, k) if b_nk else (k, n)),
                        b_stride, ("BLOCK_N", "BLOCK_K") if b_nk else ("BLOCK_K", "BLOCK_N")),
         )
+        # B's column of the tile: a band's tiles start at its first column (a tile reading
+        # past its band's last column reads the next band's: those columns are not stored)
+        def by_band(value):  # value(band, its first tile) for the band holding pid_n
+            text = value(len(segments) - 1, heads[-1][1])
+            for si in range(len(segments) - 2, -1, -1):
+                text = f"tl.where(pid_n < {bounds[si]}, {value(si, heads[si][1])}, {text})"
+            return text
+
+        def first_column(si, first):
+            column = sum(seg.n for seg in segments[:si])
+            return f"{column} + (pid_n - ({first})) * BLOCK_N" if si else "pid_n * BLOCK_N"
+
+        off_n = by_band(first_column)
+        if len(segments) > 1:
+            # every band's epilogue on the tile's columns, its loads and stores predicated on
+            # the tile being in that band: no `if` (Triton 3.6 cannot flatten the tile loop
+            # around one)
+            local = by_band(lambda si, first: f"pid_n - ({first})" if si else "pid_n")
+            epilogues = [f"rn = ({local}) * BLOCK_N + tl.arange(0, BLOCK_N)",
+                         "tile_n = (rn * 0 + pid_n)[None, :]"]  # as a row: a mask's shape
+            for si, seg in enumerate(segments):
+                lower = f"tile_n >= {bounds[si - 1]}" if si else None
+                upper = f"tile_n < {bounds[si]}" if si < len(segments) - 1 else None
+                cond = " & ".join(f"({c})" for c in (lower, upper) if c)
+                epilogues += [f"in_band{si} = {cond}", *band_body(si, seg, f"in_band{si}")]
+        else:
+            epilogues = ["rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", *epilogues]
         persistent = [
             "pid_b = 0",
             "done = tl.program_id(0) - NUM_SMS",
             "for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):",
             "    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
             f"    acc0 = _tile_product_tma({zeros}, a_desc, b_desc, pid_m * BLOCK_M, "
-            f"pid_n * BLOCK_N, {k}, BLOCK_K, {b_nk}{convert})",
+            f"{off_n}, {k}, BLOCK_K, {b_nk}{convert})",
             "    # the epilogue's own tile counter keeps it apart from the pipelined prologue",
             "    done += NUM_SMS",
             "    pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)",
             "    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-            "    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
             *["    " + line for line in stat_lines],
             *["    " + line for line in epilogues],
         ]
@@ -812,11 +846,13 @@ def _prologue_product(match, pointers, extras, reduced, row_masks, width, produc
 def tma_layout(match):
     """How TMA reads a GEMM's operands: ``(b_nk, b_row_stride)``, or why it cannot.
 
-    One product of one band, no batch axis, A contiguous along k and B along k (a Linear weight,
-    ``b_nk``) or n, every other stride and offset a multiple of 16 bytes (TMA's alignment)."""
+    One product per band, no batch axis, A contiguous along k and B along k (a Linear weight,
+    ``b_nk``) or n, every other stride and offset a multiple of 16 bytes (TMA's alignment); the
+    bands (if several) consecutive column ranges of one B tensor (see
+    :mod:`tvm_stitch.analysis.weights`), which one descriptor reads."""
     ext = match.frame.extents
-    if len(match.segments) != 1 or len(match.segments[0].products) != 1:
-        return "several products or bands"
+    if any(len(seg.products) != 1 for seg in match.segments):
+        return "several products"
     if match.prologue is not None:
         return "A is computed"
     if ext.get("b", 1) != 1:
@@ -833,6 +869,19 @@ def tma_layout(match):
     why = _tma_unreadable(bv, "k", n_axis) if b_nk else _tma_unreadable(bv, n_axis, "k")
     if why:
         return f"B {why}"
+    # bands: one descriptor, so their B must be consecutive column ranges of one tensor
+    if len(match.segments) > 1 and any(o.chunk for o in match.all_outputs):
+        return "bands writing row moments"
+    column = bv.offset
+    for si, seg in enumerate(match.segments):
+        view = match.views[f"b{si}.0"]
+        if view.tensor != bv.tensor:
+            return "bands read different B tensors"
+        if _strides(view, "k", _n_axis(view)) != [s_bk, s_bn]:
+            return "bands read B with different strides"
+        if view.offset != column:
+            return "bands are not consecutive columns of B"
+        column += seg.n * s_bn
     return b_nk, s_bn if b_nk else s_bk
 
 

@@ -1,0 +1,87 @@
+"""Weights of banded GEMMs joined into one tensor, lifted into ``<func>_transform_params``
+(``lift_params``). The kernels' numerics under the interpreter are in
+``generated_interpret_cases.py`` (``test_zoo``); on the GPU, ``test_zoo``'s
+``test_joined_weights_on_the_gpu``."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm_stitch.benchmarks.harness import run_tvm
+
+import tvm_stitch
+from tvm_stitch.analysis.recognize import recognize
+from tvm_stitch.analysis.weights import join_weights, weight_tensors
+from tvm_stitch.graph import build_graph
+from tvm_stitch.pipeline import run_until
+from tvm_stitch.report import fused_module
+from tvm_stitch.workloads import get_workload
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def _kernel_inputs(mod, func, describe):
+    """Shapes of the arguments of each call of a generated kernel whose description contains
+    ``describe``."""
+    found = []
+    for block in mod[func].body.blocks:
+        for b in block.bindings:
+            call = b.value
+            if not isinstance(call, relax.Call) or call.op.name != "relax.call_tir":
+                continue
+            prim = mod[call.args[0]]
+            if describe in str((prim.attrs or {}).get("tvm_stitch.kernel", "")):
+                found.append([tuple(int(d) for d in a.ty.shape.values)
+                              for a in call.args[1].fields])
+    return found
+
+
+def test_bands_read_one_joined_weight(tmp_path, monkeypatch):
+    """With ``lift_params`` the Q/K/V kernel takes one (384, 128) weight, concatenated in
+    ``forward_transform_params``; without, its three (128, 128) weights."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload("bert-tiny").instance("float16", layers=1)
+    lifted = fused_module(inst.mod, CUDA, lift_params=True)
+    plain = fused_module(inst.mod, CUDA)
+    names = {gv.name_hint for gv in lifted.get_global_vars()}
+    assert f"{inst.func}_transform_params" in names
+    assert f"{inst.func}_transform_params" not in {gv.name_hint for gv in plain.get_global_vars()}
+    (joined,) = _kernel_inputs(lifted, inst.func, "3 bands")
+    (separate,) = _kernel_inputs(plain, inst.func, "3 bands")
+    assert (384, 128) in joined and (128, 128) not in joined
+    assert separate.count((128, 128)) == 3
+    transform = lifted[f"{inst.func}_transform_params"].script()
+    assert "join_float16_0_128x128_128x128_128x128" in transform
+
+
+def test_join_needs_weights():
+    """Bands whose B are not weights (no ``num_input``: nothing says which parameters are) are
+    not joined; the views of joined bands are consecutive column ranges of one tensor."""
+    inst = get_workload("bert-tiny").instance("float16", layers=1)
+    mod = run_until(inst.mod, CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    (banded,) = [m for m in recognize(graph).matches if len(m.segments) > 1]
+    weights = weight_tensors(graph, mod[inst.func])
+    no_attr = mod[inst.func].without_attr("num_input")
+    assert weight_tensors(graph, no_attr) == set()
+    missing, why = join_weights(banded, set())
+    assert missing is None and "weights" in why
+    joined, info = join_weights(banded, weights)
+    assert info.axis == 0 and info.shape == (384, 128)
+    offsets = [joined.views[f"b{i}.0"].offset for i in range(3)]
+    assert offsets == [0, 128 * 128, 256 * 128]
+    assert {joined.views[f"b{i}.0"].tensor for i in range(3)} == {info.name}
+
+
+def test_lifted_module_runs_on_the_cpu():
+    """An llvm build with ``lift_params``: the runners transform the weights once (embedding
+    lookups of constant positions, moved out of ``forward``) and the numbers are numpy's."""
+    inst = get_workload("bert-tiny").instance("float32", layers=1, seq=19)
+    ex = tvm.compile(inst.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm",
+                                                                         lift_params=True))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    assert vm.module.implements_function(f"{inst.func}_transform_params")
+    args, outs = run_tvm(vm, inst, tvm.cpu())
+    assert len(args) != len(inst.args)  # the entry takes the transformed weights
+    np.testing.assert_allclose(outs[0], inst.reference()[0], *inst.tolerance)

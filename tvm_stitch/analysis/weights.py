@@ -1,0 +1,119 @@
+"""Weights of a banded GEMM joined into one tensor, so that one TMA descriptor reads them all.
+
+A GEMM kernel of several bands (products sharing ``A``, e.g. a layer's Q, K and V projections,
+grouped by :func:`tvm_stitch.analysis.recognize.recognize`) reads one ``B`` per band.  When the
+bands' ``B`` are whole 2-D weights of the function (parameters past its ``num_input``), laid
+out alike, they can be concatenated along their column axis into one tensor: each band then
+reads a consecutive column range of it, and the kernel's persistent TMA formulation — one
+descriptor, one pipelined product loop over every band's tiles — applies (see
+:func:`tvm_stitch.codegen.triton_gen.tma_layout`).  The concatenation depends on weights only:
+``relax.transform.LiftTransformParams`` moves it into the module's ``*_transform_params``
+function, run once when the weights are loaded, not per call.
+
+This module decides whether the join is possible and rewrites the match's views; the pass
+(:mod:`tvm_stitch.passes.mcfuser`) binds the concatenation and leaves lifting to TVM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .indexing import Strided
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinedWeights:
+    """The bands' weights concatenated.
+
+    Attributes
+    ----------
+    name : str
+        The joined tensor (a new name, not a tensor of the graph).
+    parts : tuple of str
+        The bands' weights, in band order.
+    axis : int
+        The axis they are concatenated along (the weights' column axis ``n``).
+    shape : tuple of int
+    dtype : str
+    """
+
+    name: str
+    parts: tuple
+    axis: int
+    shape: tuple
+    dtype: str
+
+
+def weight_tensors(graph, func) -> set[str]:
+    """Graph tensors that are ``func``'s weights: its parameters past ``num_input`` (none
+    without that attribute: nothing says which parameters are weights)."""
+    from tvm import relax
+
+    num_input = (func.attrs or {}).get("num_input")
+    if num_input is None:
+        return set()
+    params = list(func.params)[int(num_input):]
+    return {t for t, v in graph.values.items()
+            if isinstance(v, relax.Var) and any(v.same_as(p) for p in params)}
+
+
+def _n_axis(view: Strided) -> str | None:
+    axes = [a for a, s in view.strides if a.startswith("n") and s]
+    return axes[0] if len(axes) == 1 else None
+
+
+def join_weights(match, weights) -> tuple:
+    """``(match', JoinedWeights)``: ``match`` reading its bands' ``B`` from one concatenated
+    tensor, or ``(None, why)`` when the bands' ``B`` cannot be joined.
+
+    Parameters
+    ----------
+    match : Match
+        A finalized GEMM match.
+    weights : collection of str
+        Graph tensors that are weights (a function's parameters past its ``num_input``).
+    """
+    segments = match.segments
+    if match.family != "gemm" or len(segments) < 2:
+        return None, "not a GEMM of several bands"
+    if match.prologue is not None or any(len(s.products) != 1 for s in segments):
+        return None, "a computed A or several products per band"
+    if match.frame.extents.get("b", 1) != 1:
+        return None, "a batch axis"
+    k = match.frame.extents["k"]
+    views = [match.views[f"b{si}.0"] for si in range(len(segments))]
+    names = [v.tensor for v in views]
+    if len(set(names)) != len(names) or not all(t in weights for t in names):
+        return None, "the bands' B are not distinct weights"
+    if len({v.dtype for v in views}) != 1:
+        return None, "the weights' dtypes differ"
+    axis = None
+    for seg, view in zip(segments, views):
+        n_axis = _n_axis(view)
+        if len(view.shape) != 2 or view.offset or n_axis is None:
+            return None, f"{view.tensor} is not a whole 2-D weight read along one column axis"
+        rows, cols = view.shape
+        s_k, s_n = view.stride.get("k", 0), view.stride[n_axis]
+        if (s_n, s_k, rows, cols) == (cols, 1, seg.n, k):
+            here = 0  # (n, k): a Linear weight, bands stacked along rows
+        elif (s_n, s_k, rows, cols) == (1, cols, k, seg.n):
+            here = 1  # (k, n): bands side by side
+        else:
+            return None, f"{view.tensor} is not a {seg.n}x{k} weight read whole"
+        if axis not in (None, here):
+            return None, "the weights' layouts differ"
+        axis = here
+    width = sum(seg.n for seg in segments)
+    shape = (width, k) if axis == 0 else (k, width)
+    joined = JoinedWeights(f"{names[0]}__joined", tuple(names), axis, shape, views[0].dtype)
+    new_views, column = dict(match.views), 0
+    for si, (seg, view) in enumerate(zip(segments, views)):
+        n_axis = _n_axis(view)
+        if axis == 0:
+            strides, offset = view.strides, column * k
+        else:
+            strides = tuple((a, width if a == "k" else s) for a, s in view.strides)
+            offset = column
+        new_views[f"b{si}.0"] = Strided(joined.name, shape, joined.dtype, offset, strides)
+        column += seg.n
+    return dataclasses.replace(match, views=new_views), joined
