@@ -163,6 +163,18 @@ def gemm_splitk(A, W, C, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   mask=(rm < M)[:, None] & (rn < N)[None, :], sem="relaxed")
 
 
+def operands(m: int, n: int, k: int, w_scale: float = 16.0) -> tuple:
+    """``(a, w, wt, ref)`` on the GPU for ``C = A @ W^T``: float16 ``A`` (m, k) and ``W`` (n, k)
+    (seeded; ``W`` divided by ``w_scale``), ``W^T`` contiguous for ``torch.matmul`` (cuBLAS)
+    and the float32 reference — the studies' common set-up."""
+    import torch
+
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) / w_scale
+    return a, w, w.t().contiguous(), a.float() @ w.float().t()
+
+
 def run(json_out=None, quick=False, echo=print, descriptors=False, cases=None) -> list[dict]:
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -177,11 +189,7 @@ def run(json_out=None, quick=False, echo=print, descriptors=False, cases=None) -
     shapes = {c: v for c, v in SHAPES.items() if not (descriptors and "@" in c)
               and (not cases or c in cases)}
     for case, (m, n, k) in shapes.items():
-        torch.manual_seed(0)
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) / 16
-        wt = w.t().contiguous()
-        ref = a.float() @ w.float().t()
+        a, w, wt, ref = operands(m, n, k)
         flops = 2 * m * n * k
         base = time_torch(lambda x, wt=wt: torch.matmul(x, wt), [a], "cuda")
         best = {}

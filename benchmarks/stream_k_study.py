@@ -24,6 +24,7 @@ import triton.language as tl
 from tvm_stitch.codegen.triton_kernels import _tile_of
 
 from .gemm_study import SHAPES as BERT_GEMMS
+from .gemm_study import operands
 
 #: BERT-base's four GEMMs at 4096 tokens (gemm_study's, without its 128-token ones)
 SHAPES = {case: shape for case, shape in BERT_GEMMS.items() if "@" not in case}
@@ -89,11 +90,7 @@ def run(json_out=None, echo=print, cases=None) -> list[dict]:
     for case, (m, n, k) in SHAPES.items():
         if cases and case not in cases:
             continue
-        torch.manual_seed(0)
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5
-        wt = w.t().contiguous()
-        ref = a.float() @ w.float().T
+        a, w, wt, ref = operands(m, n, k, k**0.5)
         base = time_torch(lambda x, wt=wt: torch.matmul(x, wt), [a], "cuda")
         parts = [f"cuBLAS {base:6.1f} us"]
         for bm, bn, bk, warps, stages in CONFIGS:

@@ -31,12 +31,11 @@ import triton.language as tl
 
 from tvm_stitch.codegen.triton_kernels import _tile_of
 
-SHAPES = {
-    "qkv": (4096, 2304, 768),
-    "out": (4096, 768, 768),
-    "ffn1": (4096, 3072, 768),
-    "ffn2": (4096, 768, 3072),
-}
+from .gemm_study import SHAPES as BERT_GEMMS
+from .gemm_study import operands
+
+#: BERT-base's four GEMMs at 4096 tokens (gemm_study's, without its 128-token ones)
+SHAPES = {case: shape for case, shape in BERT_GEMMS.items() if "@" not in case}
 
 #: (form, (BM1, BM2), (BN1, BN2), BLOCK_K, num_warps, num_stages); BM2 / BN2 = 0: one block
 CONFIGS = [
@@ -127,11 +126,7 @@ def run(json_out=None, echo=print, cases=None, only=None, once=False) -> list[di
     for case, (m, n, k) in SHAPES.items():
         if cases and case not in cases:
             continue
-        torch.manual_seed(0)
-        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) / 16
-        wt = w.t().contiguous()
-        ref = a.float() @ w.float().t()
+        a, w, wt, ref = operands(m, n, k)
         flops = 2 * m * n * k
         if once:
             torch.matmul(a, wt)
