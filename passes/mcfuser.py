@@ -28,6 +28,7 @@ from tvm import relax
 from tvm_stitch.analysis.recognize import FAMILIES, recognize
 from tvm_stitch.analysis.weights import join_weights, weight_tensors
 from tvm_stitch.codegen import embed
+from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
 from tvm_stitch.graph import build_graph
@@ -227,7 +228,8 @@ class _Rewriter:
         graph = build_graph(self.mod, name, legalize=False)
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
         self.weights = weight_tensors(graph, func) if self.join else set()
-        found = recognize(graph, families, fold_norms=self.fold_norms)
+        found = recognize(graph, families, fold_norms=self.fold_norms,
+                          weights=self.weights if self.join else None)
         kernels = []
         for match in found.matches:
             try:
@@ -253,7 +255,9 @@ class _Rewriter:
     def _kernel(self, graph, match):
         """``(GlobalVar, args, output types, outputs, bindings before the call)`` of the kernel
         of ``match`` (built once per variant)."""
-        match, pre, shapes = self._joined(match)
+        derived, shapes = self._derived(match)
+        match, pre, joined = self._joined(match)
+        pre, shapes = derived + pre, {**shapes, **joined}
         source = kernel_source(match)
         tensors = [*source.inputs, *source.outputs]
         shapes.update({t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors
@@ -325,6 +329,35 @@ class _Rewriter:
                     ", ".join(joined.parts), "x".join(map(str, joined.shape)))
         return joined_match, [relax.VarBinding(var, call)], {
             joined.name: (joined.shape, joined.dtype)}
+
+    def _derived(self, match):
+        """``(bindings, shapes)`` computing the tensors ``match`` derives from weights (a
+        normalization folded through them): TE PrimFuncs of the weights, bound before the
+        kernel, lifted out of the entry with the other weight-only work."""
+        bindings, shapes = [], {}
+        for d in match.derived:
+            if d.name in self.values:
+                continue
+            func = derived_weight_func(d, {t: self._shape(t) for t in derived_inputs(d)})
+            key = f"{d.kind}_{d.dtype}_{'x'.join(map(str, d.shape))}_{func.attrs['digest']}"
+            if key not in self.funcs:
+                self.funcs[key] = self.ctx.add_func(func.with_attr("global_symbol", key), key)
+            var = relax.DataflowVar(d.name.replace(".", "_"), relax.TensorType(d.shape, d.dtype))
+            self.values[d.name] = var
+            call = relax.call_tir(self.funcs[key], [self.values[t] for t in derived_inputs(d)],
+                                  relax.TensorType(d.shape, d.dtype))
+            bindings.append(relax.VarBinding(var, call))
+            shapes[d.name] = (d.shape, d.dtype)
+            if d.kind == "scaled":
+                self.weights.add(d.name)  # it may be joined with its band's neighbours
+        if match.derived:
+            logger.info("%s: normalization through the weights %s", match.describe(),
+                        ", ".join(sorted({d.weight for d in match.derived})))
+        return bindings, shapes
+
+    def _shape(self, tensor):
+        ty = self.values[tensor].ty
+        return tuple(int(d) for d in ty.shape.values), str(ty.dtype)
 
     def _value(self, graph, tensor):
         """The Relax value of a graph tensor, or a new variable for a tensor only kernels pass

@@ -62,8 +62,10 @@ def run_case(label, match, graph, rng, joined=None):
     inputs = [
         graph.values[t].value.numpy()
         if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
-        else moments_input(shapes[t][0], rng)
-        if t not in graph.values  # a row's moments (sums of x, x², ...) from another kernel
+        else moments_input(shapes[t][0], rng).astype(shapes[t][1])
+        # a row's moments (sums of x, x², ...) from another kernel, or a weight's scaled
+        # copy or column sums (a normalization folded through the weights)
+        if t not in graph.values
         else random_input(shapes[t][0], shapes[t][1], rng)
         for t in source.inputs
     ]
@@ -148,13 +150,15 @@ def main(specs):
         weights = weight_tensors(graph, mod[inst.func])
         seen = set()
         matches = recognize(graph).matches
-        if fold:
+        if fold:  # in A's prologue, and through the weights (scaled weights, column sums)
             matches += recognize(graph, fold_norms=True).matches
+            matches += recognize(graph, fold_norms=True, weights=weights).matches
         for match in matches:
             key = triton_gen.kernel_source(match).name
             if key not in seen:
                 seen.add(key)
-                found = join_weights(match, weights)
+                scaled = {d.name for d in match.derived if d.kind == "scaled"}
+                found = join_weights(match, weights | scaled)
                 run_case(f"{name} {dtype}", match, graph, rng,
                          found if found[0] is not None else None)
 

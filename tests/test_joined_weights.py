@@ -15,7 +15,7 @@ from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.analysis.weights import join_weights, weight_tensors
 from tvm_stitch.graph import build_graph
 from tvm_stitch.pipeline import run_until
-from tvm_stitch.report import fused_module
+from tvm_stitch.report import fused_module, fusion_report
 from tvm_stitch.workloads import get_workload
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -53,6 +53,18 @@ def test_bands_read_one_joined_weight(tmp_path, monkeypatch):
     assert separate.count((128, 128)) == 3
     transform = lifted[f"{inst.func}_transform_params"].script()
     assert "join_float16_0_128x128_128x128_128x128" in transform
+
+
+def test_fusion_report_of_a_lifted_module(tmp_path, monkeypatch):
+    """The fusion report of a lifted module counts its entry's kernels (not the transform's,
+    which runs once): BERT's position- and token-type-embedding lookups depend on weights only
+    and leave ``forward``, so it launches fewer kernels."""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload("bert-tiny").instance("float16", layers=1)
+    lifted = fusion_report(inst.mod, CUDA, lift_params=True)
+    plain = fusion_report(inst.mod, CUDA)
+    assert all("join_" not in g.func for g in lifted.groups)
+    assert 0 < len(lifted.groups) < len(plain.groups)
 
 
 def test_join_needs_weights():

@@ -103,22 +103,27 @@ def test_zoo_recognition_per_layer(name):
 
 @pytest.mark.parametrize(("name", "dtype"), [(n, "float32") for n in ZOO] + [
     ("llama-tiny", "float16"), ("hf-bert-tiny", "float16"), ("gpt2-tiny", "float16")])
-@pytest.mark.parametrize("fold", [False, True], ids=["", "folded"])
+@pytest.mark.parametrize("fold", ["", "folded", "through"])
 def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype, fold):
     """Every recognized kernel replaced by its TE reference: still PyTorch's numbers — also
-    with every normalization read only by GEMMs folded into them (``fold_norms``)."""
+    with every normalization read only by GEMMs folded into them (``fold_norms``), and folded
+    through their weights where they read it as ``A`` (with ``join_weights``: the scaled
+    weights and column sums computed by the module before the kernels)."""
     inst = instance(name, dtype)
     calls = []
 
     def build(match, source, config, shapes):
-        calls.append(match.family if match.prologue is None else "normalized")
+        calls.append("through" if match.derived else
+                     match.family if match.prologue is None else "normalized")
         return reference_func(match, source, shapes), []
 
     with CUDA, caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
-        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=fold)(
-            legalized(inst.mod))
+        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=bool(fold),
+                       join_weights=fold == "through")(legalized(inst.mod))
     assert "attention" in calls and "gemm" in calls
-    assert ("normalized" in calls) == fold  # every zoo model has a norm before a GEMM
+    # every zoo model has a norm before a GEMM
+    assert ("normalized" in calls) == (fold == "folded")
+    assert ("through" in calls) == (fold == "through")
     assert "left to TVM" not in caplog.text  # every kernel was built and put in place
     assert mod.script().count("R.call_tir(cls.stitch_") >= len(calls)
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
@@ -235,16 +240,21 @@ def test_joined_weights_on_the_gpu(tmp_path, monkeypatch, name, params):
     ("hf-bert-tiny", {"batch": 2, "seq": 67}),
     ("llama-tiny", {"seq": 45}),
 ])
-def test_folded_norms_on_the_gpu(tmp_path, monkeypatch, name, params):
+@pytest.mark.parametrize("lift", [False, True], ids=["prologue", "through-weights"])
+def test_folded_norms_on_the_gpu(tmp_path, monkeypatch, name, params, lift):
     """LayerNorm (post-norm BERT: A prologues and residual epilogues) and RMSNorm (LLaMA: the
-    Q/K/V and gate × up prologues) computed inside the GEMMs: PyTorch's numbers on the GPU."""
+    Q/K/V and gate × up prologues) computed inside the GEMMs: PyTorch's numbers on the GPU —
+    also folded through the weights (``lift_params``: scaled weights and column sums made
+    once, the GEMMs reading the normalization's input as it is)."""
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
     inst = get_workload(name).instance("float16", **params)
-    pipe = tvm_stitch.pipeline(CUDA, tune="model", fold_norms=True)
+    pipe = tvm_stitch.pipeline(CUDA, tune="model", fold_norms=True, lift_params=lift)
     ex = tvm.compile(inst.mod, CUDA, relax_pipeline=pipe)
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
-    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args]).numpy()
+    args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
+    args = prepare_args(vm, inst.func, args, num_input(inst.mod, inst.func))
+    out = vm[inst.func](*args).numpy()
     np.testing.assert_allclose(out.astype("float32"), inst.reference()[0], *inst.tolerance)
 
 

@@ -50,11 +50,16 @@ class PipelineOptions:
         prologue or in its epilogue, from row statistics in two phases — the GEMM that writes
         the row also writes its moments (Σx, Σx² per 16 columns) and the readers add them up;
         where no GEMM writes the row, or a statistic is no sum of moments (a maximum), each
-        reader re-reads its rows.  Off by default: both versions measured slower than the
-        kernels they save (BERT-base 1×128 on an H100, 5 instead of 7 kernels per layer:
-        re-reading 781 µs vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A``
-        in registers lose the TMA formulation and take 3–4 µs more each, where a LayerNorm
-        kernel costs 2 µs).  Needs ``"gemm"``.
+        reader re-reads its rows.  With ``lift_params`` too, a GEMM reading the normalization
+        as ``A`` reads its input as it is (TMA) with weights scaled by the normalization's
+        column factor (γ) and column sums of the weights (γ·W, β·W), made once in the
+        transform, and finishes the normalization in its epilogue
+        (:mod:`tvm_stitch.analysis.through_weights`); a normalization that cannot be folded so
+        stays a kernel.  Off by default: every version measured slower than the kernels it
+        saves (BERT-base 1×128 on an H100, 5 instead of 7 kernels per layer: re-reading 781 µs
+        vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A`` in registers lose
+        the TMA formulation and take 3–4 µs more each, where a LayerNorm kernel costs 2 µs;
+        through the weights 386.6 µs vs 349.7 µs).  Needs ``"gemm"``.
     lift_params : bool
         Computations that depend on weights only — the parameters past the entry function's
         ``num_input`` — move into a function of their own, ``<entry>_transform_params``
@@ -62,12 +67,10 @@ class PipelineOptions:
         returns the entry's new trailing parameters: run it once when the weights are
         loaded. With it, the weights of GEMMs sharing their input (a layer's Q, K, V) are
         concatenated there, and their kernel reads them with one TMA descriptor
-        (BERT-base 8×512 on an H100: 1992.8 against 2021.4 µs without, same run). Off by
-        default: the entry's parameters change (:func:`tvm_stitch.from_torch`'s module and
-        the benchmarks' runners call the transform when it is on,
-        :func:`tvm_stitch.pipeline.prepare_args`), and TVM 0.27's CUDA-graph rewriting then
-        cuts BERT-base's graph into four captures, which costs more than it gains at 1×128
-        (399.8 against 369.0 µs).
+        (BERT-base on an H100, same run: 1×128 341.4 against 349.7 µs without; 8×512
+        1996.5 against 1998.1; 32×128 1774.8 against 1779.2). Off by default: the entry's
+        parameters change (:func:`tvm_stitch.from_torch`'s module and the benchmarks'
+        runners call the transform when it is on, :func:`tvm_stitch.pipeline.prepare_args`).
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);

@@ -107,10 +107,12 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             fusion.insert(at, passes.StitchFusion(schedules))
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
             fusion.insert(at, passes.StitchSchedule(schedules))
-        if target.kind.name == "cuda":  # kernels reading model inputs would cut CUDA graphs
-            fusion.append(passes.StageInputs())
         if opts.lift_params:  # weight-only computations (joined weights) run once, apart
             fusion.append(relax.transform.LiftTransformParams())
+        if target.kind.name == "cuda":  # kernels reading model inputs would cut CUDA graphs;
+            # after lifting, which makes the copies' variables dataflow variables, and
+            # RewriteDataflowReshape would turn those back into views of the inputs
+            fusion.append(passes.StageInputs())
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())

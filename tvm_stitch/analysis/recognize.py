@@ -69,6 +69,7 @@ from .indexing import (
     substitute,
 )
 from .moments import expand_statistics
+from .through_weights import NotAffineError, fold_through_weights
 
 logger = logging.getLogger("tvm_stitch.recognize")
 
@@ -292,6 +293,9 @@ class Match:
         reading it — a normalization folded into its consumer (SOUFFLE's schedule propagation):
         row statistics (reductions over the row, free of ``k``) and elementwise ops on the
         tensors it reads.  ``accesses["a"]`` is then its main read.
+    derived : tuple of DerivedWeight
+        ``gemm``: tensors computed from weights that the kernel reads (a normalization folded
+        through its weights, :mod:`.through_weights`); the pass binds them before the kernel.
     """
 
     family: str
@@ -309,6 +313,7 @@ class Match:
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
     prologue: Elem | None = None
+    derived: tuple = ()
 
     @property
     def statistics(self) -> list[Reduce]:
@@ -458,13 +463,16 @@ def _region_policy(graph, stop=frozenset()) -> Policy:
 
 
 # -- entry point -----------------------------------------------------------------------------------
-def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False) -> Recognition:
+def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
+              weights=None) -> Recognition:
     """Every kernel of ``families`` in ``graph``, each contraction in at most one match.
 
     Attention and chains are recognized first (they contain two contractions), then the remaining
     contractions as GEMMs; with ``fold_norms``, normalizations whose every reader is a GEMM are
     folded into those GEMMs (:func:`norm_region`); GEMMs sharing their ``A`` operand are then
-    grouped (horizontal fusion).
+    grouped (horizontal fusion).  With ``weights`` (the graph tensors that are weights), a
+    normalization a GEMM reads as ``A`` is folded through that GEMM's weights
+    (:mod:`.through_weights`) or not at all.
     """
     unknown = set(families) - set(FAMILIES)
     if unknown:
@@ -516,7 +524,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False)
             matches.append(match)
         if fold_norms:
             matches = _fold_norms(graph, contractions, matches, frozenset(written),
-                                  frozenset(read), rejected)
+                                  frozenset(read), rejected, weights)
         matches = _group_horizontal(graph, matches, rejected)
     for name, why in rejected:
         logger.info("recognize: %s not fused: %s", name, why)
@@ -675,11 +683,15 @@ def _gemm(graph, c: Contraction, stop, read=frozenset(), fold=frozenset()) -> Ma
     raise NotRecognizedError(str(last))
 
 
-def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[Match]:
+def _fold_norms(graph, contractions, matches, written, read, rejected,
+                weights=None) -> list[Match]:
     """Normalizations (any elementwise function of row statistics: LayerNorm, RMSNorm, however
     written) whose every reader is a GEMM kernel stop being kernels of their own: each reader
     recomputes them — as ``A``'s prologue or inside its epilogue (SOUFFLE's schedule
-    propagation with a two-phase reduction: statistics first, then the product)."""
+    propagation with a two-phase reduction: statistics first, then the product).  With
+    ``weights``, a reader's ``A`` prologue becomes scaled weights and an epilogue
+    (:func:`~.through_weights.fold_through_weights`); a normalization that cannot be folded
+    so stays a kernel."""
     gemms = {m.covered[0]: m for m in matches if m.family == "gemm"}
     readers: dict[str, list[str]] = {}
     for name, m in gemms.items():
@@ -719,20 +731,38 @@ def _fold_norms(graph, contractions, matches, written, read, rejected) -> list[M
         except errors as err:
             rejected.append((tensor, f"normalization not folded: {err}"))
             continue
+        spec = None
         try:
             rewritten, spec = _moments_from_producer(graph, gemms, {n: m for n, (m, _) in
                                                                    trial.items()})
             trial = {n: (rewritten[n], f) for n, (_, f) in trial.items()}
-            pending.setdefault(spec[0], []).extend(spec[1])
             how = f"statistics from {spec[0]}'s moments"
         except (ValueError, *errors) as err:
             how = f"statistics recomputed by each reader ({err})"
+        if weights is not None and any(m.prologue is not None for m, _ in trial.values()):
+            try:
+                trial = {n: (_through_weights(graph, m, weights), f)
+                         for n, (m, f) in trial.items()}
+            except (NotAffineError, *errors) as err:
+                rejected.append((tensor, f"normalization not folded through the weights: {err}"))
+                continue
+            how += "; A read as it is, the normalization through the weights"
+        if spec is not None:
+            pending.setdefault(spec[0], []).extend(spec[1])
         for name, (match, fold) in trial.items():
             gemms[name], folds[name] = match, fold
         logger.info("recognize: %s folded into %s; %s", tensor, ", ".join(names), how)
     for name, specs in pending.items():
         _add_moments(graph, gemms[name], specs)
     return [gemms.get(m.covered[0], m) if m.family == "gemm" else m for m in matches]
+
+
+def _through_weights(graph, match: Match, weights) -> Match:
+    if match.prologue is None:
+        return match
+    new, derived = fold_through_weights(graph, match, weights)
+    new.derived = (*match.derived, *derived)
+    return new
 
 
 #: columns whose moments a producer sums into one value
@@ -1177,6 +1207,7 @@ def _merge(group: list[Match]) -> Match:
         segments=segments,
         acc_dtype=first.acc_dtype,
         prologue=first.prologue,
+        derived=tuple(d for m in group for d in m.derived),
     )
 
 

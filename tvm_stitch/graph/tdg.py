@@ -352,6 +352,9 @@ def _entry_name(mod, func_name) -> str:
         for gv, f in mod.functions.items()
         if isinstance(f, relax.Function) and "global_symbol" in (f.attrs or {})
     ]
+    # LiftTransformParams' <entry>_transform_params runs once, on the weights: not the entry
+    public = [n for n in public if not (n.endswith("_transform_params")
+                                        and n[: -len("_transform_params")] in public)]
     if "main" in public or len(public) != 1:
         if "main" not in public:
             raise ValueError(f"pass func_name: the module has Relax functions {public}")
