@@ -17,7 +17,9 @@ GELU's ``x³``).
 
 A cast of a table that is then gathered is applied to the gathered rows instead:
 ``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
-float32, which otherwise converts a whole embedding table on every call).
+float32, which otherwise converts a whole embedding table on every call).  A gather in ``fast``
+mode (``nn.Embedding``'s; no bounds check: an index out of range reads outside the table, and
+TVM warns of a segfault at every legalization) clamps its indices instead (``clip``).
 
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
 """
@@ -155,7 +157,7 @@ def _is_bool(expr) -> bool:
 def _rewrites(func):
     """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
     ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications, a cast
-    table is gathered before it is cast."""
+    table is gathered before it is cast, and clamps its indices."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -200,11 +202,13 @@ def _rewrites(func):
 
     def gather_first(expr, matches):
         table = matches[x]
-        if not (isinstance(table, relax.Call) and table.op.name == "relax.astype"):
-            return expr
-        rows = relax.op.take(table.args[0], matches[y], axis=expr.attrs.axis,
-                             mode=expr.attrs.mode)
-        return relax.op.astype(rows, str(expr.ty.dtype))
+        mode = "clip" if expr.attrs.mode == "fast" else expr.attrs.mode
+        if isinstance(table, relax.Call) and table.op.name == "relax.astype":
+            rows = relax.op.take(table.args[0], matches[y], axis=expr.attrs.axis, mode=mode)
+            return relax.op.astype(rows, str(expr.ty.dtype))
+        if mode != expr.attrs.mode:
+            return relax.op.take(table, matches[y], axis=expr.attrs.axis, mode=mode)
+        return expr
 
     for name in ("relax.cumsum", "relax.cumprod"):
         func = rewrite_call(is_op(name)(x), scan, func)

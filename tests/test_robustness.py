@@ -80,3 +80,23 @@ def test_input_independent_values_are_folded(caplog):
     assert "folded into constants" in caplog.text
     # weights are inputs: nothing that reads one is folded
     assert text.count("R.matmul") == inst.mod["main"].script().count("R.matmul")
+
+
+def test_gathers_clamp_their_indices():
+    """``nn.Embedding``'s gather (``take`` in ``fast`` mode: no bounds check) clamps its indices:
+    a token id past the table reads its last row, not memory after it; the ids in range read
+    what they did."""
+    bb = relax.BlockBuilder()
+    table = relax.Var("table", R.Tensor((5, 3), "float32"))
+    ids = relax.Var("ids", R.Tensor((4,), "int32"))
+    with bb.function("main", [ids, table]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.take(table, ids, axis=0, mode="fast"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert 'mode="clip"' in tvm_stitch.passes.FoldStaticShapes()(mod)["main"].script()
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    w = np.arange(15, dtype="float32").reshape(5, 3)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        tvm.runtime.tensor(np.array([0, 4, 2, 9], "int32")), tvm.runtime.tensor(w))
+    np.testing.assert_array_equal(got.numpy(), w[[0, 4, 2, 4]])
