@@ -285,3 +285,22 @@ def test_model_favourites_on_the_bert_gemms():
         pred_all += pred
         meas_all += meas
     assert spearman(pred_all, meas_all) >= 0.8
+
+
+def test_float32_products_are_priced_on_the_cuda_cores():
+    """Float32 kernels multiply in IEEE float32 (``DOT_PREC``): FMAs at the CUDA cores' rate,
+    both operand tiles in registers.  A recorded float32 causal attention (d64, 8 query heads
+    per K/V head): its 64×128 tiles spill and ran 11× slower than 64×16 — the model's
+    favourite before, now priced as spilling; the favourite is within 1.3× of the best."""
+    (record,) = _records("h100-tuning-attention-f32.json").values()
+    w = Workload.from_dict(record["workload"])
+    meas = [m for m in record["measurements"] if math.isfinite(m["time_s"])]
+    pred = [analytical(w, m["tiles"], m["launch"], HW) for m in meas]
+    favourite = meas[pred.index(min(pred))]
+    assert favourite["time_s"] <= 1.3 * min(m["time_s"] for m in meas)
+    wide = next(m for m in meas if m["tiles"]["n"] == 128 and m["tiles"]["m"] == 64)
+    assert terms(w, wide["tiles"], wide["launch"], HW)["spill"] > 0
+    half = dataclasses.replace(w, dtype_bytes=2)  # the same kernel in float16: wgmma, no spill
+    assert terms(half, wide["tiles"], wide["launch"], HW)["spill"] == 0
+    assert terms(half, wide["tiles"], wide["launch"], HW)["comp"] * 10 < terms(
+        w, wide["tiles"], wide["launch"], HW)["comp"]

@@ -111,10 +111,12 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     split = 1 if persistent or w.family != "gemm" else max(int(launch.get("SPLIT_K", 1)), 1)
     ext, b = w.extents, w.dtype_bytes
     bm, bn = tiles["m"], tiles["n"]
-    flops_sm = hw.peak_flops_fp16 / hw.num_sms
+    # float32 products are IEEE float32 (``DOT_PREC``): FMAs on the CUDA cores, no wgmma
+    ieee = b >= 4
+    flops_sm = (hw.peak_flops_fp32 if ieee else hw.peak_flops_fp16) / hw.num_sms
     latency = hw.mem_latency_cycles / hw.clock_hz
     groups = max(warps // 4, 1)
-    row_use = min(1.0, bm / groups / WGMMA_ROWS)
+    row_use = 1.0 if ieee else min(1.0, bm / groups / WGMMA_ROWS)
     threads = 32 * warps
     if w.family == "gemm":
         bk, acc = tiles["k"], w.accumulators
@@ -124,6 +126,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         loaded = (bm * bk + acc * bk * bn) * b
         sfu = 0.0
         registers = bm * bn * acc / threads + BASE_REGISTERS
+        if ieee:  # an FMA product holds both operand tiles in registers
+            registers += (bm * bk + acc * bk * bn) / threads
         smem = stages * loaded
         unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
         stored = bm * bn * b
@@ -139,6 +143,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
             sfu = bm * bn / (hw.sfu_per_sm * hw.clock_hz) + SOFTMAX_OPS * bm * bn / lanes
         # the output accumulator, the logits tile and its half-precision copy
         registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
+        if ieee:  # FMA products hold Q and K (then V) in registers
+            registers += (bm * dk + bn * max(dk, dh)) / threads
         smem = stages * loaded + bm * dk * b
         if ws:  # the output leaves through shared memory too
             smem += bm * dh * b
