@@ -310,25 +310,18 @@ class _Rewriter:
             return match, [], {}
         from tvm import te, topi
 
-        key = f"join_{joined.dtype}_{joined.axis}_" + "_".join(
-            "x".join(str(int(d)) for d in self.values[t].ty.shape.values)
-            for t in joined.parts)
-        if key not in self.funcs:
-            parts = [te.placeholder(tuple(int(d) for d in self.values[t].ty.shape.values),
-                                    joined.dtype, name=f"w{i}")
+        def concatenate():
+            parts = [te.placeholder(self._shape(t)[0], joined.dtype, name=f"w{i}")
                      for i, t in enumerate(joined.parts)]
-            out = topi.concatenate(parts, joined.axis)
-            func = te.create_prim_func([*parts, out]).with_attr("global_symbol", key)
-            self.funcs[key] = self.ctx.add_func(func, key)
-        var = relax.DataflowVar(joined.name.replace(".", "_"),
-                                relax.TensorType(joined.shape, joined.dtype))
-        self.values[joined.name] = var
-        call = relax.call_tir(self.funcs[key], [self.values[t] for t in joined.parts],
-                              relax.TensorType(joined.shape, joined.dtype))
+            return te.create_prim_func([*parts, topi.concatenate(parts, joined.axis)])
+
+        key = f"join_{joined.dtype}_{joined.axis}_" + "_".join(
+            "x".join(map(str, self._shape(t)[0])) for t in joined.parts)
+        binding = self._bind(joined.name, key, concatenate, joined.parts, joined.shape,
+                             joined.dtype)
         logger.info("%s: weights %s joined into one %s tensor", match.describe(),
                     ", ".join(joined.parts), "x".join(map(str, joined.shape)))
-        return joined_match, [relax.VarBinding(var, call)], {
-            joined.name: (joined.shape, joined.dtype)}
+        return joined_match, [binding], {joined.name: (joined.shape, joined.dtype)}
 
     def _derived(self, match):
         """``(bindings, shapes)`` computing the tensors ``match`` derives from weights (a
@@ -338,15 +331,11 @@ class _Rewriter:
         for d in match.derived:
             if d.name in self.values:
                 continue
-            func = derived_weight_func(d, {t: self._shape(t) for t in derived_inputs(d)})
+            inputs = derived_inputs(d)
+            func = derived_weight_func(d, {t: self._shape(t) for t in inputs})
             key = f"{d.kind}_{d.dtype}_{'x'.join(map(str, d.shape))}_{func.attrs['digest']}"
-            if key not in self.funcs:
-                self.funcs[key] = self.ctx.add_func(func.with_attr("global_symbol", key), key)
-            var = relax.DataflowVar(d.name.replace(".", "_"), relax.TensorType(d.shape, d.dtype))
-            self.values[d.name] = var
-            call = relax.call_tir(self.funcs[key], [self.values[t] for t in derived_inputs(d)],
-                                  relax.TensorType(d.shape, d.dtype))
-            bindings.append(relax.VarBinding(var, call))
+            bindings.append(self._bind(d.name, key, lambda func=func: func, inputs, d.shape,
+                                       d.dtype))
             shapes[d.name] = (d.shape, d.dtype)
             if d.kind == "scaled":
                 self.weights.add(d.name)  # it may be joined with its band's neighbours
@@ -358,6 +347,17 @@ class _Rewriter:
     def _shape(self, tensor):
         ty = self.values[tensor].ty
         return tuple(int(d) for d in ty.shape.values), str(ty.dtype)
+
+    def _bind(self, name, key, make_func, inputs, shape, dtype):
+        """The binding of a new tensor ``name`` computed by the PrimFunc ``key`` (made by
+        ``make_func`` and added to the module the first time) from the tensors ``inputs``."""
+        if key not in self.funcs:
+            self.funcs[key] = self.ctx.add_func(make_func().with_attr("global_symbol", key), key)
+        ty = relax.TensorType(tuple(shape), dtype)
+        var = relax.DataflowVar(name.replace(".", "_"), ty)
+        self.values[name] = var
+        call = relax.call_tir(self.funcs[key], [self.values[t] for t in inputs], ty)
+        return relax.VarBinding(var, call)
 
     def _value(self, graph, tensor):
         """The Relax value of a graph tensor, or a new variable for a tensor only kernels pass

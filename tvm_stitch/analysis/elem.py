@@ -182,6 +182,18 @@ def leaves(elem: Elem) -> list[Leaf]:
     return out
 
 
+def outer_leaves(elem: Elem) -> list[Leaf]:
+    """The leaves of ``elem`` outside its reductions."""
+    out, stack = [], [elem]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Leaf):
+            out.append(e)
+        elif not isinstance(e, Reduce):
+            stack.extend(reversed(e.children()))
+    return out
+
+
 def reductions(*elems: Elem | None) -> list[Reduce]:
     """The distinct reductions of ``elems`` (by key; None entries skipped), inner ones first."""
     out, seen = [], set()

@@ -54,6 +54,7 @@ from .elem import (
     elementwise,
     format_elem,
     leaves,
+    outer_leaves,
     reductions,
     replace,
     walk,
@@ -573,7 +574,7 @@ def _a_operand(graph, frame, composer, tensor, index, vmap, stop, fold) -> tuple
         return Access(elem.tensor, elem.index), None
     _check_statistics(elem, _row_names(frame), "A")
     k = frame.vars["k"]
-    outer = [leaf for leaf in _outer_leaves(elem) if _uses(leaf, k)
+    outer = [leaf for leaf in outer_leaves(elem) if _uses(leaf, k)
              and any(_uses(leaf, frame.vars[a]) for a in frame.vars if a.startswith("m"))]
     if not outer:
         raise NotRecognizedError(f"A reads no tensor along its rows and k: {format_elem(elem)}")
@@ -583,18 +584,6 @@ def _a_operand(graph, frame, composer, tensor, index, vmap, stop, fold) -> tuple
 
 def _row_names(frame) -> set:
     return {v.name for a, v in frame.vars.items() if a[:1] in "bm"}
-
-
-def _outer_leaves(elem: Elem) -> list[Leaf]:
-    """The leaves of ``elem`` outside its reductions."""
-    out, stack = [], [elem]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Leaf):
-            out.append(e)
-        elif not isinstance(e, Reduce):
-            stack.extend(reversed(e.children()))
-    return out
 
 
 def _check_statistics(elem: Elem, rows: set, what: str) -> None:
@@ -758,11 +747,7 @@ def _fold_norms(graph, contractions, matches, written, read, rejected,
 
 
 def _through_weights(graph, match: Match, weights) -> Match:
-    if match.prologue is None:
-        return match
-    new, derived = fold_through_weights(graph, match, weights)
-    new.derived = (*match.derived, *derived)
-    return new
+    return match if match.prologue is None else fold_through_weights(graph, match, weights)[0]
 
 
 #: columns whose moments a producer sums into one value

@@ -26,7 +26,9 @@ import hashlib
 
 from tvm import tirx
 
-from .elem import Const, Elem, Iter, Leaf, Op, Reduce, format_elem, leaves, replace, walk
+from .elem import Const, Elem, Leaf, Op, Reduce, format_elem, leaves, outer_leaves, replace, walk
+from .moments import depends
+from .weights import weight_axis
 
 
 class NotAffineError(ValueError):
@@ -66,26 +68,8 @@ class DerivedWeight:
     dtype: str
 
 
-def _uses(elem: Elem, var) -> bool:
-    from tvm_stitch.graph.access import vars_in
-
-    for e in walk(elem):
-        if isinstance(e, Leaf) and any(v.same_as(var) for i in e.index for v in vars_in(i)):
-            return True
-        if isinstance(e, Iter) and any(v.same_as(var) for v in vars_in(e.expr)):
-            return True
-    return False
-
-
 def _reads_outside_reductions(elem: Elem, tensor: str) -> bool:
-    stack = [elem]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Leaf) and e.tensor == tensor:
-            return True
-        if not isinstance(e, Reduce):
-            stack.extend(e.children())
-    return False
+    return any(leaf.tensor == tensor for leaf in outer_leaves(elem))
 
 
 def _terms(e: Elem, x: Leaf) -> list[tuple[list, int]]:
@@ -154,7 +138,7 @@ def affine_parts(prologue: Elem, x: Leaf, k) -> tuple:
             raise NotAffineError(f"{x.tensor} appears squared")
         row, col = [], []
         for f in factors:
-            if _uses(f, k):
+            if depends(f, k.name):
                 if any(isinstance(e, Reduce) for e in walk(f)) or any(
                         not all(isinstance(i, tirx.IntImm) or i.same_as(k) for i in leaf.index)
                         for leaf in leaves(f)):
@@ -173,21 +157,6 @@ def affine_parts(prologue: Elem, x: Leaf, k) -> tuple:
     return r, _sum(gs), consts
 
 
-def _k_axis(view, k: int, n: int) -> int | None:
-    """The axis along ``k`` of a ``k × n`` or ``n × k`` weight its view reads whole (None:
-    the view reads no whole 2-D weight, or not along one column axis)."""
-    strides = {a: s for a, s in view.strides if s}
-    n_axes = [a for a in strides if a.startswith("n")]
-    if len(view.shape) != 2 or view.offset or len(n_axes) != 1 or set(strides) - {"k", *n_axes}:
-        return None
-    s_k, s_n = strides.get("k", 0), strides[n_axes[0]]
-    if tuple(view.shape) == (k, n) and (s_k, s_n) == (n, 1):
-        return 0
-    if tuple(view.shape) == (n, k) and (s_k, s_n) == (1, k):
-        return 1
-    return None
-
-
 def _digest(elem: Elem) -> str:
     return hashlib.sha1(repr(elem.key()).encode()).hexdigest()[:8]
 
@@ -195,7 +164,8 @@ def _digest(elem: Elem) -> str:
 def fold_through_weights(graph, match, weights) -> tuple:
     """``(match', [DerivedWeight])``: a GEMM whose ``A`` is a normalization (``prologue``)
     rewritten to read the normalization's input with scaled weights and finish it in its
-    epilogue; raises :class:`NotAffineError` when it cannot.
+    epilogue (the new tensors also appended to its ``derived``); raises
+    :class:`NotAffineError` when it cannot.
 
     Parameters
     ----------
@@ -225,9 +195,10 @@ def fold_through_weights(graph, match, weights) -> tuple:
         products, extra = [], {}
         for pi, (acc, b) in enumerate(seg.products):
             view = match.views[f"b{si}.{pi}"]
-            axis = _k_axis(view, match.frame.extents["k"], seg.n)
-            if b.tensor not in weights or axis is None:
+            n_axis = weight_axis(view, match.frame.extents["k"], seg.n)
+            if b.tensor not in weights or n_axis is None:
                 raise NotAffineError(f"{b.tensor} is not a whole 2-D weight")
+            axis = 1 - n_axis  # B's axis along k
             info = graph.tensors[b.tensor]
             scaled = DerivedWeight(f"{b.tensor}__scaled_{_digest(g)}", "scaled", b.tensor, axis,
                                    g, k, tuple(info.shape), info.dtype)
@@ -254,6 +225,7 @@ def fold_through_weights(graph, match, weights) -> tuple:
         outputs = [dataclasses.replace(o, elem=replace(o.elem, finish)) for o in seg.outputs]
         segments.append(Segment(seg.n, products, outputs, seg.covered))
     new = dataclasses.replace(match, segments=segments, prologue=None,
-                              accesses={**match.accesses, "a": a})
+                              accesses={**match.accesses, "a": a},
+                              derived=(*match.derived, *derived))
     new.views = _views(graph, new)
     return new, derived

@@ -62,6 +62,24 @@ def _n_axis(view: Strided) -> str | None:
     return axes[0] if len(axes) == 1 else None
 
 
+def weight_axis(view: Strided, k: int, n: int) -> int | None:
+    """The column axis of the ``n × k`` (0: a Linear weight) or ``k × n`` (1) weight that
+    ``view`` reads whole, along one column axis of the kernel and ``k`` only; None when it
+    reads no such weight."""
+    n_axis = _n_axis(view)
+    if len(view.shape) != 2 or view.offset or n_axis is None:
+        return None
+    if any(s for a, s in view.strides if a not in ("k", n_axis)):
+        return None
+    rows, cols = view.shape
+    s_k, s_n = view.stride.get("k", 0), view.stride[n_axis]
+    if (s_n, s_k, rows, cols) == (cols, 1, n, k):
+        return 0
+    if (s_n, s_k, rows, cols) == (1, cols, k, n):
+        return 1
+    return None
+
+
 def join_weights(match, weights) -> tuple:
     """``(match', JoinedWeights)``: ``match`` reading its bands' ``B`` from one concatenated
     tensor, or ``(None, why)`` when the bands' ``B`` cannot be joined.
@@ -89,17 +107,11 @@ def join_weights(match, weights) -> tuple:
         return None, "the weights' dtypes differ"
     axis = None
     for seg, view in zip(segments, views):
-        n_axis = _n_axis(view)
-        if len(view.shape) != 2 or view.offset or n_axis is None:
-            return None, f"{view.tensor} is not a whole 2-D weight read along one column axis"
-        rows, cols = view.shape
-        s_k, s_n = view.stride.get("k", 0), view.stride[n_axis]
-        if (s_n, s_k, rows, cols) == (cols, 1, seg.n, k):
-            here = 0  # (n, k): a Linear weight, bands stacked along rows
-        elif (s_n, s_k, rows, cols) == (1, cols, k, seg.n):
-            here = 1  # (k, n): bands side by side
-        else:
-            return None, f"{view.tensor} is not a {seg.n}x{k} weight read whole"
+        # (n, k): a Linear weight, bands stacked along rows; (k, n): bands side by side
+        here = weight_axis(view, k, seg.n)
+        if here is None:
+            return None, (f"{view.tensor} is not a {seg.n}x{k} weight read whole along one "
+                          "column axis")
         if axis not in (None, here):
             return None, "the weights' layouts differ"
         axis = here
@@ -108,7 +120,6 @@ def join_weights(match, weights) -> tuple:
     joined = JoinedWeights(f"{names[0]}__joined", tuple(names), axis, shape, views[0].dtype)
     new_views, column = dict(match.views), 0
     for si, (seg, view) in enumerate(zip(segments, views)):
-        n_axis = _n_axis(view)
         if axis == 0:
             strides, offset = view.strides, column * k
         else:
