@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 
+from tvm_stitch.analysis import recognize as recognize_module  # noqa: E402
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
 from tvm_stitch.analysis.weights import join_weights, weight_tensors  # noqa: E402
 from tvm_stitch.codegen import triton_gen  # noqa: E402
@@ -28,6 +29,7 @@ from tvm_stitch.pipeline import run_until  # noqa: E402
 from tvm_stitch.workloads import get_workload  # noqa: E402
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+MOMENT_PROGRAMS = recognize_module.MOMENT_PROGRAMS
 TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_H": 16, "GROUP_M": 2}
 TOL = {"float32": 2e-4, "float16": 2e-2}
 
@@ -95,9 +97,11 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
     # programs (fewer than the tiles, so each walks several) loading through TMA; an attention
     # that TMA can read, with and without tensor-descriptor loads
     pieces = {o.tensor for o in match.all_outputs if o.chunk}
-    runs = [("", {}, TILES)]
+    chunk = max((o.chunk for o in match.all_outputs), default=0)
+    tiles = {**TILES, "BLOCK_N": max(TILES["BLOCK_N"], chunk)}  # a moment's pieces are whole
+    runs = [("", {}, tiles)]
     if source.persistent:
-        runs.append((" persistent", {"PERSISTENT": True}, TILES))
+        runs.append((" persistent", {"PERSISTENT": True}, tiles))
     if source.persistent and len(match.segments) > 1:  # tiles straddling a band's last column
         bn = 32
         while all(s.n % bn == 0 for s in match.segments):
@@ -105,13 +109,18 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
         wide = {**TILES, "BLOCK_N": bn}
         runs.append((f" persistent BLOCK_N={wide['BLOCK_N']}", {"PERSISTENT": True}, wide))
     if source.tma:
-        runs.append((" tma", {"TMA": True}, TILES))
-    if pieces:  # a row's moments from tiles wider than one piece (16 columns)
-        runs.append((" BLOCK_N=64", {}, {**TILES, "BLOCK_N": 64}))
+        runs.append((" tma", {"TMA": True}, tiles))
+    if pieces:  # a row's moments from tiles wider than one piece
+        wide = {**TILES, "BLOCK_N": min(4 * chunk, triton_gen.GEMM_MAX_TILE)}
+        runs.append((f" BLOCK_N={wide['BLOCK_N']}", {}, wide))
+    if match.statistics and match.prologue is None:  # tiles over LATE_STATISTICS elements
+        # combine the row statistics before the product loop, smaller ones after it
+        big = {**TILES, "BLOCK_M": 64, "BLOCK_N": 2 * triton_gen.LATE_STATISTICS // 64}
+        runs.append((f" BLOCK_M=64 BLOCK_N={big['BLOCK_N']}", {}, big))
     if source.split_k:  # k split in 2, and in 3 (slices of unequal steps, maybe an empty one)
-        runs += [(f" split-k {s}", {"SPLIT_K": s}, TILES) for s in (2, 3)]
-    for kind, options, tiles in runs:
-        consts = {**tiles, **source.constexprs, "DOT_PREC": "ieee"}
+        runs += [(f" split-k {s}", {"SPLIT_K": s}, tiles) for s in (2, 3)]
+    for kind, options, run_tiles in runs:
+        consts = {**run_tiles, **source.constexprs, "DOT_PREC": "ieee"}
         consts.update({"PERSISTENT": False, "TMA": False, "NUM_SMS": 3, "SPLIT_K": 1,
                        **options})
         buffers = {
@@ -144,6 +153,10 @@ def main(specs):
         name, dtype, *rest = spec.split(":")
         params = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
         fold = params.pop("fold", "0") == "1"  # the kernels with normalizations folded in too
+        # programs=N: moments in the wider pieces of producers of N tiles
+        # (recognize.moment_chunk), and only the kernels writing or reading them
+        programs = params.pop("programs", None)
+        recognize_module.MOMENT_PROGRAMS = int(programs) if programs else MOMENT_PROGRAMS
         inst = get_workload(name).instance(dtype, **{k: int(v) for k, v in params.items()})
         mod = legalized(inst.mod)
         graph = build_graph(mod, legalize=False)
@@ -154,6 +167,8 @@ def main(specs):
             matches += recognize(graph, fold_norms=True).matches
             matches += recognize(graph, fold_norms=True, weights=weights).matches
         for match in matches:
+            if programs and not (match.statistics or any(o.chunk for o in match.all_outputs)):
+                continue
             key = triton_gen.kernel_source(match).name
             if key not in seen:
                 seen.add(key)

@@ -182,3 +182,33 @@ def test_derived_weights_against_numpy(axis):
         out = tvm.runtime.tensor(np.zeros(dshape, dtype))
         ex["main"](tvm.runtime.tensor(w), tvm.runtime.tensor(g), out)
         np.testing.assert_allclose(out.numpy().astype("float64"), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize(("batch", "seq", "chunk"), [(1, 19, 16), (8, 512, 32)])
+def test_moment_pieces_follow_the_rows(batch, seq, chunk):
+    """A producer of many rows sums a row's moments over wider chunks of columns (fewer pieces
+    for each reader tile to load), one of few rows over 16; its column tiles are whole pieces.
+    BERT-tiny's rows are 128 wide: at 4096 rows, 32-column pieces leave 256 tiles of 64×32."""
+    from tvm_stitch.analysis.recognize import moment_chunk
+    from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE
+    from tvm_stitch.explore.tiling import Candidate, ChainSpec
+    from tvm_stitch.tune.kernels import generated_gemm_legality
+
+    assert (moment_chunk(128, 768), moment_chunk(1024, 768), moment_chunk(4096, 768)) == (
+        16, 32, 128)
+    inst = get_workload("bert-tiny").instance("float16", batch=batch, seq=seq)
+    mod = run_until(inst.mod, CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    found = recognize(graph, fold_norms=True, weights=weight_tensors(graph, mod[inst.func]))
+    writers = [mt for mt in found.matches if any(o.chunk for o in mt.all_outputs)]
+    readers = [mt for mt in found.matches if mt.statistics]
+    assert writers and readers
+    for mt in writers:
+        assert {o.chunk for o in mt.all_outputs if o.chunk} == {chunk}
+        ext = mt.frame.extents
+        spec = ChainSpec.gemm(ext["m"], ext["n"], ext["k"], dtype_bytes=2)
+        legal = [n for n in (16, 32, 64, 128, GEMM_MAX_TILE) if generated_gemm_legality(
+            mt, spec, Candidate("mnk", (("m", 64), ("n", n), ("k", 64)))) is None]
+        assert legal == [n for n in (16, 32, 64, 128, GEMM_MAX_TILE) if n % chunk == 0]
+    for mt in readers:  # one piece of each moment per chunk of the row
+        assert {r.extent for r in mt.statistics} == {128 // chunk}

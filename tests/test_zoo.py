@@ -176,8 +176,10 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "TVM_STITCH_CACHE": str(tmp_path)}
     # the last two: sequences a multiple of 128 and power-of-two heads, and GEMMs of 256 rows and
     # 512 columns, printed without bounds checks along those axes
-    # (fold=1: also the GEMMs with the LayerNorm / RMSNorm before them folded in)
+    # (fold=1: also the GEMMs with the LayerNorm / RMSNorm before them folded in; programs=1:
+    # only those writing or reading moments, in pieces of whole 128-column rows)
     specs = ["bert-tiny:float32:batch=2,seq=19,fold=1", "llama-tiny:float16:seq=33,fold=1",
+             "bert-tiny:float16:batch=2,seq=19,fold=1,programs=1",
              "gpt2-tiny:float16:seq=33",
              "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1",
              "bert-tiny:float16:batch=2,seq=128"]

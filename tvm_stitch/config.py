@@ -48,7 +48,8 @@ class PipelineOptions:
         Normalizations (LayerNorm, RMSNorm, any elementwise function of row statistics) whose
         every reader is a generated GEMM stop being kernels: each GEMM computes them, as ``A``'s
         prologue or in its epilogue, from row statistics in two phases — the GEMM that writes
-        the row also writes its moments (Σx, Σx² per 16 columns) and the readers add them up;
+        the row also writes its moments (Σx, Σx² per 16–128 columns, wider for more rows:
+        :func:`tvm_stitch.analysis.recognize.moment_chunk`) and the readers add them up;
         where no GEMM writes the row, or a statistic is no sum of moments (a maximum), each
         reader re-reads its rows.  With ``lift_params`` too, a GEMM reading the normalization
         as ``A`` reads its input as it is (TMA) with weights scaled by the normalization's
@@ -59,7 +60,8 @@ class PipelineOptions:
         saves (BERT-base 1×128 on an H100, 5 instead of 7 kernels per layer: re-reading 781 µs
         vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A`` in registers lose
         the TMA formulation and take 3–4 µs more each, where a LayerNorm kernel costs 2 µs;
-        through the weights 386.6 µs vs 349.7 µs).  Needs ``"gemm"``.
+        through the weights 374.9 µs vs 347.9 µs; at 8×512 2298.7 vs 1992.7 µs, before the
+        wider pieces, unmeasured with them).  Needs ``"gemm"``.
     lift_params : bool
         Computations that depend on weights only — the parameters past the entry function's
         ``num_input`` — move into a function of their own, ``<entry>_transform_params``

@@ -750,14 +750,33 @@ def _through_weights(graph, match: Match, weights) -> Match:
     return match if match.prologue is None else fold_through_weights(graph, match, weights)[0]
 
 
-#: columns whose moments a producer sums into one value
-MOMENT_CHUNK = 16
+#: the narrowest and the widest column chunks a producer sums a row moment over
+MOMENT_CHUNKS = (16, 128)
+#: output tiles of 64 rows and one chunk of columns a producer keeps at least (two waves of
+#: an H100's 132 SMs), so the chunk does not take the narrow tiles few rows need away
+MOMENT_PROGRAMS = 256
+
+
+def moment_chunk(rows: int, width: int) -> int:
+    """Columns per piece of a row moment its producer writes: the widest power of two of
+    :data:`MOMENT_CHUNKS` leaving :data:`MOMENT_PROGRAMS` tiles of 64 rows and one chunk.
+
+    The producer's column tiles must be whole chunks; every output tile of a reader loads its
+    rows' ``width / chunk`` pieces of each moment. At 4096 rows of 768: 6 pieces a row (with
+    16-column chunks 48, and a LayerNorm's two moments as many bytes as a quarter of the
+    reader's row of ``A``); at 128 rows: 48 (the producer's best tiles there are 16 or 32
+    columns wide)."""
+    chunk, widest = MOMENT_CHUNKS
+    while chunk < widest and -(-rows // 64) * -(-width // (2 * chunk)) >= MOMENT_PROGRAMS:
+        chunk *= 2
+    return chunk
 
 
 def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
     """Readers of a folded normalization that read its statistics as moments summed by the
     GEMM writing the normalized row (the first phase of the two-phase reduction), instead of
-    re-reading the row: ``(readers rewritten, (producer, [(moment tensor, monomial, x)]))``.
+    re-reading the row: ``(readers rewritten, (producer, [(moment tensor, monomial, x,
+    chunk)]))`` (:func:`moment_chunk` columns a piece).
     Raises when a statistic is no polynomial in the row (a softmax's max), or the row is not
     written by one GEMM kernel as rows of a 2-D layout."""
     expanded = {}
@@ -795,13 +814,14 @@ def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
     if (view.offset, dict(view.strides).get("m"), dict(view.strides).get("n")) != (0, width, 1) \
             or p.frame.extents["n"] != width:
         raise ValueError(f"{producer} does not write {x} as rows")
-    chunks = -(-width // MOMENT_CHUNK)
+    chunk = moment_chunk(count, width)
+    chunks = -(-width // chunk)
     tensors, specs = {}, []
     for key, r in moments.items():
         # named by what it sums: two normalizations of one row share its moments
         digest = hashlib.sha1(repr(r.key()).encode()).hexdigest()[:8]
         tensors[key] = name = f"{x}.moment_{digest}"
-        specs.append((name, r.body, x))
+        specs.append((name, r.body, x, chunk))
     rewritten = {}
     for name, m in readers.items():
         new = dataclasses.replace(m, segments=[
@@ -835,10 +855,10 @@ def _moments_from_producer(graph, gemms, readers: dict) -> tuple[dict, tuple]:
 
 def _add_moments(graph, p: Match, specs) -> None:
     """The producer's outputs of row moments: each monomial of the written row, summed over
-    chunks of ``MOMENT_CHUNK`` columns."""
+    chunks of columns (:func:`moment_chunk`)."""
     seg = p.segments[0]
     written = {o.tensor for o in seg.outputs}
-    for tensor, mono, x in specs:
+    for tensor, mono, x, chunk in specs:
         if tensor in written:  # another normalization of the same row reads it too
             continue
         written.add(tensor)
@@ -846,7 +866,7 @@ def _add_moments(graph, p: Match, specs) -> None:
         elem = replace(mono, lambda e, out=out: out.elem if isinstance(e, Leaf) and
                        e.tensor == out.tensor else None)
         access = Access(tensor, (p.frame.vars["m"], p.frame.vars["n"]))
-        seg.outputs.append(Output(tensor, access, elem, out.accumulators, MOMENT_CHUNK))
+        seg.outputs.append(Output(tensor, access, elem, out.accumulators, chunk))
         info = graph.tensors[tensor]
         p.views[f"out0.{len(seg.outputs) - 1}"] = Strided(
             tensor, info.shape, "float32", 0, (("m", info.shape[1]),))

@@ -27,7 +27,17 @@ from pathlib import Path
 from tvm import ir
 from tvm.ir.prim import expr as P
 
-from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Op, Reduce, offset_erf, replace
+from tvm_stitch.analysis.elem import (
+    Const,
+    Elem,
+    Iter,
+    Leaf,
+    Op,
+    Reduce,
+    offset_erf,
+    reductions,
+    replace,
+)
 from tvm_stitch.analysis.indexing import Strided, dtype_of
 from tvm_stitch.codegen.triton_kernels import ATTENTION_MAX_TILE, GEMM_MAX_TILE
 
@@ -436,35 +446,53 @@ def _literal(value: float) -> str:
 
 #: columns of a row statistic's loop: a (BLOCK_M, ROW_CHUNK) tile per step
 ROW_CHUNK = 64
+#: largest tile (BLOCK_M * BLOCK_N) whose GEMM combines its row statistics after the product loop
+LATE_STATISTICS = 64 * 64
 _COMBINE = {"sum": "{acc} + tl.sum({v}, axis=1)", "max": "tl.maximum({acc}, tl.max({v}, axis=1))",
             "min": "tl.minimum({acc}, tl.min({v}, axis=1))"}
 
 
-def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], dict]:
+def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], list[str], dict]:
     """Lines computing each row statistic over the tile's rows (``tiles``/``masks`` give the
-    row coordinates), one loop over its reduction axis each, inner statistics first: the first
-    phase of a two-phase reduction whose second is the kernel's use of them.  Returns the lines
-    and key -> Triton name."""
-    lines, names = [], {}
+    row coordinates), inner statistics first: the first phase of a two-phase reduction whose
+    second is the kernel's use of them.  Returns the lines that issue the loads, the lines
+    that combine them, and key -> Triton name.
+
+    A statistic over at most ``ROW_CHUNK`` values of a row that reads no other statistic (the
+    pieces of a moment its producer wrote) is loaded in one (BLOCK_M, width) tile by the first
+    lines and summed by the second, so a kernel can issue the loads before its product loop
+    and combine them after it: the loads' latency hides behind the products. Longer ones, and
+    those reading other statistics, loop over chunks of ``ROW_CHUNK`` columns in the first
+    lines, after the statistics before them are combined."""
+    issue, combine, names = [], [], {}
     for i, r in enumerate(reduces):
         name, var = f"stat{i}", r.var.name
         dtype = tl_dtype(r.dtype)
-        lines.append(f"{name} = tl.full([BLOCK_M], {_literal(r.init)}, {dtype})")
-        lines.append(f"for r0 in range(0, {r.extent}, {ROW_CHUNK}):")
-        lines.append(f"    rr = r0 + tl.arange(0, {ROW_CHUNK})")
-        col_mask = f"(rr < {r.extent})[None, :]"
+        one = r.extent <= ROW_CHUNK and not reductions(r.body)
+        width = 1 << max(r.extent - 1, 0).bit_length() if one else ROW_CHUNK
+        rr = f"rr{i}"
+        col_mask = f"({rr} < {r.extent})[None, :]"
         inner_masks = dict(masks)
-        if r.extent % ROW_CHUNK:
+        if r.extent % width:
             inner_masks[var] = col_mask
-        printer = ElemPrinter({**tiles, var: "rr[None, :]"}, inner_masks, pointers, views, {},
+        printer = ElemPrinter({**tiles, var: f"{rr}[None, :]"}, inner_masks, pointers, views, {},
                               prefix=f"s{i}_", reduced=names)
         value = f"{printer.expr(r.body)}.to({dtype})"
-        lines += ["    " + line for line in printer.lines]
-        if r.extent % ROW_CHUNK:
+        if r.extent % width:
             value = f"tl.where({col_mask}, {value}, {_literal(r.init)})"
-        lines.append(f"    {name} = " + _COMBINE[r.op].format(acc=name, v=value))
+        init = f"tl.full([BLOCK_M], {_literal(r.init)}, {dtype})"
+        if one:
+            issue += [f"{rr} = tl.arange(0, {width})", *printer.lines]
+            combine.append(f"{name} = " + _COMBINE[r.op].format(acc=init, v=value))
+        else:  # it may read the statistics before it: those are combined first
+            issue += combine
+            combine = []
+            issue += [f"{name} = {init}", f"for r0 in range(0, {r.extent}, {ROW_CHUNK}):",
+                      f"    {rr} = r0 + tl.arange(0, {ROW_CHUNK})",
+                      *["    " + line for line in printer.lines],
+                      f"    {name} = " + _COMBINE[r.op].format(acc=name, v=value)]
         names[r.key()] = name
-    return lines, names
+    return issue, combine, names
 
 
 # -- kernels ---------------------------------------------------------------------------------------
@@ -595,8 +623,22 @@ def gemm_source(match, name: str) -> KernelSource:
     extras = _extra_views(match)
     row_tiles = {"b": "pid_b", "m": "rm[:, None]"}
     row_masks = {"m": f"(rm < {m})[:, None]"} if m % GEMM_MAX_TILE else {}
-    stat_lines, reduced = row_statistics(match.statistics, row_tiles, row_masks, pointers, extras)
-    lines += stat_lines
+    stat_issue, stat_combine, reduced = row_statistics(match.statistics, row_tiles, row_masks,
+                                                       pointers, extras)
+    stat_lines = stat_issue + stat_combine
+    lines += stat_issue
+    # small tiles (latency-bound kernels, registers to spare) combine the statistics after the
+    # product loop, their loads in flight meanwhile (BERT-base 1x128 folded through the
+    # weights: 386.6 -> 367-375 us on an H100); larger ones before it, keeping the registers
+    # (held across the loop, (128, 64) float32 pieces cost 32 registers a thread: Q/K/V at
+    # 4096 tokens 102 -> 167 registers and no faster, 45.6 vs 45.3 us); so does a prologue
+    # reading them
+    after = f"BLOCK_M * BLOCK_N <= {LATE_STATISTICS}"
+    before = f"BLOCK_M * BLOCK_N > {LATE_STATISTICS}"
+    if match.prologue is not None:
+        lines += stat_combine
+    elif stat_combine:
+        lines += [f"if {before}:", *["    " + line for line in stat_combine]]
     segments = match.segments
     products = {len(seg.products) for seg in segments}
     if len(products) != 1 or products.pop() > 2:
@@ -654,6 +696,8 @@ def gemm_source(match, name: str) -> KernelSource:
             f"{k}, {s_am}, {s_ak}, {stride(0, 0)}, {stride(0, 1)}, {stride(1, 0)}, "
             f"{stride(1, 1)}, BLOCK_K, DOT_PREC{convert}, K_LO=k_lo, K_HI=k_hi)"
         )
+    if match.prologue is None and stat_combine:
+        lines += [f"if {after}:", *["    " + line for line in stat_combine]]
     if split:
         lines += _split_reduction(len(bviews[0]))
     def band_body(si, seg, within=None):

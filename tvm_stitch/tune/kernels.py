@@ -274,7 +274,7 @@ def tune_generated(
         )
 
         def legal(c):
-            return tk.gemm_legality(spec, c, accumulators=products)
+            return generated_gemm_legality(match, spec, c)
 
         template, tfamily = tk.gemm_config, "gemm_epilogue"
         launches, seeds = _gemm_options(source.persistent, source.split_k)
@@ -311,6 +311,18 @@ def tune_generated(
     )
     tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned
+
+
+def generated_gemm_legality(match, spec: ChainSpec, cand) -> str | None:
+    """Why a generated GEMM kernel cannot run ``cand`` well, or None: the GEMM template's rules
+    (:func:`~tvm_stitch.codegen.triton_kernels.gemm_legality`), and a kernel writing a row's
+    moments in pieces (:func:`~tvm_stitch.analysis.recognize.moment_chunk` columns each) takes
+    column tiles of whole pieces."""
+    chunk = max((o.chunk for o in match.all_outputs), default=0)
+    n = cand.tile_dict["n"]
+    if chunk and n % chunk:
+        return f"{n}-column tiles writing moments in pieces of {chunk} columns"
+    return tk.gemm_legality(spec, cand, accumulators=len(match.segments[0].products))
 
 
 def generated_runner(match, source, shapes, constants=None, hw=None):
