@@ -8,7 +8,8 @@
 #       profile:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
-# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant;
+# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
+# (several: VARIANT='fold_norms=true;dependent_launch=false');
 # OPTION=fold_norms=true: profile steps compile with that option.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -27,6 +28,10 @@ fi
 export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 status=0
+# VARIANT: variants separated by ';' (each KEY=VALUE,...)
+variants=()
+IFS=';' read -ra _vs <<< "${VARIANT:-}"
+for v in ${_vs[@]+"${_vs[@]}"}; do [[ -n "$v" ]] && variants+=(--variant "$v"); done
 # STEP's WORKLOAD[:KEY=VALUE,...] after its "kind:" -> $name and the -p flags in $params
 workload_spec() {
     local spec=${1#*:} kv
@@ -57,7 +62,7 @@ for step in "$@"; do
         bert:*)
             shape=${step#bert:}
             python3 -m tvm_stitch bench bert --target cuda -p "batch=${shape%x*}" -p "seq=${shape#*x}" \
-                ${VARIANT:+--variant "$VARIANT"} --json-out "$out/bench.jsonl" 2>&1 \
+                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
                 | tee "$out/bert-$shape.log" || status=1
             ;;
         memory|gemm-chains|attention)
@@ -83,7 +88,7 @@ for step in "$@"; do
             args=(); [[ -n "$name" ]] && args+=(-w "$name")
             args+=("${params[@]}")
             python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
-                ${VARIANT:+--variant "$VARIANT"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
+                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         profile:*)
             workload_spec "$step"

@@ -19,6 +19,7 @@ Triton the pass does nothing, with the reason logged.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -103,9 +104,10 @@ def _smem_limit() -> int:
     return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}).smem_per_block
 
 
-def embed_builder(match, source, config, shapes):
-    """The launch PrimFunc of a generated kernel and its CUDA module."""
-    launch = embed.generated_launch(source, match, config, shapes, _smem_limit())
+def embed_builder(match, source, config, shapes, dependent=True):
+    """The launch PrimFunc of a generated kernel and its CUDA module (``dependent``: launched
+    with programmatic dependent launch)."""
+    launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent)
     return launch.func, [launch.module()]
 
 
@@ -142,11 +144,14 @@ class FuseMBCI:
         ``num_input``) into one tensor its kernel reads through one TMA descriptor (see
         :mod:`tvm_stitch.analysis.weights`); the concatenation is left in the function, for
         ``relax.transform.LiftTransformParams`` to move out of it.
+    dependent_launch : bool
+        Launch the kernels with programmatic dependent launch (see
+        :class:`tvm_stitch.config.PipelineOptions`).
     """
 
     def __init__(
         self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
-        fold_norms=False, join_weights=False,
+        fold_norms=False, join_weights=False, dependent_launch=True,
     ):
         unknown = set(families) - set(FAMILIES)
         if unknown:
@@ -158,6 +163,7 @@ class FuseMBCI:
         self.measure = measure
         self.fold_norms = fold_norms
         self.join_weights = join_weights
+        self.dependent_launch = dependent_launch
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -170,7 +176,8 @@ class FuseMBCI:
             if not compiles:
                 logger.info("Triton kernels not used: %s; TVM keeps every operator", why)
                 return mod
-            builder = plan_builder if self.plan_only else embed_builder
+            builder = plan_builder if self.plan_only else functools.partial(
+                embed_builder, dependent=self.dependent_launch)
         if not on_device and self.measure:
             logger.info(
                 "tiles not measured (%s): from the tuning database, else the cost model", no_gpu

@@ -189,6 +189,22 @@ def test_generated_launch_carries_pointers_only():
     assert [int(a) for a in call.args[15:20]] == [0, 0, 256, 24, 1]
 
 
+def _probe_launch(symbol, **options):
+    """The GEMM template's launch on a 70×48×64 product, as kernel ``symbol``."""
+    from tvm_stitch.codegen import embed
+
+    return embed.plan_launch(
+        "gemm_epilogue",
+        [embed.Param(n, s, "float16") for n, s in (("A", (70, 64)), ("W", (48, 64)),
+                                                    ("C", (70, 48)))],
+        {"A": "A", "B": "W", "C": "C", "Bias": "A", "Res": "A", "M": 70, "N": 48, "K": 64,
+         "s_am": 64, "s_ak": 1, "s_bk": 1, "s_bn": 64, "s_cm": 48, "s_cn": 1, "s_rm": 48,
+         "s_rn": 1},
+        {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "HAS_BIAS": False, "GELU": 0,
+         "HAS_RES": False, "GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1},
+        (4,), {"num_warps": 4, "num_stages": 2}, symbol, **options)
+
+
 def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
     """Launched with programmatic dependent launch, a generated kernel's first instructions
     wait for the grid before it (nothing is loaded or stored earlier), then release the next
@@ -200,16 +216,7 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
 
     from tvm_stitch.codegen import embed
 
-    source = embed.plan_launch(
-        "gemm_epilogue",
-        [embed.Param(n, s, "float16") for n, s in (("A", (70, 64)), ("W", (48, 64)),
-                                                    ("C", (70, 48)))],
-        {"A": "A", "B": "W", "C": "C", "Bias": "A", "Res": "A", "M": 70, "N": 48, "K": 64,
-         "s_am": 64, "s_ak": 1, "s_bk": 1, "s_bn": 64, "s_cm": 48, "s_cn": 1, "s_rm": 48,
-         "s_rn": 1},
-        {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "HAS_BIAS": False, "GELU": 0,
-         "HAS_RES": False, "GROUP_M": 8, "PERSISTENT": False, "NUM_SMS": 1},
-        (4,), {"num_warps": 4, "num_stages": 2}, "pdl_probe")
+    source = _probe_launch("pdl_probe")
     body = source.ptx[source.ptx.index(".entry pdl_probe"):]
     body = body[body.index("{") + 1:]
     instructions = [ln.strip() for ln in body.splitlines()
@@ -232,6 +239,32 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
                               str(tmp_path / "k.cubin")], capture_output=True, text=True,
                              check=False)
         assert out.returncode == 0, out.stderr
+
+
+def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
+    """``dependent_launch=False``: the generated kernels neither wait for the grid before them
+    nor carry the launch tag (profiles then time each kernel alone); by default they do."""
+    import tvm
+
+    import tvm_stitch
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.workloads import get_workload
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    inst = get_workload("bert-tiny").instance("float16", layers=1)
+    waits = {}
+    for dependent in (True, False):
+        with cuda:
+            mod = tvm_stitch.pipeline(cuda, tune="model", dependent_launch=dependent)(inst.mod)
+        ptx = [m.inspect_source() for m in mod.attrs["external_mods"]]
+        waits[dependent] = (sum("griddepcontrol.wait" in p for p in ptx), len(ptx))
+    assert waits[True][0] == waits[True][1] > 0
+    assert waits[False] == (0, waits[True][1])
+    # the launch tag goes with the wait (a kernel launched with it but not waiting would race)
+    probe = _probe_launch("independent_probe", dependent=False)
+    assert embed.PDL_TAG not in probe.tags and "griddepcontrol" not in probe.ptx
 
 
 def _packed_call(node):

@@ -165,6 +165,7 @@ def plan_launch(
     outputs: int = 1,
     smem_limit: int | None = None,
     descriptors: dict | None = None,
+    dependent: bool = True,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -195,6 +196,9 @@ def plan_launch(
         Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
         the host (:class:`~tvm_stitch.codegen.triton_gen.Descriptor`) over that buffer
         parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
+    dependent : bool
+        Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
+        for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -271,12 +275,14 @@ def plan_launch(
     box_meta = iter(getattr(meta, "tensordesc_meta", None) or [])
     # Triton's scratch pointers: the global one when the kernel needs it, else null
     arg_types += ["handle" if scratch else "int64", "int64"]
-    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)], PDL_TAG]
+    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
+    tags += [PDL_TAG] if dependent else []
     extents = [meta.num_warps * 32, *grid]
     if meta.shared:
         tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
         extents.append(meta.shared)
-    ptx = dependent_launch(compiled.asm["ptx"].replace(meta.name, symbol))
+    ptx = compiled.asm["ptx"].replace(meta.name, symbol)
+    ptx = dependent_launch(ptx) if dependent else ptx
 
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
@@ -362,11 +368,13 @@ def _ast_source(fn):
     return ASTSource
 
 
-def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None) -> Launch:
+def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
+                     dependent: bool = True) -> Launch:
     """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
 
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
+    ``dependent``: launched with programmatic dependent launch (:func:`plan_launch`).
     """
     from .triton_gen import launch_constexprs, load, split_k_buffers
 
@@ -402,6 +410,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None)
         outputs=len(source.outputs) + bool(split),
         smem_limit=smem_limit,
         descriptors=descriptors,
+        dependent=dependent,
     )
     if split:
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
