@@ -129,6 +129,49 @@ def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype, fo
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
 
 
+#: families outside the zoo (tiny configs): other spellings of attention (DistilBERT's, OPT's
+#: biased projections), grouped K/V heads with RMSNorm (Qwen2), Gemma's 1+γ RMSNorm and
+#: tanh-GELU gate
+MORE = {
+    "distilbert": ("DistilBertModel", "DistilBertConfig",
+                   dict(dim=96, n_layers=2, n_heads=3, hidden_dim=192, vocab_size=500)),
+    "opt": ("OPTModel", "OPTConfig",
+            dict(hidden_size=96, ffn_dim=192, num_hidden_layers=2, num_attention_heads=3,
+                 vocab_size=500, word_embed_proj_dim=96)),
+    "qwen2": ("Qwen2Model", "Qwen2Config",
+              dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=500)),
+    "gemma": ("GemmaModel", "GemmaConfig",
+              dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, vocab_size=500)),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE))
+def test_more_models_mean_what_they_mean(tmp_path, name):
+    """Models no zoo test was written for, float16, norms folded through the weights: their
+    attention and GEMMs recognized, every kernel replaced by its TE reference, PyTorch's
+    numbers."""
+    from tvm_stitch.workloads.zoo import ZooModel, _token_ids, zoo_workload
+
+    cls, cfg_cls, cfg = MORE[name]
+    model = ZooModel(name=name, model_class=cls, config_class=cfg_cls, configs={"tiny": cfg},
+                     inputs=_token_ids, defaults={"batch": 1, "seq": 16}, flops=lambda *_: 0,
+                     kwargs={} if "Bert" in cls else {"use_cache": False})
+    inst = zoo_workload(model, "tiny").instance("float16", batch=2, seq=13)
+    calls = []
+
+    def build(match, source, config, shapes):
+        calls.append("through" if match.derived else match.family)
+        return reference_func(match, source, shapes), []
+
+    with CUDA:
+        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=True,
+                       join_weights=True)(legalized(inst.mod))
+    assert {"attention", "gemm", "through"} <= set(calls)
+    np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
+
+
 @pytest.mark.parametrize("name", list(ZOO))
 def test_cuda_fusion_report_on_a_cpu(name, tmp_path, monkeypatch):
     """The kernels the GPU host will build, listed on this machine: per layer one attention
