@@ -104,10 +104,11 @@ def _smem_limit() -> int:
     return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}).smem_per_block
 
 
-def embed_builder(match, source, config, shapes, dependent=True):
+def embed_builder(match, source, config, shapes, dependent=True, launch_dependents="start"):
     """The launch PrimFunc of a generated kernel and its CUDA module (``dependent``: launched
-    with programmatic dependent launch)."""
-    launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent)
+    with programmatic dependent launch, releasing the next launch at ``launch_dependents``)."""
+    launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent,
+                                    launch_dependents)
     return launch.func, [launch.module()]
 
 
@@ -147,11 +148,13 @@ class FuseMBCI:
     dependent_launch : bool
         Launch the kernels with programmatic dependent launch (see
         :class:`tvm_stitch.config.PipelineOptions`).
+    launch_dependents : {"start", "exit"}
+        When each lets the next be launched (see :class:`tvm_stitch.config.PipelineOptions`).
     """
 
     def __init__(
         self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
-        fold_norms=False, join_weights=False, dependent_launch=True,
+        fold_norms=False, join_weights=False, dependent_launch=True, launch_dependents="start",
     ):
         unknown = set(families) - set(FAMILIES)
         if unknown:
@@ -164,6 +167,7 @@ class FuseMBCI:
         self.fold_norms = fold_norms
         self.join_weights = join_weights
         self.dependent_launch = dependent_launch
+        self.launch_dependents = launch_dependents
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -177,7 +181,8 @@ class FuseMBCI:
                 logger.info("Triton kernels not used: %s; TVM keeps every operator", why)
                 return mod
             builder = plan_builder if self.plan_only else functools.partial(
-                embed_builder, dependent=self.dependent_launch)
+                embed_builder, dependent=self.dependent_launch,
+                launch_dependents=self.launch_dependents)
         if not on_device and self.measure:
             logger.info(
                 "tiles not measured (%s): from the tuning database, else the cost model", no_gpu

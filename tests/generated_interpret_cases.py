@@ -102,6 +102,8 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
     runs = [("", {}, tiles)]
     if source.persistent:
         runs.append((" persistent", {"PERSISTENT": True}, tiles))
+    if source.tma_store:  # the outputs' tiles stored by TMA (clipped at the tensors' ends)
+        runs.append((" persistent tma-store", {"PERSISTENT": True, "TMA_STORE": True}, tiles))
     if source.persistent and len(match.segments) > 1:  # tiles straddling a band's last column
         bn = 32
         while all(s.n % bn == 0 for s in match.segments):
@@ -122,7 +124,7 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
     for kind, options, run_tiles in runs:
         consts = {**run_tiles, **source.constexprs, "DOT_PREC": "ieee"}
         consts.update({"PERSISTENT": False, "TMA": False, "NUM_SMS": 3, "SPLIT_K": 1,
-                       **options})
+                       "TMA_STORE": False, **options})
         buffers = {
             name: torch.zeros(size, dtype=getattr(torch, dtype))
             for name, (size, dtype) in triton_gen.split_k_buffers(source, match, consts).items()
@@ -131,7 +133,8 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
         got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
                for t in source.outputs]
-        descs = triton_gen.torch_descriptors(source, options, consts, args)  # A, B of a GEMM
+        # a GEMM's A and B (and outputs)
+        descs = triton_gen.torch_descriptors(source, options, consts, args, got)
         fn[source.grid(consts, match)](*args, *got, **descs, **consts)
         if "CNT" in buffers and buffers["CNT"].any():  # counters must be left zero
             got = [torch.full_like(g, float("nan")) for g in got]

@@ -13,6 +13,7 @@ from tvm_stitch.benchmarks.harness import run_tvm
 import tvm_stitch
 from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.analysis.weights import join_weights, weight_tensors
+from tvm_stitch.codegen import triton_gen
 from tvm_stitch.graph import build_graph
 from tvm_stitch.pipeline import run_until
 from tvm_stitch.report import fused_module, fusion_report
@@ -97,3 +98,35 @@ def test_lifted_module_runs_on_the_cpu():
     args, outs = run_tvm(vm, inst, tvm.cpu())
     assert len(args) != len(inst.args)  # the entry takes the transformed weights
     np.testing.assert_allclose(outs[0], inst.reference()[0], *inst.tolerance)
+
+
+def _banded_sources(name, dtype="float16", **params):
+    """The kernel sources of ``name``'s banded GEMMs (one layer), their weights joined."""
+    inst = get_workload(name).instance(dtype, layers=1, **params)
+    mod = run_until(inst.mod, CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    weights = weight_tensors(graph, mod[inst.func])
+    sources = []
+    for match in recognize(graph).matches:
+        if match.family == "gemm" and len(match.segments) > 1:
+            joined, _ = join_weights(match, weights)
+            sources.append(triton_gen.kernel_source(joined))
+    return sources
+
+
+def _persistent_part(text):
+    return text[text.index("if PERSISTENT:"):text.index("    else:\n        pid_b")]
+
+
+def test_alike_bands_share_one_epilogue():
+    """Q, K and V's epilogues differ only in their bias and output: the persistent kernel runs
+    one epilogue over pointers chosen by the tile's band (one store, no band predicates);
+    LLaMA's bands of 160, 80 and 80 columns differ in their bounds, and each band's epilogue
+    runs predicated on the tile being in it."""
+    (bert,) = _banded_sources("bert-tiny")
+    part = _persistent_part(bert.text)
+    assert part.count("tl.store(") == 1 and "in_band" not in part
+    assert "= tl.where(pid_n < t0, O0, tl.where(pid_n < t0 + t1, O1, O2))" in part
+    (llama,) = _banded_sources("llama-tiny")
+    part = _persistent_part(llama.text)
+    assert part.count("tl.store(") == 3 and part.count("in_band") >= 6

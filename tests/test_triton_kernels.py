@@ -164,15 +164,17 @@ def test_generated_launch_carries_pointers_only():
     assert "wgmma.mma_async" in launch.ptx and f".entry {launch.symbol}" in launch.ptx
     call = _packed_call(launch.func)
     assert [str(a) for a in call.args[1:5]] == ["I0.data", "I1.data", "I2.data", "O0.data"]
-    # then A's and B's TMA descriptors, encoded by the host code before the launch (the
-    # persistent formulation reads through them; this one does not), each with its shape and
-    # row stride: A (128 x 768, rows 768 apart), B the weight (3072 x 768)
+    # then A's, B's and the output's TMA descriptors, encoded by the host code before the
+    # launch (the persistent formulation reads through the first two and, with TMA_STORE,
+    # writes through the third; this one does neither), each with its shape and row stride:
+    # A (128 x 768, rows 768 apart), B the weight (3072 x 768), the output (128 x 3072)
     desc = ["tensormap", "int32", "int32", "int64", "int64"]
-    assert launch.arg_types == ["handle"] * 4 + desc * 2 + ["int64"] * 2
-    assert str(launch.func).count("tensormap_encode_tiled") == 2
+    assert launch.arg_types == ["handle"] * 4 + desc * 3 + ["int64"] * 2
+    assert str(launch.func).count("tensormap_encode_tiled") == 3
     assert [int(a) for a in call.args[6:10]] == [128, 768, 768, 1]
     assert [int(a) for a in call.args[11:15]] == [3072, 768, 768, 1]
-    ints = [int(a) for a in call.args[15:]]
+    assert [int(a) for a in call.args[16:20]] == [128, 3072, 3072, 1]
+    ints = [int(a) for a in call.args[20:]]
     # scratch pointers, threads, one program per 128x128 tile (then the batch axis), smem
     assert ints[:5] == [0, 0, 256, 24, 1] and ints[5] > 0
 
@@ -184,9 +186,14 @@ def test_generated_launch_carries_pointers_only():
     assert "cp.async.bulk.tensor" in launch.ptx and "wgmma.mma_async" in launch.ptx
     assert "tensormap.replace" not in launch.ptx
     assert launch.symbol.endswith("p")  # its own PTX symbol
+    assert "cp.async.bulk.tensor.2d.global.shared" not in launch.ptx  # stores by pointers
+    stored = embed.generated_launch(
+        source, ffn, {**cfg, "PERSISTENT": True, "NUM_SMS": 132, "TMA_STORE": True}, shapes)
+    assert "cp.async.bulk.tensor.2d.global.shared" in stored.ptx
+    assert stored.symbol.endswith("pd")
     assert len(list(launch.func.params)) == 4  # no scratch memory
     call = _packed_call(launch.func)
-    assert [int(a) for a in call.args[15:20]] == [0, 0, 256, 24, 1]
+    assert [int(a) for a in call.args[20:25]] == [0, 0, 256, 24, 1]
 
 
 def _probe_launch(symbol, **options):
@@ -265,6 +272,24 @@ def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
     # the launch tag goes with the wait (a kernel launched with it but not waiting would race)
     probe = _probe_launch("independent_probe", dependent=False)
     assert embed.PDL_TAG not in probe.tags and "griddepcontrol" not in probe.ptx
+
+
+def test_next_launch_released_at_exit():
+    """``launch_dependents="exit"``: the kernel still waits for the grid before it, first, but
+    gives no early trigger (the next launch begins once its blocks have exited); an unknown
+    placement is an error, in the pipeline's options too."""
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.config import PipelineOptions
+
+    probe = _probe_launch("exit_probe", launch_dependents="exit")
+    assert embed.PDL_TAG in probe.tags
+    body = probe.ptx[probe.ptx.index(".entry exit_probe"):]
+    assert body.count("griddepcontrol.wait;") == 1
+    assert "griddepcontrol.launch_dependents" not in probe.ptx
+    with pytest.raises(ValueError, match="launch_dependents"):
+        embed.dependent_launch(probe.ptx, "end")
+    with pytest.raises(ValueError, match="launch_dependents"):
+        PipelineOptions(launch_dependents="late")
 
 
 def _packed_call(node):

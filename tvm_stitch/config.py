@@ -56,12 +56,13 @@ class PipelineOptions:
         column factor (γ) and column sums of the weights (γ·W, β·W), made once in the
         transform, and finishes the normalization in its epilogue
         (:mod:`tvm_stitch.analysis.through_weights`); a normalization that cannot be folded so
-        stays a kernel.  Off by default: every version measured slower than the kernels it
-        saves (BERT-base 1×128 on an H100, 5 instead of 7 kernels per layer: re-reading 781 µs
-        vs 460 µs; two-phase 539 µs vs 434 µs — the GEMMs normalizing ``A`` in registers lose
-        the TMA formulation and take 3–4 µs more each, where a LayerNorm kernel costs 2 µs;
-        through the weights 374.9 µs vs 347.9 µs; at 8×512 2298.7 vs 1992.7 µs, before the
-        wider pieces, unmeasured with them).  Needs ``"gemm"``.
+        stays a kernel.  Off by default: at large batch it is slower than the kernels it
+        saves (BERT-base 8×512 on an H200, 5 instead of 7 kernels per layer: 2045.9 vs
+        1939.2 µs; on an H100 with narrower moment pieces 2298.7 vs 1992.7), while at 1×128
+        through the weights with ``launch_dependents="exit"`` it is the fastest form
+        measured (H200, same run: 337.7 µs against 358.1 by default, 345.9 with
+        ``lift_params`` alone; earlier forms: re-reading 781 vs 460 µs, two-phase in ``A``'s
+        prologue 539 vs 434 on an H100).  Needs ``"gemm"``.
     lift_params : bool
         Computations that depend on weights only — the parameters past the entry function's
         ``num_input`` — move into a function of their own, ``<entry>_transform_params``
@@ -81,6 +82,14 @@ class PipelineOptions:
         384.6).  False launches them as TVM's own kernels — for profiles whose per-kernel
         durations should not include the wait for the kernel before (CUPTI counts it), or to
         compare.
+    launch_dependents : {"start", "exit"}
+        When a dependently launched kernel lets the next one be launched: ``"start"``, right
+        after its wait, so the next kernel's blocks take whatever SM room this one leaves and
+        wait there; ``"exit"``, once all its blocks have exited. Which is faster depends on
+        the chain of kernels (BERT-base 1×128 on an H200, same run: 358.1 µs with ``"start"``
+        against 379.4 with ``"exit"``; with ``fold_norms`` and ``lift_params``, where every
+        kernel of a layer is a generated one, 382.3 against **337.7** — the fastest form
+        measured; at 8×512 ``"exit"`` costs 10–16 µs): ``"start"`` by default.
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
@@ -98,12 +107,17 @@ class PipelineOptions:
     fold_norms: bool = False
     lift_params: bool = False
     dependent_launch: bool = True
+    launch_dependents: str = "start"
     tune: str = "measure"
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
+        if self.launch_dependents not in ("start", "exit"):
+            raise ValueError(
+                f"launch_dependents takes 'start' or 'exit'; got {self.launch_dependents!r}"
+            )
         if self.tune not in ("measure", "model"):
             raise ValueError(f"tune takes 'measure' or 'model'; got {self.tune!r}")
         unknown = set(self.mcfuser) - {"attention", "chain", "gemm"}

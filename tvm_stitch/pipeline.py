@@ -94,7 +94,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
                 at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only,
                                     measure=measure, fold_norms=opts.fold_norms,
                                     join_weights=opts.lift_params,
-                                    dependent_launch=opts.dependent_launch)
+                                    dependent_launch=opts.dependent_launch,
+                                    launch_dependents=opts.launch_dependents)
             )
         # one tensor where a front end computed it several times (a cast per consumer); the
         # aliases that leaves are dropped (an alias reads its tensor outside any kernel)

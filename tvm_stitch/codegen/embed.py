@@ -166,6 +166,7 @@ def plan_launch(
     smem_limit: int | None = None,
     descriptors: dict | None = None,
     dependent: bool = True,
+    launch_dependents: str = "start",
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -199,6 +200,8 @@ def plan_launch(
     dependent : bool
         Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
         for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
+    launch_dependents : {"start", "exit"}
+        When a dependent kernel lets the next one be launched (:func:`dependent_launch`).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -282,7 +285,7 @@ def plan_launch(
         tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
         extents.append(meta.shared)
     ptx = compiled.asm["ptx"].replace(meta.name, symbol)
-    ptx = dependent_launch(ptx) if dependent else ptx
+    ptx = dependent_launch(ptx, launch_dependents) if dependent else ptx
 
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
@@ -317,20 +320,28 @@ def plan_launch(
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
 
 
-def dependent_launch(ptx: str) -> str:
+def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
     """``ptx`` whose kernel may be launched before the kernel before it has finished
     (programmatic dependent launch, sm_90): its first instructions wait for that grid to complete
     and its memory to be visible (``griddepcontrol.wait``: before any load or store, so neither
-    what it reads nor what it overwrites can race), then let the next launch begin
-    (``griddepcontrol.launch_dependents``). Launched with :data:`PDL_TAG`, each generated
-    kernel's launch and start-up overlap the previous kernel's last wave instead of following
-    it; a kernel launched without the tag (TVM's own) waits for everything before it."""
+    what it reads nor what it overwrites can race). Launched with :data:`PDL_TAG`, each generated
+    kernel's launch and start-up overlap the previous kernel instead of following it; a kernel
+    launched without the tag (TVM's own) waits for everything before it.
+
+    ``launch_dependents``: ``"start"`` lets the next launch begin right after the wait
+    (``griddepcontrol.launch_dependents``): the next kernel's blocks take the SMs this one
+    leaves free and wait there; ``"exit"`` lets it begin once every block of this one has
+    exited (no explicit trigger), so the next kernel's blocks are placed on SMs this one no
+    longer holds."""
+    if launch_dependents not in ("start", "exit"):
+        raise ValueError(f"launch_dependents takes 'start' or 'exit'; got {launch_dependents!r}")
     lines = ptx.splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if ".entry " in line)
     body = next(i for i in range(start, len(lines)) if lines[i].strip() == "{") + 1
     while lines[body].strip().startswith((".reg", ".shared", ".local")) or not lines[body].strip():
         body += 1
-    lines.insert(body, "\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n")
+    trigger = "\tgriddepcontrol.launch_dependents;\n" if launch_dependents == "start" else ""
+    lines.insert(body, "\tgriddepcontrol.wait;\n" + trigger)
     return "".join(lines)
 
 
@@ -369,12 +380,12 @@ def _ast_source(fn):
 
 
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
-                     dependent: bool = True) -> Launch:
+                     dependent: bool = True, launch_dependents: str = "start") -> Launch:
     """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
 
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
-    ``dependent``: launched with programmatic dependent launch (:func:`plan_launch`).
+    ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
     """
     from .triton_gen import launch_constexprs, load, split_k_buffers
 
@@ -397,6 +408,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     # TMA descriptors over input parameters: the warp-specialized attention's Q, K and V, or
     # the kernel's own (a persistent GEMM's A and B)
     names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
+    names.update({t: f"O{i}" for i, t in enumerate(source.outputs)})
     descriptors = {d.name: (d, names[d.tensor]) for d in source.descriptors(config)}
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
@@ -411,6 +423,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         smem_limit=smem_limit,
         descriptors=descriptors,
         dependent=dependent,
+        launch_dependents=launch_dependents,
     )
     if split:
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
@@ -439,6 +452,7 @@ def launch_options(source, config: dict) -> dict:
 def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
+    persistent += "d" if config.get("TMA_STORE") else ""  # stores through descriptors
     tma = "ws" if config.get("WS") else "t" if config.get("TMA") else ""
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"

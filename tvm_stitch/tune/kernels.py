@@ -105,9 +105,11 @@ def _search(
     return tuned
 
 
-def _gemm_options(persistent: bool, split: bool = False) -> tuple[list, list]:
+def _gemm_options(persistent: bool, split: bool = False,
+                  tma_store: bool = False) -> tuple[list, list]:
     """Launch options and seeds of a GEMM search; without the persistent formulation, seeds
-    run their tiles one program per tile; without split-K, the split ones are left out."""
+    run their tiles one program per tile; without split-K, the split ones are left out; with
+    ``tma_store`` every persistent launch is also tried storing its tiles by TMA."""
     launches = [
         o for o in tk.LAUNCHES["gemm_epilogue"]
         if (persistent or not o["PERSISTENT"]) and (split or o.get("SPLIT_K", 1) == 1)
@@ -117,6 +119,10 @@ def _gemm_options(persistent: bool, split: bool = False) -> tuple[list, list]:
         for seed in SEEDS["gemm_epilogue"]
         if split or seed["launch"].get("SPLIT_K", 1) == 1
     ]
+    if persistent and tma_store:
+        launches += [{**o, "TMA_STORE": True} for o in launches if o["PERSISTENT"]]
+        seeds += [{**s, "launch": {**s["launch"], "TMA_STORE": True}}
+                  for s in seeds if s["launch"]["PERSISTENT"]]
     return launches, seeds
 
 
@@ -277,7 +283,7 @@ def tune_generated(
             return generated_gemm_legality(match, spec, c)
 
         template, tfamily = tk.gemm_config, "gemm_epilogue"
-        launches, seeds = _gemm_options(source.persistent, source.split_k)
+        launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
     else:
         d = ext["d"]
         spec = ChainSpec.gemm_chain(
@@ -363,7 +369,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         for name, (size, dtype) in split_k_buffers(source, match, consts).items():
             consts[name] = torch.zeros(size, dtype=getattr(torch, dtype), device="cuda")
         grid = source.grid({**consts, "WS": config.get("WS")}, match)
-        descs = torch_descriptors(source, config, consts, inputs)  # by name, made here
+        descs = torch_descriptors(source, config, consts, inputs, outputs)  # made here
         return lambda: fn[grid](*inputs, *outputs, **descs, **consts, **opts)
 
     return run
