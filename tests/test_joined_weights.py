@@ -121,12 +121,40 @@ def _persistent_part(text):
 def test_alike_bands_share_one_epilogue():
     """Q, K and V's epilogues differ only in their bias and output: the persistent kernel runs
     one epilogue over pointers chosen by the tile's band (one store, no band predicates);
-    LLaMA's bands of 160, 80 and 80 columns differ in their bounds, and each band's epilogue
-    runs predicated on the tile being in it."""
+    LLaMA's bands of 160, 80 and 80 columns also differ in their width and row stride, which
+    are chosen by the band too."""
     (bert,) = _banded_sources("bert-tiny")
     part = _persistent_part(bert.text)
     assert part.count("tl.store(") == 1 and "in_band" not in part
     assert "= tl.where(pid_n < t0, O0, tl.where(pid_n < t0 + t1, O1, O2))" in part
     (llama,) = _banded_sources("llama-tiny")
     part = _persistent_part(llama.text)
-    assert part.count("tl.store(") == 3 and part.count("in_band") >= 6
+    assert part.count("tl.store(") == 1 and "in_band" not in part
+    assert "N0 = tl.where(pid_n < t0, 160, tl.where(pid_n < t0 + t1, 80, 80))" in part
+    assert "rm[:, None] * N0" in part and "(rn < N0)" in part
+
+
+def test_bands_that_differ_keep_their_own_epilogues():
+    """Bands whose epilogues differ in more than tensors and integers (a float constant, an
+    operation, a dtype) get no shared epilogue: each runs its own, predicated."""
+    from tvm_stitch.codegen.triton_gen import _shared_epilogue
+
+    class Seg:
+        outputs = ()
+
+    def shared(*bodies, dtypes=("float16",) * 3):
+        def band_body(si, seg, names, prefix):
+            return [line.replace("{X}", names[f"x{si}"]) for line in bodies[si]]
+        views = {f"v{i}": type("V", (), {"tensor": f"x{i}", "dtype": d})()
+                 for i, d in enumerate(dtypes)}
+        return _shared_epilogue([Seg()] * 3, band_body, {f"x{i}": f"I{i}" for i in range(3)},
+                                views)
+
+    same = ["e_0 = tl.load({X} + rn * 64)", "e_1 = e_0 * 0.5"]
+    choices, lines = shared(same, same, same)
+    assert choices == [("P0", ["I0", "I1", "I2"])] and lines[0] == "e_0 = tl.load(P0 + rn * 64)"
+    choices, lines = shared(same, [same[0].replace("64", "32"), same[1]], same)
+    assert ("N0", ["64", "32", "64"]) in choices and "rn * N0" in lines[0]
+    assert shared(same, [same[0], "e_1 = e_0 * 0.25"], same) is None  # a float
+    assert shared(same, [same[0], "e_1 = e_0 + 1"], same) is None  # an operation
+    assert shared(same, same, same, dtypes=("float16", "float32", "float16")) is None

@@ -240,9 +240,8 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     """The ``tl.constexpr`` values of ``source``'s kernel for the tiles and options in
     ``config`` (keys the kernel does not take are dropped: launch options, another
     formulation's)."""
-    consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "TMA_STORE": False, "NUM_SMS": 1,
-              "SPLIT_K": 1,
-              **config, **source.constexprs}
+    consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "TMA_STORE": False,
+              "NUM_SMS": 1, "SPLIT_K": 1, **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     consts.setdefault("NB", config.get("num_stages", 2))  # the Gluon attention's ring slots
     if consts["PERSISTENT"]:
@@ -588,7 +587,9 @@ def gemm_source(match, name: str) -> KernelSource:
     """The GEMM kernel: ``A`` (b, m, k) times each segment's ``B`` (b, k, n), epilogues, stores.
 
     One program per output tile; a product per band whose operands TMA can read (see
-    :func:`tma_layout`) also gets the persistent formulation, chosen by ``PERSISTENT``.
+    :func:`tma_layout`) also gets the persistent formulation, chosen by ``PERSISTENT``, whose
+    tiles, with one band whose outputs TMA can write, may be stored through descriptors
+    (``TMA_STORE``).
     """
     pointers, inputs, outputs = _pointers(match)
     ext = match.frame.extents
@@ -789,10 +790,10 @@ def gemm_source(match, name: str) -> KernelSource:
         if len(segments) > 1:
             # no `if` choosing the band (Triton 3.6 cannot flatten the tile loop around one):
             # bands whose epilogues differ only in the tensors they read and write (Q, K, V's
-            # biases and outputs) share one, over pointers chosen by the tile's band; otherwise
-            # every band's epilogue runs on the tile's columns, its loads and stores predicated
-            # on the tile being in that band (BERT-base's Q/K/V at 4096 tokens: 32.8 µs so, the
-            # same product loop with one plain store 28.9)
+            # biases and outputs) and in integers (widths, strides) share one, over pointers
+            # and integers chosen by the tile's band; otherwise every band's epilogue runs on
+            # the tile's columns, its loads and stores predicated on the tile being in that
+            # band (BERT-base's Q/K/V at 4096 tokens on an H100: 28.8 µs shared, 32.8 so)
             local = by_band(lambda si, first: f"pid_n - ({first})" if si else "pid_n")
             epilogues = [f"rn = ({local}) * BLOCK_N + tl.arange(0, BLOCK_N)"]
             shared = _shared_epilogue(segments, band_body, pointers, views)
@@ -812,10 +813,10 @@ def gemm_source(match, name: str) -> KernelSource:
             # the copy engine) where TMA can write them
             stores = _tma_stores(match)
             if stores:
-                out_descs = [Descriptor(name, t, views[role].dtype, views[role].offset, m,
+                out_descs = [Descriptor(desc, t, views[role].dtype, views[role].offset, m,
                                         segments[0].n, views[role].stride["m"],
                                         ("BLOCK_M", "BLOCK_N"))
-                             for t, (name, role) in stores.items()]
+                             for t, (desc, role) in stores.items()]
                 descs = (*descs, *out_descs)
                 tma = band_body(0, segments[0], stores={t: d for t, (d, _) in stores.items()})
                 epilogues = ["if TMA_STORE:", *["    " + line for line in tma],
@@ -889,11 +890,17 @@ class _Placeholders(dict):
         return name
 
 
+#: a number in printed code (not part of a name): integers and floats
+_NUMBER = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[-+]?\d+)?|\d+(?:e[-+]?\d+)?)(?![\w.])")
+
+
 def _shared_epilogue(segments, band_body, pointers, views):
     """One epilogue for every band of a GEMM, when the bands' epilogues are the same code over
-    different tensors of the same types (no moments: their slots follow the tile's column).
-    Returns ``(choices, lines)``: ``choices`` pairs each placeholder pointer of ``lines``
-    with the pointer argument it stands for in each band; None when the bands differ."""
+    different tensors of the same types, up to integers (bounds and strides: Q, K and V
+    bands of different widths; no moments: their slots follow the tile's column).
+    Returns ``(choices, lines)``: ``choices`` pairs each placeholder of ``lines`` (a pointer
+    ``P<j>`` or an integer ``N<j>``) with what it stands for in each band; None when the
+    bands differ otherwise."""
     bodies, orders = [], []
     for si, seg in enumerate(segments):
         if any(out.chunk for out in seg.outputs):
@@ -902,12 +909,29 @@ def _shared_epilogue(segments, band_body, pointers, views):
         bodies.append(band_body(si, seg, names=names, prefix="e_"))
         orders.append(names.order)
     dtypes = {v.tensor: v.dtype for v in views.values()}
-    if any(b != bodies[0] for b in bodies) or len({len(o) for o in orders}) != 1:
+    if len({len(b) for b in bodies}) != 1 or len({len(o) for o in orders}) != 1:
         return None
     if any(len({dtypes[o[j]] for o in orders}) != 1 for j in range(len(orders[0]))):
         return None
     choices = [(f"P{j}", [pointers[o[j]] for o in orders]) for j in range(len(orders[0]))]
-    return choices, bodies[0]
+    integers: dict = {}  # the bands' values -> placeholder
+    lines = []
+    for band_lines in zip(*bodies):
+        pieces = [_NUMBER.split(line) for line in band_lines]
+        if len({len(p) for p in pieces}) != 1:
+            return None
+        merged = []
+        for i, alike in enumerate(zip(*pieces)):
+            if len(set(alike)) == 1:
+                merged.append(alike[0])
+            elif i % 2 and all(v.isdigit() for v in alike):  # numbers sit at odd indices
+                name = integers.setdefault(alike, f"N{len(integers)}")
+                merged.append(name)
+            else:
+                return None
+        lines.append("".join(merged))
+    choices += [(name, list(values)) for values, name in integers.items()]
+    return choices, lines
 
 
 def _moment_store(out, value: str, pointers, m: int, n: int, name: str) -> list[str]:
