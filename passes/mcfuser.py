@@ -166,6 +166,10 @@ class FuseMBCI:
         self.measure = measure
         self.fold_norms = fold_norms
         self.join_weights = join_weights
+        if launch_dependents not in ("start", "exit"):
+            raise ValueError(
+                f"launch_dependents takes 'start' or 'exit'; got {launch_dependents!r}"
+            )
         self.dependent_launch = dependent_launch
         self.launch_dependents = launch_dependents
 

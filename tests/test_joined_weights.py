@@ -155,6 +155,13 @@ def test_bands_that_differ_keep_their_own_epilogues():
     assert choices == [("P0", ["I0", "I1", "I2"])] and lines[0] == "e_0 = tl.load(P0 + rn * 64)"
     choices, lines = shared(same, [same[0].replace("64", "32"), same[1]], same)
     assert ("N0", ["64", "32", "64"]) in choices and "rn * N0" in lines[0]
+    swapped = ["e_0 = tl.load({X} + rm * 64 + rn * 1)", same[1]]
+    choices, lines = shared(swapped, ["e_0 = tl.load({X} + rm * 1 + rn * 64)", same[1]], swapped)
+    assert [c for c in choices if c[0][0] == "N"] == [("N0", ["64", "1", "64"]),
+                                                       ("N1", ["1", "64", "1"])]
+    assert lines[0] == "e_0 = tl.load(P0 + rm * N0 + rn * N1)"
     assert shared(same, [same[0], "e_1 = e_0 * 0.25"], same) is None  # a float
+    tiny = [same[0], "e_1 = e_0 * 1e-05"]
+    assert shared(tiny, [same[0], "e_1 = e_0 * 1e-06"], tiny) is None  # its exponent
     assert shared(same, [same[0], "e_1 = e_0 + 1"], same) is None  # an operation
     assert shared(same, same, same, dtypes=("float16", "float32", "float16")) is None

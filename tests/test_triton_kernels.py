@@ -250,7 +250,8 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
 
 def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
     """``dependent_launch=False``: the generated kernels neither wait for the grid before them
-    nor carry the launch tag (profiles then time each kernel alone); by default they do."""
+    nor carry the launch tag (profiles then time each kernel alone); by default they do, and
+    release the next launch at their start (``launch_dependents="exit"``: at their exit)."""
     import tvm
 
     import tvm_stitch
@@ -261,14 +262,20 @@ def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     inst = get_workload("bert-tiny").instance("float16", layers=1)
-    waits = {}
-    for dependent in (True, False):
+    waits, releases = {}, {}
+    for dependent, release in ((True, "start"), (False, "start"), (True, "exit")):
         with cuda:
-            mod = tvm_stitch.pipeline(cuda, tune="model", dependent_launch=dependent)(inst.mod)
+            mod = tvm_stitch.pipeline(cuda, tune="model", dependent_launch=dependent,
+                                      launch_dependents=release)(inst.mod)
         ptx = [m.inspect_source() for m in mod.attrs["external_mods"]]
-        waits[dependent] = (sum("griddepcontrol.wait" in p for p in ptx), len(ptx))
-    assert waits[True][0] == waits[True][1] > 0
-    assert waits[False] == (0, waits[True][1])
+        waits[dependent, release] = (sum("griddepcontrol.wait" in p for p in ptx), len(ptx))
+        releases[dependent, release] = sum("griddepcontrol.launch_dependents" in p for p in ptx)
+    kernels = waits[True, "start"][1]
+    assert waits[True, "start"] == waits[True, "exit"] == (kernels, kernels) and kernels > 0
+    assert waits[False, "start"] == (0, kernels)
+    assert releases == {(True, "start"): kernels, (False, "start"): 0, (True, "exit"): 0}
+    with pytest.raises(ValueError, match="launch_dependents"):
+        tvm_stitch.passes.FuseMBCI(launch_dependents="late")
     # the launch tag goes with the wait (a kernel launched with it but not waiting would race)
     probe = _probe_launch("independent_probe", dependent=False)
     assert embed.PDL_TAG not in probe.tags and "griddepcontrol" not in probe.ptx
@@ -411,3 +418,18 @@ def test_erf_to_absolute_accuracy_on_the_gpu():
     y = torch.empty_like(x)
     _erf_kernel[(1,)](x, y, n=1 << 16)
     assert (y.double() - torch.erf(x.double())).abs().max().item() <= 2.5e-7
+
+
+def test_tma_stores_are_searched_beside_pointer_stores():
+    """A GEMM that can store by TMA has each persistent launch (and seed) searched both ways;
+    one-program-per-tile and split launches keep pointer stores; without the form, none."""
+    from tvm_stitch.tune.kernels import _gemm_options
+
+    plain, plain_seeds = _gemm_options(True, True)
+    launches, seeds = _gemm_options(True, True, tma_store=True)
+    stored = [o for o in launches if o.get("TMA_STORE")]
+    assert stored and all(o["PERSISTENT"] and o.get("SPLIT_K", 1) == 1 for o in stored)
+    assert [{k: v for k, v in o.items() if k != "TMA_STORE"} for o in stored] == [
+        o for o in plain if o["PERSISTENT"]]
+    assert len(seeds) == len(plain_seeds) + sum(s["launch"]["PERSISTENT"] for s in plain_seeds)
+    assert not any(o.get("TMA_STORE") for o in plain + _gemm_options(False, True, True)[0])

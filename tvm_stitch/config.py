@@ -77,11 +77,11 @@ class PipelineOptions:
     dependent_launch : bool
         The generated kernels are launched with programmatic dependent launch (TVM's
         ``tirx.use_programtic_dependent_launch``; sm_90): each waits for the kernel before it
-        to complete and lets the next one be launched, so launches and block start-up overlap
-        the previous kernel's last wave (BERT-base 1×128 on an H100: 349.7 µs instead of
-        384.6).  False launches them as TVM's own kernels — for profiles whose per-kernel
-        durations should not include the wait for the kernel before (CUPTI counts it), or to
-        compare.
+        to complete and lets the next one be launched early (``launch_dependents``), so
+        launches and block start-up overlap the previous kernel (BERT-base 1×128 on an
+        H100: 349.7 µs instead of 384.6).  False launches them as TVM's own kernels — for
+        profiles whose per-kernel durations should not include the wait for the kernel
+        before (CUPTI counts it), or to compare.
     launch_dependents : {"start", "exit"}
         When a dependently launched kernel lets the next one be launched: ``"start"``, right
         after its wait, so the next kernel's blocks take whatever SM room this one leaves and

@@ -305,7 +305,8 @@ def plan_launch(
                 call = []
                 for v in values:
                     if isinstance(v, tuple):  # a TMA descriptor, made here on the host
-                        call += _host_descriptor(T, bufs[v[1]], v[0], next(box_meta))
+                        mode = "w" if v[1] in {p.name for p in params[-outputs:]} else "r"
+                        call += _host_descriptor(T, bufs[v[1]], v[0], next(box_meta), mode)
                     elif isinstance(v, str):
                         call.append(bufs[v].data)
                     elif isinstance(v, float):
@@ -345,13 +346,14 @@ def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
     return "".join(lines)
 
 
-def _host_descriptor(T, buf, desc, meta: dict) -> list:  # noqa: N803 - TVMScript's T
-    """Encode ``desc`` over ``buf`` into a CUtensorMap on the host's stack, as Triton's
-    launcher does for the box and swizzle its compiler chose (``meta``): the launch
-    arguments ``[descriptor, rows, columns, row stride, 1]``."""
+def _host_descriptor(T, buf, desc, meta: dict, mode: str = "r") -> list:  # noqa: N803 - T
+    """Encode ``desc`` over ``buf`` (read, or with ``mode="w"`` written through it) into a
+    CUtensorMap on the host's stack, as Triton's launcher does for the box and swizzle its
+    compiler chose (``meta``): the launch arguments ``[descriptor, rows, columns, row
+    stride, 1]``."""
     rows, cols = meta["block_size"]
     tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-    ptr = buf.access_ptr("r", offset=desc.offset) if desc.offset else buf.data
+    ptr = buf.access_ptr(mode, offset=desc.offset) if desc.offset else buf.data
     width = {"float16": 2, "bfloat16": 2, "float32": 4}[desc.dtype]
     T.evaluate(T.tensormap_encode_tiled(
         tmap, ptr, desc.cols, desc.rows, desc.stride * width, cols, rows, 1, 1,
@@ -405,8 +407,8 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     if split:
         params.append(Param("WS", (split["WS"][0],), split["WS"][1]))
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config), 'WS': config.get('WS')})}"
-    # TMA descriptors over input parameters: the warp-specialized attention's Q, K and V, or
-    # the kernel's own (a persistent GEMM's A and B)
+    # TMA descriptors over parameters: the warp-specialized attention's Q, K and V, or the
+    # kernel's own (a persistent GEMM's A and B, and its outputs for TMA_STORE)
     names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
     names.update({t: f"O{i}" for i, t in enumerate(source.outputs)})
     descriptors = {d.name: (d, names[d.tensor]) for d in source.descriptors(config)}

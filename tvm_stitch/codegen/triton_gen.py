@@ -108,9 +108,9 @@ class Descriptor:
     the device cost their writes and fences in every program (H100: 5 µs of an attention's 21,
     1-3 µs of a persistent GEMM's 10-36).
 
-    ``tensor`` (a graph tensor, from element ``offset``) read as a ``rows`` × ``cols`` matrix
-    whose rows are ``stride`` elements apart, in boxes of ``box`` (rows, columns): ints or the
-    names of the kernel's constexprs giving them."""
+    ``tensor`` (a graph tensor, from element ``offset``) read or written as a ``rows`` ×
+    ``cols`` matrix whose rows are ``stride`` elements apart, in boxes of ``box`` (rows,
+    columns): ints or the names of the kernel's constexprs giving them."""
 
     name: str
     tensor: str
@@ -136,7 +136,9 @@ def torch_descriptors(source, config: dict, consts: dict, inputs: list, outputs=
     for d in source.descriptors(config):
         if d.tensor not in tensors:
             raise ValueError(f"no tensor given for descriptor {d.name} ({d.tensor})")
-        flat = tensors[d.tensor].reshape(-1)[d.offset:]
+        tensor = tensors[d.tensor]
+        # an output stored through it must be the tensor itself: a view, never a copy
+        flat = (tensor.view(-1) if d.tensor in source.outputs else tensor.reshape(-1))[d.offset:]
         block = d.block(consts)
         if config.get("WS"):
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -924,7 +926,9 @@ def _shared_epilogue(segments, band_body, pointers, views):
         for i, alike in enumerate(zip(*pieces)):
             if len(set(alike)) == 1:
                 merged.append(alike[0])
-            elif i % 2 and all(v.isdigit() for v in alike):  # numbers sit at odd indices
+            elif i % 2 and all(v.isdigit() and int(v) < 2**31 for v in alike):
+                # integers (numbers sit at odd indices) of int32 range: in the epilogue's
+                # addresses and masks (no shapes there: moments are left out above)
                 name = integers.setdefault(alike, f"N{len(integers)}")
                 merged.append(name)
             else:

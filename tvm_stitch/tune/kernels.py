@@ -109,7 +109,8 @@ def _gemm_options(persistent: bool, split: bool = False,
                   tma_store: bool = False) -> tuple[list, list]:
     """Launch options and seeds of a GEMM search; without the persistent formulation, seeds
     run their tiles one program per tile; without split-K, the split ones are left out; with
-    ``tma_store`` every persistent launch is also tried storing its tiles by TMA."""
+    ``tma_store`` every persistent launch is also tried storing its tiles by TMA (measured
+    only: the cost model prices both stores alike, so a model-only build stores by pointers)."""
     launches = [
         o for o in tk.LAUNCHES["gemm_epilogue"]
         if (persistent or not o["PERSISTENT"]) and (split or o.get("SPLIT_K", 1) == 1)
