@@ -32,6 +32,7 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
+from tvm_stitch.config import check_launch_dependents
 from tvm_stitch.graph import build_graph
 
 from .order import topological
@@ -166,12 +167,8 @@ class FuseMBCI:
         self.measure = measure
         self.fold_norms = fold_norms
         self.join_weights = join_weights
-        if launch_dependents not in ("start", "exit"):
-            raise ValueError(
-                f"launch_dependents takes 'start' or 'exit'; got {launch_dependents!r}"
-            )
         self.dependent_launch = dependent_launch
-        self.launch_dependents = launch_dependents
+        self.launch_dependents = check_launch_dependents(launch_dependents)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel

@@ -8,6 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 
+#: where a dependently launched kernel releases the next launch (``launch_dependents``)
+LAUNCH_DEPENDENTS = ("start", "exit")
+
+
+def check_launch_dependents(value) -> str:
+    """``value`` if it is one of :data:`LAUNCH_DEPENDENTS`; else a ``ValueError``."""
+    if value not in LAUNCH_DEPENDENTS:
+        raise ValueError(f"launch_dependents takes 'start' or 'exit'; got {value!r}")
+    return value
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineOptions:
@@ -114,10 +124,7 @@ class PipelineOptions:
         for f in dataclasses.fields(self):
             if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
-        if self.launch_dependents not in ("start", "exit"):
-            raise ValueError(
-                f"launch_dependents takes 'start' or 'exit'; got {self.launch_dependents!r}"
-            )
+        check_launch_dependents(self.launch_dependents)
         if self.tune not in ("measure", "model"):
             raise ValueError(f"tune takes 'measure' or 'model'; got {self.tune!r}")
         unknown = set(self.mcfuser) - {"attention", "chain", "gemm"}

@@ -24,6 +24,8 @@ import math
 
 import tvm
 
+from tvm_stitch.config import check_launch_dependents
+
 from .triton_kernels import kernel, precision
 
 _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
@@ -303,9 +305,10 @@ def plan_launch(
                 T.reads(*[whole(p) for p in params[:-outputs]])
                 T.writes(*[whole(p) for p in params[-outputs:]])
                 call = []
+                written = {p.name for p in params[-outputs:]}
                 for v in values:
                     if isinstance(v, tuple):  # a TMA descriptor, made here on the host
-                        mode = "w" if v[1] in {p.name for p in params[-outputs:]} else "r"
+                        mode = "w" if v[1] in written else "r"
                         call += _host_descriptor(T, bufs[v[1]], v[0], next(box_meta), mode)
                     elif isinstance(v, str):
                         call.append(bufs[v].data)
@@ -334,8 +337,7 @@ def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
     leaves free and wait there; ``"exit"`` lets it begin once every block of this one has
     exited (no explicit trigger), so the next kernel's blocks are placed on SMs this one no
     longer holds."""
-    if launch_dependents not in ("start", "exit"):
-        raise ValueError(f"launch_dependents takes 'start' or 'exit'; got {launch_dependents!r}")
+    check_launch_dependents(launch_dependents)
     lines = ptx.splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if ".entry " in line)
     body = next(i for i in range(start, len(lines)) if lines[i].strip() == "{") + 1

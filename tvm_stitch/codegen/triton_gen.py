@@ -805,11 +805,11 @@ def gemm_source(match, name: str) -> KernelSource:
                 epilogues += body
             else:
                 epilogues.append("tile_n = (rn * 0 + pid_n)[None, :]")  # a row: a mask's shape
-            for si, seg in enumerate(segments if shared is None else ()):
-                lower = f"tile_n >= {bounds[si - 1]}" if si else None
-                upper = f"tile_n < {bounds[si]}" if si < len(segments) - 1 else None
-                cond = " & ".join(f"({c})" for c in (lower, upper) if c)
-                epilogues += [f"in_band{si} = {cond}", *band_body(si, seg, f"in_band{si}")]
+                for si, seg in enumerate(segments):
+                    lower = f"tile_n >= {bounds[si - 1]}" if si else None
+                    upper = f"tile_n < {bounds[si]}" if si < len(segments) - 1 else None
+                    cond = " & ".join(f"({c})" for c in (lower, upper) if c)
+                    epilogues += [f"in_band{si} = {cond}", *band_body(si, seg, f"in_band{si}")]
         else:
             # TMA_STORE: the outputs' tiles stored through descriptors (from shared memory, by
             # the copy engine) where TMA can write them
