@@ -50,8 +50,16 @@ _MEM_GPU = [
     ("transpose-layernorm", {"rows": 4096, "cols": 768}),
     ("bias-gelu", {"rows": 4096, "cols": 3072}),
     ("rmsnorm", {"rows": 4096, "cols": 768}),
+    ("mean-pool", {"batch": 8, "seq": 512, "hidden": 768}),
+    ("mean-pool", {"batch": 32, "seq": 128, "hidden": 768}),
+    ("mean-pool", {"batch": 1, "seq": 128, "hidden": 768}),
+    ("column-mean", {"rows": 4096, "cols": 768}),
+    ("column-mean", {"rows": 65536, "cols": 64}),
 ]
 _MEM_CPU = [
+    ("mean-pool", {"batch": 3, "seq": 77, "hidden": 90}),
+    ("column-mean", {"rows": 1823, "cols": 781}),
+] + [
     (name, {"rows": 1823, "cols": 781})
     for name in (
         "layernorm",

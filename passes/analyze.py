@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.graph import TensorDependencyGraph, build_graph
-from tvm_stitch.report import FusionReport, groups_of
+from tvm_stitch.report import FusionReport, annotate, groups_of
 
 logger = logging.getLogger("tvm_stitch")
 
@@ -77,7 +77,8 @@ class ReportFusion:
             logger.warning("fusion report skipped: %s", err)
             return mod
         target = tvm.target.Target.current(allow_none=True)
-        report = FusionReport("stitch", target.kind.name if target else "?", groups_of(graph))
+        groups = annotate(groups_of(graph), mod)
+        report = FusionReport("stitch", target.kind.name if target else "?", groups)
         logger.info("%s", report.format())
         if self.callback is not None:
             self.callback(report)

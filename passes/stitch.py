@@ -26,6 +26,7 @@ from .order import topological
 logger = logging.getLogger("tvm_stitch.stitch")
 
 PREFIX = "stitched_"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
@@ -313,7 +314,59 @@ class StitchSchedule:
             updates[gv] = scheduled
             self.plans[gv.name_hint] = plan
             logger.info("stitch: %s: %s", gv.name_hint, plan.describe())
-        return replace_functions(mod, updates)
+        return _widen_calls(replace_functions(mod, updates), updates)
+
+
+def _widen_calls(mod: tvm.IRModule, updates: dict) -> tvm.IRModule:
+    """``mod`` with the calls of functions that gained outputs (a column pattern's partial
+    sums, :func:`~tvm_stitch.stitch.columns.lift_partials`) passing them: Relax allocates the
+    buffers, the callers see the results they saw before."""
+    from tvm_stitch.stitch.columns import PARTIALS_ATTR
+
+    widened = {}
+    for gv, func in updates.items():
+        count = int(func.attrs.get(PARTIALS_ATTR, 0)) if func.attrs else 0
+        if count:
+            widened[gv] = [
+                relax.TensorType(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype))
+                for p in func.params[-count:]
+            ]
+    if not widened:
+        return mod
+    # fresh global variables (the old ones carry the narrower signature), same names
+    functions = {gv: f for gv, f in mod.functions.items() if gv not in widened}
+    builder = relax.BlockBuilder(
+        tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+    )
+    renamed = {gv: builder.add_func(updates[gv], gv.name_hint) for gv in widened}
+    mod = builder.get()
+    widened = {renamed[gv]: tys for gv, tys in widened.items()}
+    mutator = _Widen(mod, widened, renamed)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+@relax.expr_functor.mutator
+class _Widen(relax.PyExprMutator):
+    def __init__(self, mod, widened, renamed):
+        super().__init__(mod)
+        self.widened = widened
+        self.renamed = renamed
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not call.op.same_as(_CALL_TIR) or call.args[0] not in self.renamed:
+            return call
+        gv = self.renamed[call.args[0]]
+        out = call.ty_args[0]
+        outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
+        wide = relax.call_tir(gv, call.args[1], outs + self.widened[gv])
+        value = self.builder_.emit(wide)
+        if isinstance(out, relax.TupleType):
+            return relax.Tuple([relax.TupleGetItem(value, i) for i in range(len(outs))])
+        return relax.TupleGetItem(value, 0)
 
 
 def _scheduled(func) -> bool:

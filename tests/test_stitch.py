@@ -329,24 +329,6 @@ def test_cuda_source_shows_the_composition(cols, marks, nvcc_compiles):
     nvcc_compiles(src)
 
 
-def test_column_reduction_is_refused(caplog):
-    """A column reduction needs inter-block communication: not stitched, the reason logged."""
-
-    def body(x):
-        return [relax.op.subtract(x, relax.op.mean(x, axis=[0], keepdims=True))]
-
-    mod = relax_function([("x", (64, 48), "float32")], body)
-    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
-        fused = fused_module(mod, "llvm", "stitch")
-    assert not [gv for gv in fused.functions if gv.name_hint.startswith("stitched_")]
-    assert "column-reduce" in caplog.text
-    # the plan itself refuses such a PrimFunc (here as FuseOps built it)
-    default = fused_module(mod, "llvm", "default")
-    (func,) = [f for gv, f in default.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    with pytest.raises(IllegalPatternError, match="column reduction"):
-        plan_pattern(func, H100)
-
-
 def test_former_keeps_patterns_convex(caplog):
     """``flip`` (not stitchable) reads the pattern and feeds it again: joining would be a cycle."""
 

@@ -17,6 +17,7 @@ from tvm import relax
 from .graph import TensorDependencyGraph, build_graph
 from .graph.tdg import dtype_bytes
 from .pipeline import as_target, phases
+from .stitch.columns import PARTIALS_ATTR
 
 
 @dataclasses.dataclass
@@ -41,9 +42,12 @@ class KernelGroup:
     bytes_read: int
     bytes_written: int
     kernel: str = ""  # what a generated kernel computes (family, shape, outputs)
+    launches: int = 1  # a column pattern in two phases: 2
 
     @property
     def bytes(self) -> int:
+        """Global-memory footprints, read and written (a two-phase pattern's partial sums
+        included: written by one phase, read by the other)."""
         return self.bytes_read + self.bytes_written
 
 
@@ -65,7 +69,7 @@ class FusionReport:
     @property
     def kernels(self) -> int:
         """Kernel launches per call of the entry function."""
-        return len(self.groups)
+        return sum(g.launches for g in self.groups)
 
     @property
     def bytes(self) -> int:
@@ -176,12 +180,19 @@ def fusion_report(
         options.setdefault("analyze", False)
     fused = fused_module(mod, target, pipeline, **options)
     graph = build_graph(fused, legalize=False)
-    groups = groups_of(graph)
-    funcs = {gv.name_hint: func for gv, func in fused.functions.items()}
+    return FusionReport(pipeline, str(target.kind.name), annotate(groups_of(graph), fused))
+
+
+def annotate(groups: list[KernelGroup], mod: tvm.IRModule) -> list[KernelGroup]:
+    """``groups`` with what ``mod``'s functions say of them: the generated kernel each stands
+    for, the launches of a column pattern in two phases."""
+    funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
     for group in groups:
         attrs = getattr(funcs.get(group.func), "attrs", None) or {}
         group.kernel = str(attrs.get("tvm_stitch.kernel", ""))
-    return FusionReport(pipeline, str(target.kind.name), groups)
+        if attrs.get(PARTIALS_ATTR):
+            group.launches = 2
+    return groups
 
 
 def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionReport]:

@@ -41,9 +41,14 @@ class Group:
     members: list = dataclasses.field(default_factory=list)
     kinds: list = dataclasses.field(default_factory=list)
     layout: list = dataclasses.field(default_factory=list)  # layout ops the output goes through
+    #: a column pattern's (input shape, output shape): its reductions sweep non-innermost axes
+    column: tuple | None = None
+    #: a column pattern's members on the reduced side (its reductions and what follows them)
+    reduced: set = dataclasses.field(default_factory=set)
 
     @property
     def has_reduce(self) -> bool:
+        """Whether the pattern reduces rows (column patterns: :attr:`column`)."""
         return OpKind.ROW_REDUCE in self.kinds
 
 
@@ -135,6 +140,30 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             leaves[i] = [OpKind.INJECTIVE]
             upstream[var] = up
             continue
+        column = _column_kinds(nodes) if kinds is None else None
+        if column is not None and _shape(var.ty) is not None:
+            # a column reduction: joins the column pattern of the same spaces it reads from
+            # (horizontal: the input read once), or starts one (two phases, :mod:`.columns`)
+            sig = _column_signature(binding, inputs)
+            for a in reversed(inputs):
+                g = group_of.get(producer.get(a, -1))
+                if g is None or g.column != sig:
+                    continue
+                outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
+                if not any(g.gid in upstream.get(b, set()) for b in outside):
+                    chosen = g
+                    break
+            if chosen is None:
+                chosen = Group(len(groups), tuple(out), column=sig)
+                groups.append(chosen)
+            chosen.members.append(i)
+            chosen.kinds.extend(column)
+            chosen.reduced.add(i)
+            group_of[i] = chosen
+            up.discard(chosen.gid)
+            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
+            upstream[var] = up
+            continue
         if kinds is None and (
             "column-reduce" in why or any(producer.get(a, -1) in group_of for a in inputs)
         ):
@@ -147,7 +176,10 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 if g.layout:
                     refused.append((var.name, "the pattern ends in a layout op"))
                     continue
-                if out[: len(g.rows)] != g.rows:
+                if g.column is not None and not _joins_columns(g, kinds, out, inputs, producer):
+                    refused.append((var.name, f"output {out} is not a column pattern's {g.rows}"))
+                    continue
+                if g.column is None and out[: len(g.rows)] != g.rows:
                     refused.append((var.name, f"output {out} is not in the row space {g.rows}"))
                     continue
                 outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
@@ -167,6 +199,8 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 groups.append(chosen)
             chosen.members.append(i)
             chosen.kinds.extend(kinds)
+            if chosen.column is not None and tuple(out) == chosen.rows:
+                chosen.reduced.add(i)
             group_of[i] = chosen
             up.discard(chosen.gid)
             _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
@@ -175,10 +209,42 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         _drop_trailing_reshapes(g, bindings, group_of)
     # a single op counts when its PrimFunc is itself a pattern (nn.layer_norm, nn.softmax)
     kept = [g for g in groups if g.has_reduce and len(g.kinds) > 1]
+    columns = [g for g in groups if g.column is not None]
     for g in groups:
-        if g not in kept and len(g.kinds) > 1:
+        if g not in kept and g not in columns and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
-    return _pack(kept, bindings, upstream), refused
+    return _pack(kept, bindings, upstream) + columns, refused
+
+
+def _column_kinds(nodes) -> list[OpKind] | None:
+    """The op kinds of a binding that reduces columns (every block elementwise or a column
+    reduction, one at least), else None."""
+    kinds = [n.kind for n in nodes or ()]
+    if OpKind.COLUMN_REDUCE not in kinds:
+        return None
+    allowed = STITCHABLE - {OpKind.ROW_REDUCE} | {OpKind.COLUMN_REDUCE}
+    return kinds if all(k in allowed for k in kinds) else None
+
+
+def _joins_columns(group, kinds, out, inputs, producer) -> bool:
+    """Whether an elementwise binding joins a column pattern: on the reduced side (its output
+    the pattern's output space), or before the reductions (the input space, reading none of
+    the reduced side's values: a reduced value broadcast back needs every block's result)."""
+    if OpKind.ROW_REDUCE in kinds:
+        return False
+    if tuple(out) == group.rows:
+        return True
+    return tuple(out) == group.column[0] and not any(
+        producer.get(a, -1) in group.reduced for a in inputs
+    )
+
+
+def _column_signature(binding, inputs) -> tuple:
+    """``(input shape, output shape)`` of a column reduction: reductions alike in both share
+    one column pattern."""
+    shapes = [_shape(a.ty) for a in inputs if _shape(a.ty) is not None]
+    widest = max(shapes, key=math.prod, default=())
+    return tuple(widest), tuple(_shape(binding.var.ty))
 
 
 def _drop_trailing_reshapes(group, bindings, group_of) -> None:

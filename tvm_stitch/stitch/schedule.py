@@ -26,6 +26,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from tvm_stitch.graph.tir_walk import buffer_loads, iter_exprs, iter_sblocks
 
+from .columns import apply_column_plan, column_plans, is_column_pattern
 from .plan import IllegalPatternError, KernelPlan, candidate_plans
 
 #: Plans tried per pattern, cheapest first, before it is left to TVM.
@@ -72,6 +73,12 @@ def schedule_pattern(
 
 
 def _schedule_pattern(func, hw, gpu, thread_only):
+    if not thread_only:
+        try:
+            if is_column_pattern(func):
+                return _schedule_columns(func, hw, gpu)
+        except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
+            return None, None, [repr(err)]
     try:
         plans = candidate_plans(func, hw)
     except IllegalPatternError as err:
@@ -90,6 +97,21 @@ def _schedule_pattern(func, hw, gpu, thread_only):
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
             why = err if isinstance(err, IllegalPatternError) else repr(err)
             reasons.append(f"plan refused ({plan.describe()}): {why}")
+    return None, None, reasons
+
+
+def _schedule_columns(func, hw, gpu):
+    """:func:`_schedule_pattern` of a column pattern (:mod:`.columns`)."""
+    try:
+        plans = column_plans(func, hw)
+    except IllegalPatternError as err:
+        return None, None, [str(err)]
+    reasons = []
+    for plan in plans[:FALLBACK_PLANS]:
+        try:
+            return apply_column_plan(func, plan, gpu=gpu), plan, reasons
+        except IllegalPatternError as err:
+            reasons.append(f"plan refused ({plan.describe()}): {err}")
     return None, None, reasons
 
 

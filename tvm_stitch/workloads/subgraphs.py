@@ -254,6 +254,52 @@ def _rmsnorm(dtype, rng, rows, cols):
     )
 
 
+def _mean_pool(dtype, rng, batch, seq, hidden):
+    """Masked mean pooling over the sequence (sentence embeddings), as ``torch.export`` of
+    ``(h * m).sum(1) / m.sum(1).clamp(min=1e-9)`` with ``m`` the mask broadcast to ``h``: two
+    column reductions (the sequence is not the innermost axis) over one input space."""
+    h = _rand(rng, (batch, seq, hidden), dtype)
+    lengths = rng.integers(1, seq + 1, size=batch)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype("int64")
+
+    def body(h_, m_):
+        m = relax.op.astype(
+            relax.op.broadcast_to(relax.op.expand_dims(m_, axis=[-1]), (batch, seq, hidden)), dtype
+        )
+        total = relax.op.sum(relax.op.multiply(h_, m), axis=[1])
+        count = relax.op.clip(relax.op.sum(m, axis=[1]), 1e-9, float("inf"))
+        return [relax.op.divide(total, count)]
+
+    mod = relax_function([("h", h.shape, dtype), ("mask", mask.shape, "int64")], body)
+
+    def eager(device, tdtype):
+        def fn(h_, m_):
+            m = m_.unsqueeze(-1).expand(h_.shape).to(h_.dtype)
+            return (h_ * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+        return fn
+
+    io = _nbytes((h.shape, dtype), (mask.shape, "int64"), ((batch, hidden), dtype))
+    return Instance(
+        f"mean-pool {batch}x{seq}x{hidden} {dtype}", mod, "main", [h, mask], {"eager": eager},
+        0, io, dtype,
+    )
+
+
+def _column_mean(dtype, rng, rows, cols):
+    """``x.mean(0)``: a mean over the rows, one value per column (a BatchNorm's statistics)."""
+    x = _rand(rng, (rows, cols), dtype, 1.0, 0.5)
+    mod = relax_function([("x", x.shape, dtype)], lambda x_: [relax.op.mean(x_, axis=[0])])
+
+    def eager(device, tdtype):
+        return lambda x_: x_.mean(0)
+
+    io = _nbytes((x.shape, dtype), ((cols,), dtype))
+    return Instance(
+        f"column-mean {rows}x{cols} {dtype}", mod, "main", [x], {"eager": eager}, 0, io, dtype
+    )
+
+
 # -- MCFuser Table II: batched GEMM chains E = (A·B)·D ---------------------------------------------
 #: name -> (batch, M, N, K, H): A is (batch, M, K), B (batch, K, N), D (batch, N, H).
 GEMM_CHAINS = {
@@ -416,5 +462,13 @@ def subgraph_workloads() -> list[Workload]:
             _bias_gelu,
         ),
         Workload("rmsnorm", "memory", "RMSNorm over the last axis", bert, _rmsnorm),
+        Workload(
+            "mean-pool",
+            "memory",
+            "masked mean pooling over the sequence (two column reductions)",
+            {"batch": 8, "seq": 512, "hidden": 768},
+            _mean_pool,
+        ),
+        Workload("column-mean", "memory", "mean over the rows (x.mean(0))", bert, _column_mean),
     ]
     return memory + [_gemm_chain(n) for n in GEMM_CHAINS] + [_attention(n) for n in ATTENTION]
