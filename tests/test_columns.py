@@ -59,26 +59,19 @@ def test_mean_pool_is_one_column_pattern(dtype, batch, seq, hidden):
     np.testing.assert_allclose(_run(inst.mod, inst.args), inst.reference()[0], *inst.tolerance)
 
 
-def _column_func(shape, axes, dtype="float32"):
-    """The legalized PrimFunc of ``sum(x * 2, axes) + 1``."""
-    mod = relax_function(
-        [("x", shape, dtype)],
-        lambda x: [
-            relax.op.add(
-                relax.op.sum(relax.op.multiply(x, relax.const(2.0, dtype)), axis=axes),
-                relax.const(1.0, dtype),
-            )
-        ],
-    )
-    return mod, _stitched(mod)
+SHAPES = [
+    ((1823, 781), [0]),
+    ((5, 77, 33), [1]),
+    ((6, 9, 13, 10), [1, 2]),
+    ((4099, 24), [0]),
+    ((1024, 96), [0]),
+    ((3, 256, 64), [1]),
+]
 
 
-@pytest.mark.parametrize(
-    ("shape", "axes"), [((1823, 781), [0]), ((5, 77, 33), [1]), ((6, 9, 13, 10), [1, 2])]
-)
-def test_every_column_plan_numerics(shape, axes):
-    """Each of the evaluator's plans — one phase, two phases with a predicated last chunk,
-    vector widths — lowered for the CPU, against numpy (partials allocated by the caller)."""
+def _plan_kinds(shape, axes):
+    """``sum(x, axes)``'s PrimFunc, one plan of each kind (phases, vector width, rows over
+    ``threadIdx.y``), an input and numpy's sum."""
     from tvm_stitch.graph.tdg import prim_func_nodes
     from tvm_stitch.stitch.columns import column_space
 
@@ -93,25 +86,64 @@ def test_every_column_plan_numerics(shape, axes):
     assert outer * cols * reduced == int(np.prod(shape))
     assert reduced == int(np.prod([shape[a] for a in axes]))
     plans = column_plans(func, H100)
-    chosen = {(p.chunks > 1, p.vector): p for p in reversed(plans)}
-    assert any(k[0] for k in chosen) and any(not k[0] for k in chosen)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype("float32")
-    expected = x.sum(axis=tuple(axes))
-    for plan in chosen.values():
-        scheduled = apply_column_plan(func, plan, gpu=False)
-        lifted = int(scheduled.attrs.get(PARTIALS_ATTR, 0)) if plan.chunks > 1 else 0
-        assert lifted == (1 if plan.chunks > 1 else 0), plan.describe()
-        lib = tvm.compile(
-            tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), "llvm"
-        )
-        out = np.zeros(expected.shape, "float32")
-        extra = [np.zeros([int(d) for d in p.ty.shape], "float32") for p in scheduled.params[2:]]
-        args = [tvm.runtime.tensor(a) for a in [x, out, *extra]]
-        lib(*args)
-        np.testing.assert_allclose(
-            args[1].numpy(), expected, rtol=1e-5, atol=1e-4, err_msg=plan.describe()
-        )
+    chosen = {(p.chunks > 1, p.vector, p.rows > 1): p for p in reversed(plans)}
+    assert {k[0] for k in chosen} == {True, False}
+    # rows over threadIdx.y only where no predicate is needed (TVM's cross-thread reduction)
+    exact = reduced % 2 == 0 and cols % 32 == 0
+    assert any(k[2] for k in chosen) == exact
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    return func, list(chosen.values()), x, x.sum(axis=tuple(axes))
+
+
+def _run_plan(func, plan, x, expected, target):
+    gpu = target != "llvm"
+    scheduled = apply_column_plan(func, plan, gpu=gpu)
+    lifted = int(scheduled.attrs.get(PARTIALS_ATTR, 0)) if plan.chunks > 1 else 0
+    assert lifted == (1 if plan.chunks > 1 else 0), plan.describe()
+    lib = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target)
+    dev = tvm.cuda(0) if gpu else tvm.cpu()
+    out = np.zeros(expected.shape, "float32")
+    extra = [np.zeros([int(d) for d in p.ty.shape], "float32") for p in scheduled.params[2:]]
+    args = [tvm.runtime.tensor(a, device=dev) for a in [x, out, *extra]]
+    lib(*args)
+    np.testing.assert_allclose(
+        args[1].numpy(), expected, rtol=1e-5, atol=1e-3, err_msg=plan.describe()
+    )
+
+
+@pytest.mark.parametrize(("shape", "axes"), SHAPES)
+def test_every_column_plan_numerics(shape, axes):
+    """Each kind of the evaluator's plans — one phase, two phases with a predicated last chunk,
+    vector widths, rows over ``threadIdx.y`` — lowered for the CPU (threads serial), against
+    numpy (partials allocated by the caller)."""
+    func, plans, x, expected = _plan_kinds(shape, axes)
+    for plan in plans:
+        _run_plan(func, plan, x, expected, "llvm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("shape", "axes"), SHAPES)
+def test_every_column_plan_on_the_gpu(shape, axes):
+    """The same plans on the GPU: TVM's cross-thread reductions over ``threadIdx.y``, vector
+    loads, predicated chunks."""
+    func, plans, x, expected = _plan_kinds(shape, axes)
+    for plan in plans:
+        _run_plan(func, plan, x, expected, CUDA)
+
+
+def test_rows_over_threads_need_an_unpredicated_block():
+    """A plan putting rows on ``threadIdx.y`` where the chunk or the column tile needs a
+    predicate is refused: TVM would leave the reduction as every thread adding into one
+    element (a race it does not report) — found on the GPU."""
+    import dataclasses
+
+    from tvm_stitch.stitch.plan import IllegalPatternError
+
+    func, plans, _, _ = _plan_kinds((5, 77, 33), [1])
+    assert all(p.rows == 1 for p in plans)
+    forced = dataclasses.replace(plans[0], chunks=4, rows=8, threads=32, vector=1)
+    with pytest.raises(IllegalPatternError, match="predicate"):
+        apply_column_plan(func, forced, gpu=True)
 
 
 def test_broadcast_back_is_a_pattern_of_its_own(caplog):
@@ -141,17 +173,31 @@ def test_reduction_over_the_innermost_axis_and_another_is_refused(caplog):
     np.testing.assert_allclose(_run(mod, [x]), x.sum(axis=(0, 2)), rtol=1e-5, atol=1e-5)
 
 
-def test_two_phase_cuda_source(nvcc_compiles):
-    """BERT-sized mean pooling for the GPU: a first-phase kernel reading ``h`` and the mask
-    with vector loads, a second adding the partials; the partials are Relax-allocated
-    outputs (no workspace asked at run time); nvcc compiles the source."""
-    inst = get_workload("mean-pool").instance("float16", batch=8, seq=512, hidden=768)
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("mean-pool", {"batch": 8, "seq": 512, "hidden": 768}),
+        ("mean-pool", {"batch": 1, "seq": 128, "hidden": 768}),
+        ("column-mean", {"rows": 65536, "cols": 64}),
+    ],
+)
+def test_column_patterns_cuda_source(nvcc_compiles, name, params):
+    """Column patterns for the GPU: as many stitched kernels as the plan has phases; with two,
+    both pass the partials, which are Relax-allocated outputs (no workspace asked at run
+    time); a plan with rows over ``threadIdx.y`` reduces through shared memory; nvcc compiles
+    the source."""
+    inst = get_workload(name).instance("float16", **params)
+    (func,) = _stitched(inst.mod, CUDA).values()
+    two = bool(func.attrs.get(PARTIALS_ATTR))
     ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
     src = cuda_source(ex)
     kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
     stitched = [k for k in kernels if "stitched_" in k]
-    assert len(stitched) == 2, kernels
-    assert "rf_ptr" in stitched[0] and "rf_ptr" in stitched[1]
+    assert len(stitched) == (2 if two else 1), kernels
+    if two:
+        assert all("rf_ptr" in k for k in stitched)
+    if "threadIdx.y" in src:
+        assert "red_buf" in src and "__syncthreads" in src
     nvcc_compiles(src)
 
 

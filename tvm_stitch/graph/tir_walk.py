@@ -15,12 +15,19 @@ _EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "ba
 
 def iter_sblocks(stmt) -> Iterator[tuple[s_tir.SBlock, list[tirx.For]]]:
     """Yield ``(block, enclosing_loops)`` for every non-root sblock under ``stmt``, in order."""
+    for realize, loops in iter_realizes(stmt):
+        yield realize.block, loops
+
+
+def iter_realizes(stmt) -> Iterator[tuple[s_tir.SBlockRealize, list[tirx.For]]]:
+    """Yield ``(realize, enclosing_loops)`` for every non-root sblock under ``stmt`` (its
+    realization: iteration values and predicate), in order."""
 
     def walk(node, loops):
         if isinstance(node, s_tir.SBlockRealize):
             block = node.block
             if block.name_hint != "root":
-                yield block, loops
+                yield node, loops
             yield from walk(block.body, loops)
         elif isinstance(node, s_tir.SBlock):
             yield from walk(node.body, loops)

@@ -34,6 +34,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm_stitch.graph.access import Dependence
 from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.graph.tdg import prim_func_nodes
+from tvm_stitch.graph.tir_walk import iter_realizes
 from tvm_stitch.hardware import HardwareModel
 
 from .plan import IllegalPatternError, _bytes, _latency
@@ -72,6 +73,7 @@ class ColumnPlan:
     reduced: int
     cols: int
     latency_us: float
+    rows: int = 1
     composition: str = "column"
 
     @property
@@ -79,13 +81,14 @@ class ColumnPlan:
         return 1 if self.chunks == 1 else 2
 
     def describe(self) -> str:
+        rows = f" x {self.rows} rows" if self.rows > 1 else ""
         if self.chunks == 1:
-            head = f"column reduction in one phase, {self.reduced} rows per thread"
+            head = f"column reduction in one phase, {self.threads} columns{rows} per block"
         else:
             head = (
                 f"column reduction in two phases: {self.chunks} chunks of "
                 f"{math.ceil(self.reduced / self.chunks)} rows, {self.threads} threads x "
-                f"{self.vector} columns per block"
+                f"{self.vector} columns{rows} per block"
             )
         return (
             f"{head}, {len(self.reductions)} reductions over ({self.outer}, {self.reduced}, "
@@ -172,27 +175,58 @@ def column_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[ColumnPlan]
             if threads > 32 and threads // 2 >= lanes:
                 continue  # half the block or more would have no column
             tiles = outer * math.ceil(lanes / threads)
-            for chunks in _chunk_counts(reduced):
-                lat = _two_phase_latency(
-                    hw,
-                    outer,
-                    reduced,
-                    cols,
-                    n_red,
-                    threads,
-                    vector,
-                    chunks,
-                    tiles,
-                    io_bytes,
-                    special,
-                    widest,
-                )
-                plans.append(
-                    ColumnPlan(threads, vector, chunks, reductions, outer, reduced, cols, lat)
-                )
+            # rows of a chunk over threadIdx.y (an in-block reduction) only with scalar
+            # columns: TVM's cross-thread reduction needs its loops innermost
+            for rows in (1, 2, 4, 8, 16, 32) if vector == 1 else (1,):
+                if threads * rows > 1024:
+                    continue
+                for chunks in _chunk_counts(reduced):
+                    if chunks == 1 and vector > 1:
+                        continue  # one phase: a thread per output element
+                    if rows > 1 and not _exact(reduced, cols, chunks, rows, threads):
+                        continue
+                    lat = _two_phase_latency(
+                        hw,
+                        outer,
+                        reduced,
+                        cols,
+                        n_red,
+                        threads,
+                        vector,
+                        chunks,
+                        tiles,
+                        io_bytes,
+                        special,
+                        widest,
+                        rows,
+                    )
+                    plans.append(
+                        ColumnPlan(
+                            threads, vector, chunks, reductions, outer, reduced, cols, lat, rows
+                        )
+                    )
     if not plans:
         raise IllegalPatternError("no column plan")
     return sorted(plans, key=lambda p: p.latency_us)
+
+
+def _exact(reduced, cols, chunks, rows, threads) -> bool:
+    """Whether rows over ``threadIdx.y`` leave the block unpredicated: TVM lowers a reduction
+    over thread-bound loops through shared memory only then (a predicated one it leaves as
+    every thread adding into the same element — a race)."""
+    return reduced % chunks == 0 and (reduced // chunks) % rows == 0 and cols % threads == 0
+
+
+def _unpredicated(sch, block) -> None:
+    """Raise IllegalPatternError when ``block`` runs under a predicate (see :func:`_exact`)."""
+    name = sch.get(block).name_hint
+    found = [
+        r.predicate for r, _ in iter_realizes(sch.mod["main"].body) if r.block.name_hint == name
+    ]
+    if any(not (isinstance(p, tvm.tirx.IntImm) and int(p) == 1) for p in found):
+        raise IllegalPatternError(
+            f"{name}: rows over threadIdx.y under a predicate (not a cross-thread reduction)"
+        )
 
 
 def _elements(param) -> int:
@@ -223,14 +257,31 @@ def _two_phase_latency(
     io_bytes,
     special,
     elem_bytes,
+    rows_per_block=1,
 ) -> float:
-    """Estimated µs of both phases: each is ``N_wave × L_warp`` (a thread's chain of loads —
-    ``rows`` of them, 4 in flight — then its stores) against its DRAM traffic
-    (:func:`~tvm_stitch.stitch.plan._latency`), plus one launch for the second phase."""
+    """Estimated µs of the plan's kernels: each is ``N_wave × L_warp`` (a thread's chain of
+    loads — 4 in flight — and the in-block reduction over ``rows_per_block`` threads) against
+    its DRAM traffic (:func:`~tvm_stitch.stitch.plan._latency`), plus a launch per kernel."""
     partial_bytes = chunks * outer * cols * 4 * n_red
+    launch = hw.launch_overhead
     rows = math.ceil(reduced / chunks)
 
-    def phase(blocks, block_threads, chain, traffic, width, expensive=0.0):
+    # the in-block reduction over threadIdx.y (TVM's tree in shared memory, laid out
+    # [column][row]): a barrier per halving, and shared-memory steps whose bank conflicts grow
+    # with the rows (a warp's lanes are ``rows`` floats apart) — measured on the H200, plans
+    # of 32 rows ran 2× slower than those of 16 (`benchmarks/stitch_plans.py`)
+    rows_per_block = max(1, rows_per_block)
+    tree = (
+        n_red
+        * (
+            math.log2(rows_per_block) * hw.cpi_barrier
+            + threads / hw.warp_size * rows_per_block * min(rows_per_block, 32) * hw.cpi_smem / 2
+        )
+        if rows_per_block > 1
+        else 0.0
+    )
+
+    def phase(blocks, block_threads, chain, traffic, width, expensive=0.0, extra=0.0):
         regs = 32 + 2 * width * n_red
         occ = min(
             hw.max_blocks_per_sm,
@@ -239,6 +290,7 @@ def _two_phase_latency(
         )
         waves = math.ceil(blocks / (hw.num_sms * occ))
         cycles = hw.mem_latency_cycles * (math.ceil(chain / 4) + 1) + chain * width * hw.cpi_light
+        cycles += extra
         # Little's law: the bytes the resident threads keep in flight bound the bandwidth
         resident = min(blocks, hw.num_sms * occ) * block_threads
         in_flight = resident * 4 * width * elem_bytes
@@ -247,12 +299,23 @@ def _two_phase_latency(
         return _latency(hw, waves, cycles / hw.clock_hz, traffic, blocks, expensive)
 
     if chunks == 1:
-        # one kernel: a thread per output element reduces its whole column
-        blocks = math.ceil(outer * cols / 256)
-        return phase(blocks, 256, reduced, io_bytes, 1, special) * 1e6
-    first = phase(tiles * chunks, threads, rows, io_bytes + partial_bytes, vector)
+        # one kernel: ``threads`` output elements per block, each reduced by its column of
+        # ``rows_per_block`` threads
+        blocks = math.ceil(outer * cols / threads)
+        chain = math.ceil(reduced / rows_per_block)
+        block_threads = threads * rows_per_block
+        return (phase(blocks, block_threads, chain, io_bytes, 1, special, tree) + launch) * 1e6
+    chain = math.ceil(rows / rows_per_block)
+    first = phase(
+        tiles * chunks,
+        threads * rows_per_block,
+        chain,
+        io_bytes + partial_bytes,
+        vector,
+        extra=tree,
+    )
     second = phase(math.ceil(outer * cols / 256), 256, chunks, partial_bytes + outer * cols * 4, 1)
-    return (first + second + hw.launch_overhead) * 1e6
+    return (first + second + 2 * launch) * 1e6
 
 
 def apply_column_plan(
@@ -314,30 +377,34 @@ def _apply(func, plan, gpu):
             rfs.append(rf)
             partials.append(sch.get(rf).writes[0].source.name)
     # second phase: a thread per output element, the reductions' last step at its loop
-    tx2 = _second_phase(sch, outputs, reductions, kinds, bind)
+    tx2 = _second_phase(sch, outputs, reductions, plan.threads if plan.chunks == 1 else 256, bind)
     for n in reductions:
-        if n in outputs:
-            continue
         block = sch.get_sblock(n)
-        sch.compute_at(block, tx2, preserve_unit_loops=True)
-        if gpu:
-            sch.set_scope(block, 0, "local")
+        if n not in outputs:
+            sch.compute_at(block, tx2, preserve_unit_loops=True)
+            if gpu:
+                sch.set_scope(block, 0, "local")
+        if plan.chunks == 1 and plan.rows > 1:
+            # the column's rows over threadIdx.y: TVM's cross-thread reduction
+            _, ty = sch.split(sch.get_loops(block)[-1], [None, plan.rows])
+            bind(ty, "threadIdx.y")
+            _unpredicated(sch, block)
     if plan.chunks > 1:
         _first_phase(sch, rfs, plan, bind, gpu)
     scheduled = _schedule()._finish(sch, gpu)
     return lift_partials(scheduled, partials)
 
 
-def _second_phase(sch, outputs, reductions, kinds, bind):
-    """Bind the output blocks' spatial loops (fused; one thread per element, 256 per block)
-    and merge them across outputs; returns the thread loop."""
+def _second_phase(sch, outputs, reductions, threads, bind):
+    """Bind the output blocks' spatial loops (fused; one thread per element, ``threads`` per
+    block) and merge them across outputs; returns the thread loop."""
     bxs, txs = [], []
     for n in outputs:
         block = sch.get_sblock(n)
         loops = sch.get_loops(block)
         spatial = len(loops) - (1 if n in reductions else 0)
         flat = sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0]
-        bx, tx = sch.split(flat, [None, 256])
+        bx, tx = sch.split(flat, [None, threads])
         bxs.append(bx)
         txs.append(tx)
     extents = {int(sch.get(b).extent) for b in bxs}
@@ -363,13 +430,22 @@ def _first_phase(sch, rfs, plan, bind, gpu):
             o = None
         cv, v = sch.split(c, [None, plan.vector])
         co, tx = sch.split(cv, [None, plan.threads])
-        order = [ko] + ([o] if o is not None else []) + [co, tx, ki, v]
+        if plan.rows > 1:  # reduction loops innermost: TVM's cross-thread reduction
+            kio, ty = sch.split(ki, [None, plan.rows])
+            order = [ko] + ([o] if o is not None else []) + [co, tx, v, ty, kio]
+        else:
+            order = [ko] + ([o] if o is not None else []) + [co, tx, ki, v]
         sch.reorder(*order)
-        nests.append(order[:-2])
+        nests.append(order[: len(order) - (3 if plan.rows > 1 else 2)])
     merged = [sch.merge(*level) if len(level) > 1 else level[0] for level in zip(*nests)]
     bx = sch.fuse(*merged[:-1])
     bind(bx, "blockIdx.x")
     bind(merged[-1], "threadIdx.x")
+    if plan.rows > 1:
+        for rf in rfs:
+            bind(sch.get_loops(rf)[-2], "threadIdx.y")
+            _unpredicated(sch, rf)
+        return
     for rf in rfs:
         store = sch.cache_write(rf, 0, "local")
         ki = sch.get_loops(rf)[-2]
