@@ -362,7 +362,8 @@ class _Widen(relax.PyExprMutator):
         gv = self.renamed[call.args[0]]
         out = call.ty_args[0]
         outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
-        wide = relax.call_tir(gv, call.args[1], outs + self.widened[gv])
+        tir_vars = call.args[2] if len(call.args) > 2 else None
+        wide = relax.call_tir(gv, call.args[1], outs + self.widened[gv], tir_vars)
         value = self.builder_.emit(wide)
         if isinstance(out, relax.TupleType):
             return relax.Tuple([relax.TupleGetItem(value, i) for i in range(len(outs))])

@@ -162,6 +162,43 @@ def test_broadcast_back_is_a_pattern_of_its_own(caplog):
     np.testing.assert_allclose(_run(mod, [x]), x - x.mean(0, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
+def test_an_output_the_pattern_reads_is_not_left_behind(caplog):
+    """``w2 = w * 2`` returned and read by ``(x * w2).sum(0)``: in two phases the output
+    would be written by the last kernel after the first had read it (found in review: NaN),
+    so the pattern is refused — TVM's kernels, the right numbers."""
+
+    def body(x, w):
+        w2 = relax.op.multiply(w, relax.const(2.0, "float32"))
+        return [w2, relax.Tuple([w2, relax.op.sum(relax.op.multiply(x, w2), axis=[0])])]
+
+    mod = relax_function([("x", (4096, 48), "float32"), ("w", (48,), "float32")], body)
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        assert not _stitched(mod)
+    assert "an output the pattern also reads" in caplog.text
+    rng = np.random.default_rng(3)
+    x, w = (
+        rng.standard_normal((4096, 48)).astype("float32"),
+        rng.standard_normal(48).astype("float32"),
+    )
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    w2, s = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w)
+    )
+    np.testing.assert_allclose(w2.numpy(), 2 * w, rtol=1e-6)
+    np.testing.assert_allclose(s.numpy(), (x * 2 * w).sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_a_variance_over_the_rows_is_refused_with_its_reason(caplog):
+    """``variance(x, axis=0)`` reduces ``(x - mean)²``, computed from another reduction: two
+    passes over the column, not one pattern; the reason says so."""
+    mod = relax_function([("x", (64, 40), "float32")], lambda x: [relax.op.variance(x, axis=[0])])
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        assert not _stitched(mod)
+    assert "computed from another reduction" in caplog.text
+    x = np.random.default_rng(4).standard_normal((64, 40)).astype("float32")
+    np.testing.assert_allclose(_run(mod, [x]), x.var(0), rtol=1e-4, atol=1e-5)
+
+
 def test_reduction_over_the_innermost_axis_and_another_is_refused(caplog):
     """Summing axes 0 and 2 of (a, b, c) sweeps the innermost axis too: neither rows nor
     columns; left to TVM with the reason, numbers still right."""

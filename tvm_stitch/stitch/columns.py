@@ -63,6 +63,11 @@ class ColumnPlan:
         The output space ``(outer, cols)`` and the reduced extent.
     latency_us : float
         The latency-evaluator's estimate, both phases.
+    rows : int
+        Rows of the reduced extent over ``threadIdx.y`` in a block (1: one row chain per
+        thread); TVM reduces them through shared memory.
+    composition : str
+        ``"column"`` (beside :class:`~tvm_stitch.stitch.plan.KernelPlan`'s compositions).
     """
 
     threads: int
@@ -76,11 +81,8 @@ class ColumnPlan:
     rows: int = 1
     composition: str = "column"
 
-    @property
-    def kernels(self) -> int:
-        return 1 if self.chunks == 1 else 2
-
     def describe(self) -> str:
+        """One line: phases, block shape, the reductions and the estimate."""
         rows = f" x {self.rows} rows" if self.rows > 1 else ""
         if self.chunks == 1:
             head = f"column reduction in one phase, {self.threads} columns{rows} per block"
@@ -108,8 +110,9 @@ def column_space(nodes) -> tuple[int, int, int, tuple]:
     ------
     IllegalPatternError
         When an op is neither elementwise nor a column reduction, when the reductions do not
-        share one output space and reduced extent, or when one sweeps its input's innermost
-        axis (a column's elements must be adjacent across threads).
+        share one output space and reduced extent, when one sweeps its input's innermost axis
+        (a column's elements must be adjacent across threads), or when one reduces a value
+        computed from another's result (a variance in one function: two passes).
     """
     reductions = [n for n in nodes if n.kind is OpKind.COLUMN_REDUCE]
     if not reductions:
@@ -138,6 +141,16 @@ def column_space(nodes) -> tuple[int, int, int, tuple]:
                 )
     if len(spaces) > 1:
         raise IllegalPatternError(f"column reductions over different spaces {sorted(spaces)}")
+    after = set()  # tensors computed from a reduction's result
+    for n in nodes:
+        if any(m.tensor in after for m in n.inputs):
+            if n.kind is OpKind.COLUMN_REDUCE:
+                raise IllegalPatternError(
+                    f"{n.name} reduces a value computed from another reduction (two passes)"
+                )
+            after.add(n.output)
+        if n.kind is OpKind.COLUMN_REDUCE:
+            after.add(n.output)
     ((outer, reduced, cols),) = spaces
     for n in nodes:
         if n.kind is OpKind.COLUMN_REDUCE:
@@ -345,9 +358,13 @@ def _apply(func, plan, gpu):
         n for n in names if any(w.source.name in params for w in sch.get(sch.get_sblock(n)).writes)
     ]
     for n in outputs:
-        extent = math.prod(int(sch.get(lp).extent) for lp in sch.get_loops(sch.get_sblock(n)))
+        block = sch.get_sblock(n)
+        extent = math.prod(int(sch.get(lp).extent) for lp in sch.get_loops(block))
         if n not in reductions and extent != plan.outer * plan.cols:
             raise IllegalPatternError(f"{n} leaves the pattern outside its reduced space")
+        if n not in reductions and sch.get_consumers(block):
+            # an output the reductions also read would be written by the last kernel only
+            raise IllegalPatternError(f"{n} is an output the pattern also reads")
     for n in reversed(names):
         if n in reductions or n in outputs:
             continue

@@ -10,6 +10,11 @@ comes back).  Independent patterns over the same number of rows are packed into 
 (FusionStitching's kernel packing).  Groups without a row reduction, or of one op, are dissolved:
 TVM's ``FuseOps`` handles those as well (a single op whose PrimFunc already has several blocks,
 such as ``nn.layer_norm``, is kept: it gets a kernel plan too).  Every refusal is recorded.
+
+A reduction over axes that are not the innermost starts a *column pattern* instead
+(:mod:`tvm_stitch.stitch.columns`): the input-only elementwise ops it reads, the column
+reductions over the same input and output spaces, and the elementwise ops on its output space
+after them; a value over the input space computed from a reduced one is not joined.
 """
 
 from __future__ import annotations
@@ -98,8 +103,9 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     Returns
     -------
     (groups, refused)
-        ``groups``: patterns with a row reduction and at least two TIR blocks, members in
-        program order; ``refused``: ``(var name, reason)`` for stitchable-looking bindings kept out.
+        ``groups``: patterns with a row reduction and at least two TIR blocks, and column
+        patterns (:attr:`Group.column`), members in program order; ``refused``: ``(var name,
+        reason)`` for stitchable-looking bindings kept out.
     """
     bindings = list(block.bindings)
     producer: dict = {}  # var -> binding index
@@ -140,8 +146,8 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             leaves[i] = [OpKind.INJECTIVE]
             upstream[var] = up
             continue
-        column = _column_kinds(nodes) if kinds is None else None
-        if column is not None and _shape(var.ty) is not None:
+        column = _column_kinds(nodes) if kinds is None and "column-reduce" in why else None
+        if column is not None and out is not None:
             # a column reduction: joins the column pattern of the same spaces it reads from
             # (horizontal: the input read once), or starts one (two phases, :mod:`.columns`)
             sig = _column_signature(binding, inputs)

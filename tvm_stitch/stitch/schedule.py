@@ -73,12 +73,8 @@ def schedule_pattern(
 
 
 def _schedule_pattern(func, hw, gpu, thread_only):
-    if not thread_only:
-        try:
-            if is_column_pattern(func):
-                return _schedule_columns(func, hw, gpu)
-        except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
-            return None, None, [repr(err)]
+    if not thread_only and _is_column_pattern(func):
+        return _schedule_columns(func, hw, gpu)
     try:
         plans = candidate_plans(func, hw)
     except IllegalPatternError as err:
@@ -100,12 +96,21 @@ def _schedule_pattern(func, hw, gpu, thread_only):
     return None, None, reasons
 
 
+def _is_column_pattern(func) -> bool:
+    try:
+        return is_column_pattern(func)
+    except Exception:  # noqa: BLE001 - not analysable: the row planner says why
+        return False
+
+
 def _schedule_columns(func, hw, gpu):
     """:func:`_schedule_pattern` of a column pattern (:mod:`.columns`)."""
     try:
         plans = column_plans(func, hw)
     except IllegalPatternError as err:
         return None, None, [str(err)]
+    except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
+        return None, None, [repr(err)]
     reasons = []
     for plan in plans[:FALLBACK_PLANS]:
         try:
