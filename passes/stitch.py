@@ -362,8 +362,9 @@ class _Widen(relax.PyExprMutator):
         gv = self.renamed[call.args[0]]
         out = call.ty_args[0]
         outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
-        tir_vars = call.args[2] if len(call.args) > 2 else None
-        wide = relax.call_tir(gv, call.args[1], outs + self.widened[gv], tir_vars)
+        wide = relax.call_tir(gv, call.args[1], outs + self.widened[gv])
+        if len(call.args) > 2:  # the call's symbolic-shape arguments (``tir_vars``), kept
+            wide = relax.Call(wide.op, [*wide.args, *call.args[2:]], wide.attrs, wide.ty_args)
         value = self.builder_.emit(wide)
         if isinstance(out, relax.TupleType):
             return relax.Tuple([relax.TupleGetItem(value, i) for i in range(len(outs))])

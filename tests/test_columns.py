@@ -146,6 +146,25 @@ def test_rows_over_threads_need_an_unpredicated_block():
         apply_column_plan(func, forced, gpu=True)
 
 
+def test_reductions_of_one_input_share_a_pattern():
+    """``x.max(0)`` and ``x.sum(0)`` of a function input, then ``max - sum``: one column
+    pattern (the input read once, both reductions in one kernel), numpy's numbers."""
+
+    def body(x):
+        return [relax.op.subtract(relax.op.max(x, axis=[0]), relax.op.sum(x, axis=[0]))]
+
+    mod = relax_function([("x", (1000, 72), "float32")], body)
+    (func,) = _stitched(mod).values()
+    from tvm_stitch.graph.classify import OpKind
+    from tvm_stitch.graph.tdg import prim_func_nodes
+
+    reductions = [n for n in prim_func_nodes(func, "p") if n.kind is OpKind.COLUMN_REDUCE]
+    assert len({n.output for n in reductions if "rf" not in n.name}) >= 2
+    assert fusion_report(mod, "llvm", "stitch").bytes < 1000 * 72 * 4 * 1.2
+    x = np.random.default_rng(5).standard_normal((1000, 72)).astype("float32")
+    np.testing.assert_allclose(_run(mod, [x]), x.max(0) - x.sum(0), rtol=1e-4, atol=1e-3)
+
+
 def test_broadcast_back_is_a_pattern_of_its_own(caplog):
     """``x - x.mean(0)``: the mean is a column pattern; the subtraction reads every column's
     mean, so it is not joined (it would need every block's result) — the reason logged."""

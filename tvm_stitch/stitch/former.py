@@ -115,6 +115,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     leaves: dict[int, list] = {}  # elementwise bindings on inputs only, not yet in a pattern
     refused = []
     readers: dict = {}  # var -> how many bindings read it (calls, tuples, anything)
+    column_readers: dict = {}  # var -> column patterns reducing it (read from outside them)
     for b in bindings:
         for a in relax.analysis.free_vars(b.value):
             readers[a] = readers.get(a, 0) + 1
@@ -151,8 +152,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             # a column reduction: joins the column pattern of the same spaces it reads from
             # (horizontal: the input read once), or starts one (two phases, :mod:`.columns`)
             sig = _column_signature(binding, inputs)
-            for a in reversed(inputs):
-                g = group_of.get(producer.get(a, -1))
+            # the pattern that computes an input, or one reducing the same input (x.max(0)
+            # beside x.sum(0))
+            candidates = [group_of.get(producer.get(a, -1)) for a in reversed(inputs)]
+            candidates += [g for a in inputs for g in column_readers.get(a, ())]
+            for g in candidates:
                 if g is None or g.column != sig:
                     continue
                 outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
@@ -162,6 +166,9 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             if chosen is None:
                 chosen = Group(len(groups), tuple(out), column=sig)
                 groups.append(chosen)
+            for a in inputs:
+                if group_of.get(producer.get(a, -1)) is not chosen:
+                    column_readers.setdefault(a, []).append(chosen)
             chosen.members.append(i)
             chosen.kinds.extend(column)
             chosen.reduced.add(i)
