@@ -111,11 +111,14 @@ def _schedule_columns(func, hw, gpu):
         return None, None, [str(err)]
     except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
         return None, None, [repr(err)]
-    reasons = []
+    reasons, seen = [], set()
     for plan in plans[:FALLBACK_PLANS]:
         try:
             return apply_column_plan(func, plan, gpu=gpu), plan, reasons
         except IllegalPatternError as err:
+            if str(err) in seen:  # the pattern's, not the plan's: every plan would say it
+                break
+            seen.add(str(err))
             reasons.append(f"plan refused ({plan.describe()}): {err}")
     return None, None, reasons
 
