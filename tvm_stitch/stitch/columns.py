@@ -175,7 +175,6 @@ def column_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[ColumnPlan]
     full = outer * reduced * cols
     widest = max([_bytes(str(p.ty.dtype)) for p in func.params if _elements(p) == full] + [1])
     io_bytes = sum(_elements(p) * _bytes(str(p.ty.dtype)) for p in func.params)
-    n_red = len(reductions)
     special = sum(
         math.prod(e for _, e in n.spatial) for n in nodes if n.kind is OpKind.EXPENSIVE_ELEMWISE
     )
@@ -183,11 +182,9 @@ def column_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[ColumnPlan]
     for vector in (8, 4, 2, 1):
         if vector * widest > 16 or cols % vector:
             continue
-        lanes = cols // vector
         for threads in (32, 64, 128, 256):
-            if threads > 32 and threads // 2 >= lanes:
+            if threads > 32 and threads // 2 >= cols // vector:
                 continue  # half the block or more would have no column
-            tiles = outer * math.ceil(lanes / threads)
             # rows of a chunk over threadIdx.y (an in-block reduction) only with scalar
             # columns: TVM's cross-thread reduction needs its loops innermost
             for rows in (1, 2, 4, 8, 16, 32) if vector == 1 else (1,):
@@ -198,26 +195,11 @@ def column_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[ColumnPlan]
                         continue  # one phase: a thread per output element
                     if rows > 1 and not _exact(reduced, cols, chunks, rows, threads):
                         continue
-                    lat = _two_phase_latency(
-                        hw,
-                        outer,
-                        reduced,
-                        cols,
-                        n_red,
-                        threads,
-                        vector,
-                        chunks,
-                        tiles,
-                        io_bytes,
-                        special,
-                        widest,
-                        rows,
+                    plan = ColumnPlan(
+                        threads, vector, chunks, reductions, outer, reduced, cols, 0.0, rows
                     )
-                    plans.append(
-                        ColumnPlan(
-                            threads, vector, chunks, reductions, outer, reduced, cols, lat, rows
-                        )
-                    )
+                    lat = _estimate(hw, plan, io_bytes, special, widest)
+                    plans.append(dataclasses.replace(plan, latency_us=lat))
     if not plans:
         raise IllegalPatternError("no column plan")
     return sorted(plans, key=lambda p: p.latency_us)
@@ -257,24 +239,13 @@ def _chunk_counts(reduced: int) -> list[int]:
     return counts
 
 
-def _two_phase_latency(
-    hw,
-    outer,
-    reduced,
-    cols,
-    n_red,
-    threads,
-    vector,
-    chunks,
-    tiles,
-    io_bytes,
-    special,
-    elem_bytes,
-    rows_per_block=1,
-) -> float:
+def _estimate(hw: HardwareModel, plan: ColumnPlan, io_bytes, special, elem_bytes) -> float:
     """Estimated µs of the plan's kernels: each is ``N_wave × L_warp`` (a thread's chain of
-    loads — 4 in flight — and the in-block reduction over ``rows_per_block`` threads) against
+    loads — 4 in flight — and the in-block reduction over ``plan.rows`` threads) against
     its DRAM traffic (:func:`~tvm_stitch.stitch.plan._latency`), plus a launch per kernel."""
+    outer, reduced, cols, chunks = plan.outer, plan.reduced, plan.cols, plan.chunks
+    threads, vector, rows_per_block = plan.threads, plan.vector, plan.rows
+    n_red = len(plan.reductions)
     partial_bytes = chunks * outer * cols * 4 * n_red
     launch = hw.launch_overhead
     rows = math.ceil(reduced / chunks)
@@ -283,7 +254,6 @@ def _two_phase_latency(
     # [column][row]): a barrier per halving, and shared-memory steps whose bank conflicts grow
     # with the rows (a warp's lanes are ``rows`` floats apart) — measured on the H200, plans
     # of 32 rows ran 2× slower than those of 16 (`benchmarks/stitch_plans.py`)
-    rows_per_block = max(1, rows_per_block)
     tree = (
         n_red
         * (
@@ -319,6 +289,7 @@ def _two_phase_latency(
         block_threads = threads * rows_per_block
         return (phase(blocks, block_threads, chain, io_bytes, 1, special, tree) + launch) * 1e6
     chain = math.ceil(rows / rows_per_block)
+    tiles = outer * math.ceil(cols // vector / threads)
     first = phase(
         tiles * chunks,
         threads * rows_per_block,

@@ -51,6 +51,14 @@ class Group:
     #: a column pattern's members on the reduced side (its reductions and what follows them)
     reduced: set = dataclasses.field(default_factory=set)
 
+    def add(self, index: int, kinds, reduced: bool) -> None:
+        """Make binding ``index`` (blocks of ``kinds``) a member; ``reduced``: on a column
+        pattern's reduced side."""
+        self.members.append(index)
+        self.kinds.extend(kinds)
+        if reduced:
+            self.reduced.add(index)
+
     @property
     def has_reduce(self) -> bool:
         """Whether the pattern reduces rows (column patterns: :attr:`column`)."""
@@ -157,10 +165,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             candidates = [group_of.get(producer.get(a, -1)) for a in reversed(inputs)]
             candidates += [g for a in inputs for g in column_readers.get(a, ())]
             for g in candidates:
-                if g is None or g.column != sig:
-                    continue
-                outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
-                if not any(g.gid in upstream.get(b, set()) for b in outside):
+                if (
+                    g is not None
+                    and g.column == sig
+                    and _convex(g, inputs, producer, group_of, upstream)
+                ):
                     chosen = g
                     break
             if chosen is None:
@@ -169,9 +178,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             for a in inputs:
                 if group_of.get(producer.get(a, -1)) is not chosen:
                     column_readers.setdefault(a, []).append(chosen)
-            chosen.members.append(i)
-            chosen.kinds.extend(column)
-            chosen.reduced.add(i)
+            chosen.add(i, column, reduced=True)
             group_of[i] = chosen
             up.discard(chosen.gid)
             _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
@@ -195,8 +202,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 if g.column is None and out[: len(g.rows)] != g.rows:
                     refused.append((var.name, f"output {out} is not in the row space {g.rows}"))
                     continue
-                outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not g]
-                if any(g.gid in upstream.get(b, set()) for b in outside):
+                if not _convex(g, inputs, producer, group_of, upstream):
                     refused.append((var.name, "joining would make the pattern non-convex"))
                     continue
                 chosen = g
@@ -210,10 +216,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 rows = out[:-1] if OpKind.ROW_REDUCE not in kinds else _reduce_rows(mod, binding)
                 chosen = Group(len(groups), rows)
                 groups.append(chosen)
-            chosen.members.append(i)
-            chosen.kinds.extend(kinds)
-            if chosen.column is not None and tuple(out) == chosen.rows:
-                chosen.reduced.add(i)
+            chosen.add(i, kinds, reduced=chosen.column is not None and tuple(out) == chosen.rows)
             group_of[i] = chosen
             up.discard(chosen.gid)
             _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
@@ -227,6 +230,13 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         if g not in kept and g not in columns and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
     return _pack(kept, bindings, upstream) + columns, refused
+
+
+def _convex(group, inputs, producer, group_of, upstream) -> bool:
+    """Whether a binding reading ``inputs`` can join ``group`` with no path leaving the group
+    and coming back (none of its inputs from outside depends on the group)."""
+    outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not group]
+    return not any(group.gid in upstream.get(b, set()) for b in outside)
 
 
 def _column_kinds(nodes) -> list[OpKind] | None:
@@ -335,8 +345,7 @@ def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings) -> None:
         j = producer.get(stack.pop())
         if j is None or j not in leaves or j in group_of:
             continue
-        group.members.append(j)
-        group.kinds.extend(leaves.pop(j))
+        group.add(j, leaves.pop(j), reduced=False)
         group_of[j] = group
         stack.extend(a for a in _call_args(bindings[j].value) if isinstance(a, relax.Var))
     group.members.sort()

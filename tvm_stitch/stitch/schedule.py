@@ -73,10 +73,10 @@ def schedule_pattern(
 
 
 def _schedule_pattern(func, hw, gpu, thread_only):
-    if not thread_only and _is_column_pattern(func):
-        return _schedule_columns(func, hw, gpu)
+    column = not thread_only and _is_column_pattern(func)
+    plan, apply = (column_plans, apply_column_plan) if column else (candidate_plans, apply_plan)
     try:
-        plans = candidate_plans(func, hw)
+        plans = plan(func, hw)
     except IllegalPatternError as err:
         return None, None, [str(err)]
     except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
@@ -86,13 +86,16 @@ def _schedule_pattern(func, hw, gpu, thread_only):
     plans = [p for p in plans[:FALLBACK_PLANS] if math.isfinite(p.latency_us)]
     if not plans:
         return None, None, ["no plan fits the SM"]
-    reasons = []
-    for plan in plans:
+    reasons, seen = [], set()
+    for candidate in plans:
         try:
-            return apply_plan(func, plan, gpu=gpu), plan, reasons
+            return apply(func, candidate, gpu=gpu), candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
             why = err if isinstance(err, IllegalPatternError) else repr(err)
-            reasons.append(f"plan refused ({plan.describe()}): {why}")
+            if column and str(why) in seen:
+                break  # a column pattern's reason, not the plan's: every plan would say it
+            seen.add(str(why))
+            reasons.append(f"plan refused ({candidate.describe()}): {why}")
     return None, None, reasons
 
 
@@ -101,26 +104,6 @@ def _is_column_pattern(func) -> bool:
         return is_column_pattern(func)
     except Exception:  # noqa: BLE001 - not analysable: the row planner says why
         return False
-
-
-def _schedule_columns(func, hw, gpu):
-    """:func:`_schedule_pattern` of a column pattern (:mod:`.columns`)."""
-    try:
-        plans = column_plans(func, hw)
-    except IllegalPatternError as err:
-        return None, None, [str(err)]
-    except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
-        return None, None, [repr(err)]
-    reasons, seen = [], set()
-    for plan in plans[:FALLBACK_PLANS]:
-        try:
-            return apply_column_plan(func, plan, gpu=gpu), plan, reasons
-        except IllegalPatternError as err:
-            if str(err) in seen:  # the pattern's, not the plan's: every plan would say it
-                break
-            seen.add(str(err))
-            reasons.append(f"plan refused ({plan.describe()}): {err}")
-    return None, None, reasons
 
 
 def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> tvm.tirx.PrimFunc:
