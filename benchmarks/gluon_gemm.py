@@ -1,6 +1,7 @@
 """A warp-specialized Hopper GEMM in Gluon with BERT's epilogues, against cuBLAS: a study.
 
-    python -m tvm_stitch.benchmarks.gluon_gemm [--compile-only] [--quick]
+    python -m tvm_stitch.benchmarks.gluon_gemm [--compile-only] [--quick] [--plain]
+        [--sched pingpong coop coop3] [--cases qkv out ffn1 ffn2]
 
 ``C = epilogue(A · Wᵀ)``, fp16, fp32 accumulation, W stored (N, K) as nn.Linear keeps it.
 Triton's pipeliner issues a tile's epilogue after its last product in the same warps, so the
@@ -13,7 +14,10 @@ of ``NB`` shared-memory slots and two **consumer warpgroups**, in one of two sch
   accumulator in one warpgroup), so one's epilogue runs while the other's products hold the
   tensor cores (CUTLASS's ``KernelTmaWarpSpecializedPingpong``);
 - ``coop``: both take the same tile, 64 rows each (CUTLASS's cooperative schedule): wider
-  tiles, the epilogue not overlapped.
+  tiles, the epilogue not overlapped;
+- ``coop3``: three consumers of 64 rows on a 192-row tile (cuBLAS's 192 × 128: a 4096 × 768
+  output in one wave of 132 tiles). The product alone (``--plain``) at 0.95–1.08× cuBLAS on an
+  H200 (2026-11-26): the form :mod:`tvm_stitch.codegen.gluon_gemm` generates.
 
 Output through shared memory and a TMA store (``store tma``) or from the accumulator's
 registers with pointers (``store ptr``, what a generated epilogue writing any index map needs).
@@ -61,8 +65,21 @@ CONFIGS = [
     ("pingpong", 128, 128, 64, 6),
     ("pingpong", 64, 256, 64, 5),
     ("coop", 128, 256, 64, 4),
+    # three consumer warpgroups of 64 rows on one 192-row tile (cuBLAS's nvjet 192 x 128
+    # form): 4096 rows are 22 row tiles, 768 columns 6 of 128 -- 132 tiles, one wave
+    ("coop3", 192, 128, 64, 4),
+    ("coop3", 192, 128, 64, 5),
+    ("coop3", 192, 128, 128, 2),
 ]
 MAXNREG, CONSUMER_REGS, LOAD_REGS = 168, 240, 24
+#: three consumer warpgroups and the loading warp (padded to a warpgroup: 512 threads) share
+#: 64 K registers: 128 each at launch, then 160 per consumer and 24 for the loader
+MAXNREG3, CONSUMER_REGS3 = 128, 160
+
+
+def consumers(sched: str) -> int:
+    """Consumer warpgroups on one tile beyond the first (0 for ``pingpong``'s own tiles)."""
+    return {"pingpong": 0, "coop": 1, "coop3": 2}[sched]
 
 # TMA's copies, renamed after Triton 3.6: the text works with either
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -113,33 +130,34 @@ def _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M
     tiles_n = gl.cdiv(N, BN)
     k_steps = gl.cdiv(K, BK)
     # pingpong: this consumer's tiles are every other one of the program's; coop: all of them
-    first = CI * (1 - COOP)
-    step = 2 - COOP
+    IS_COOP: gl.constexpr = COOP > 0
+    first = 0 if IS_COOP else CI
+    step = 1 if IS_COOP else 2
     j = first
     for t in range(gl.program_id(0) + first * gl.num_programs(0), tiles_m * tiles_n,
                    step * gl.num_programs(0)):
         pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, 8)
         g = j * k_steps
         acc = gl.zeros([ROWS, BN], gl.float32, acc_l)
-        if not COOP:
+        if not IS_COOP:
             # pingpong: the consumers' product loops take turns (the other's epilogue runs
             # meanwhile), which also keeps each within one phase of the ring's barriers
             mbarrier.wait(turn.index(CI), ((j // 2) & 1) ^ CI ^ 1)
         for kk in range(k_steps):
             slot = (g + kk) % NB
             mbarrier.wait(ready.index(slot), ((g + kk) // NB) & 1)
-            acc = warpgroup_mma(a_smem.index(slot * (COOP + 1) + CI * COOP),
+            acc = warpgroup_mma(a_smem.index(slot * (COOP + 1) + CI * IS_COOP),
                                 w_smem.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(1, deps=(acc, ))
             if kk > 0:
                 mbarrier.arrive(empty.index((g + kk - 1) % NB), count=1)
-        if not COOP:
+        if not IS_COOP:
             mbarrier.arrive(turn.index(1 - CI), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
         j += step
 
-        row0 = pid_m * BM + CI * COOP * ROWS
+        row0 = pid_m * BM + CI * IS_COOP * ROWS
         rm = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_l))
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
         inside = (rm < M)[:, None] & (rn < N)[None, :]
@@ -168,6 +186,44 @@ def _consume1(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, 
               COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
     _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
              BN, BK, NB, COOP, STORE_TMA, EPI)
+
+
+@gluon.jit
+def _consume2(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
+              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
+    _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 2, BM,
+             BN, BK, NB, COOP, STORE_TMA, EPI)
+
+
+@gluon.jit
+def gemm_ws3(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+             BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
+             EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+    # ``coop3``: three consumer warpgroups, each 64 rows of the tile, sharing W's tile
+    ROWS: gl.constexpr = BM // (COOP + 1)
+    a_smem = gl.allocate_shared_memory(gl.float16, [NB * (COOP + 1), ROWS, BK], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, BK], w_desc.layout)
+    c_smem = gl.allocate_shared_memory(gl.float16, [3, ROWS if STORE_TMA else 8, BN],
+                                       c_desc.layout)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    for i in gl.static_range(NB):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=COOP + 1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    gl.warp_specialize([
+        (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+                    0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+        (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+        (_consume2, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+        (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB, COOP)),
+    ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGS])
 
 
 @gluon.jit
@@ -203,7 +259,7 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    coop = int(sched == "coop")
+    coop = consumers(sched)
     rows = bm // (coop + 1)
     m, k = a.shape
     n = w.shape[0]
@@ -211,26 +267,37 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     w_desc = TensorDescriptor.from_tensor(w, [bn, bk], smem_layout(bn, bk, "float16"))
     c_desc = TensorDescriptor.from_tensor(c, [rows, bn], smem_layout(rows, bn, "float16"))
     grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
-                         NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
-                         CONSUMER_REGS=CONSUMER_REGS, LOAD_REGS=LOAD_REGS, num_warps=4,
-                         maxnreg=MAXNREG)
+    kernel, maxnreg, regs = _kernel(coop)
+    return kernel[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
+                        NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
+                        CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS, num_warps=4,
+                        maxnreg=maxnreg)
 
 
-def compile_only() -> None:
+def _kernel(coop):
+    """The kernel of a schedule, its register cap and its consumers' registers."""
+    if coop == 2:
+        return gemm_ws3, MAXNREG3, CONSUMER_REGS3
+    return gemm_ws, MAXNREG, CONSUMER_REGS
+
+
+def compile_only(scheds=None) -> None:
     """Every config compiled to sm_90a PTX here (no GPU): shared memory, wgmma, TMA counts."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
 
     for (sched, bm, bn, bk, nb), store_tma in itertools.product(CONFIGS, (True, False)):
-        coop = int(sched == "coop")
+        if scheds and sched not in scheds:
+            continue
+        coop = consumers(sched)
         rows = bm // (coop + 1)
+        kernel, maxnreg, regs = _kernel(coop)
         consts = dict(BM=bm, BN=bn, BK=bk, NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=2,
-                      CONSUMER_REGS=CONSUMER_REGS, LOAD_REGS=LOAD_REGS)
+                      CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS)
         boxes = dict(a_desc=(rows, bk), w_desc=(bn, bk), c_desc=(rows, bn))
         sig = {}
-        for name in gemm_ws.arg_names:
+        for name in kernel.arg_names:
             if name in boxes:
                 sig[name] = f"tensordesc<fp16[{boxes[name][0]},{boxes[name][1]}]," \
                             f"{smem_layout(*boxes[name], 'float16')!r}>"
@@ -238,12 +305,12 @@ def compile_only() -> None:
                 sig[name] = "constexpr"
             else:
                 sig[name] = "*fp16" if name in ("C", "bias", "res") else "i32"
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(gemm_ws.arg_names)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                  if name in ("C", "bias", "res", "N", "K")}
         try:
-            kern = triton_compile(GluonASTSource(gemm_ws, sig, consts, attrs),
+            kern = triton_compile(GluonASTSource(kernel, sig, consts, attrs),
                                   target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "maxnreg": MAXNREG})
+                                  options={"num_warps": 4, "maxnreg": maxnreg})
         except Exception as e:  # noqa: BLE001 - a config that does not compile is reported
             print(f"{sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: "
                   f"{str(e).strip().splitlines()[-1][:200]}")
@@ -254,7 +321,8 @@ def compile_only() -> None:
               f"{ptx.count('setmaxnreg')}, tma loads {ptx.count('cp.async.bulk.tensor.2d.shared')}")
 
 
-def run(quick=False, only=None, baselines=True, cases=None) -> list[dict]:
+def run(quick=False, only=None, baselines=True, cases=None, scheds=None,
+        plain=False) -> list[dict]:
     """Time every config and epilogue on the GPU next to the PyTorch baselines of the same run."""
     import torch
     import torch.nn.functional as F
@@ -263,9 +331,10 @@ def run(quick=False, only=None, baselines=True, cases=None) -> list[dict]:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for case, (m, n, k, epi) in SHAPES.items():
+    for case, (m, n, k, epilogue) in SHAPES.items():
         if cases and case not in cases:
             continue
+        epi = 0 if plain else epilogue  # plain: the product alone, against cuBLAS's
         torch.manual_seed(0)
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k ** 0.5
@@ -274,7 +343,7 @@ def run(quick=False, only=None, baselines=True, cases=None) -> list[dict]:
         wt = w.t().contiguous()
 
         def torch_ref(x=a, w=w, bias=bias, res=res, epi=epi):
-            y = F.linear(x, w, bias)
+            y = F.linear(x, w, bias if epi else None)
             if epi == 2:
                 y = F.gelu(y)
             elif epi == 3:
@@ -296,6 +365,8 @@ def run(quick=False, only=None, baselines=True, cases=None) -> list[dict]:
         if only is not None:
             configs = [CONFIGS[only]]
         for (sched, bm, bn, bk, nb), store_tma in itertools.product(configs, (True, False)):
+            if scheds and sched not in scheds:
+                continue
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
 
             def call(c=c, cfg=(sched, bm, bn, bk, nb, store_tma), ops=(a, w), more=(bias, res),
@@ -328,11 +399,13 @@ def main(argv=None) -> int:
     parser.add_argument("--config", type=int, help="only CONFIGS[i] (a crash ends one process)")
     parser.add_argument("--no-baselines", action="store_true", help="cuBLAS's matmul only")
     parser.add_argument("--cases", nargs="*", help=f"some of {list(SHAPES)}")
+    parser.add_argument("--sched", nargs="*", help="some of pingpong, coop, coop3")
+    parser.add_argument("--plain", action="store_true", help="no epilogue: the product only")
     args = parser.parse_args(argv)
     if args.compile_only:
-        compile_only()
+        compile_only(args.sched)
     else:
-        run(args.quick, args.config, not args.no_baselines, args.cases)
+        run(args.quick, args.config, not args.no_baselines, args.cases, args.sched, args.plain)
     return 0
 
 

@@ -444,8 +444,12 @@ def _launch(config: dict) -> dict:
 
 def launch_options(source, config: dict) -> dict:
     """Triton's compile options of ``source`` launched with ``config``: warps and pipeline
-    stages, or for the warp-specialized attention (``WS``) its 4 warps per partition and the
-    register limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
+    stages, or for a warp-specialized form (``WS``) its 4 warps per partition and the register
+    limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
+    if config.get("WS") and source.family == "gemm":
+        from .gluon_gemm import WS_GEMM_REGS
+
+        return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}
     if config.get("WS"):
         from .gluon_attention import WS_MAXNREG
 
@@ -457,7 +461,8 @@ def _tag(config: dict) -> str:
     tiles = "x".join(str(config[k]) for k in sorted(config) if k.startswith("BLOCK_"))
     persistent = "p" if config.get("PERSISTENT") else ""
     persistent += "d" if config.get("TMA_STORE") else ""  # stores through descriptors
-    tma = "ws" if config.get("WS") else "t" if config.get("TMA") else ""
+    ws = config.get("WS")
+    tma = (f"ws{'' if ws is True else int(ws)}" if ws else "t" if config.get("TMA") else "")
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
             f"{persistent}{tma}{split}")

@@ -185,9 +185,10 @@ class KernelSource:
         A GEMM whose persistent formulation can store its outputs by TMA (constexpr
         ``TMA_STORE``).
     ws : str, optional
-        An attention's warp-specialized Gluon form (:mod:`.gluon_attention`), the text of a
-        module defining a kernel of the same name and pointer arguments, after the TMA
-        descriptors ``ws_descs`` of Q, K and V; a config with ``WS`` launches it.
+        A warp-specialized Gluon form (an attention's, :mod:`.gluon_attention`, or a GEMM's,
+        :mod:`.gluon_gemm`), the text of a module defining a kernel of the same name and
+        pointer arguments, then the TMA descriptors ``ws_descs``; a config with ``WS``
+        launches it (a GEMM's ``WS`` is its consumer warpgroups).
     """
 
     name: str
@@ -213,7 +214,7 @@ class KernelSource:
         ext = match.frame.extents
         if self.family == "gemm":
             tiles = _gemm_tiles(match, config)
-            if self.persistent and config.get("PERSISTENT"):
+            if self.persistent and (config.get("PERSISTENT") or config.get("WS")):
                 return (min(config["NUM_SMS"], tiles), 1)
             return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
         if self.family == "attention":
@@ -233,9 +234,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _gemm_tiles(match, config: dict) -> int:
-    """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``."""
+    """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``: a
+    warp-specialized launch's tile is ``WS`` consumers' ``BLOCK_M`` rows each."""
     tiles_n = sum(_cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
-    return _cdiv(match.frame.extents["m"], config["BLOCK_M"]) * tiles_n
+    rows = config["BLOCK_M"] * int(config.get("WS") or 1)
+    return _cdiv(match.frame.extents["m"], rows) * tiles_n
 
 
 def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> dict:
@@ -245,7 +248,8 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     consts = {"GROUP_M": 8, "PERSISTENT": False, "TMA": False, "TMA_STORE": False,
               "NUM_SMS": 1, "SPLIT_K": 1, **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
-    consts.setdefault("NB", config.get("num_stages", 2))  # the Gluon attention's ring slots
+    consts.setdefault("NB", config.get("num_stages", 2))  # a Gluon kernel's ring slots
+    consts["CONSUMERS"] = int(config.get("WS") or 1)  # the Gluon GEMM's consumer warpgroups
     if consts["PERSISTENT"]:
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out
@@ -851,8 +855,15 @@ def gemm_source(match, name: str) -> KernelSource:
     descs = () if isinstance(layout, str) else descs
     text = _function(match, name, inputs, outputs, constexprs, body,
                      [*workspace, *(d.name for d in descs)])
+    from .gluon_gemm import gemm_ws_source, ws_descriptors, ws_legality
+
+    why = ws_legality(match)
+    if why:
+        logger.info("%s: no warp-specialized form: %s", match.describe(), why)
     return KernelSource(name, text, inputs, outputs, {}, "gemm", persistent=not isinstance(
-        layout, str), split_k=split, descs=descs, tma_store="TMA_STORE" in constexprs)
+        layout, str), split_k=split, descs=descs, tma_store="TMA_STORE" in constexprs,
+        ws=None if why else gemm_ws_source(match, name),
+        ws_descs=() if why else ws_descriptors(match, *descs[:2]))
 
 
 def _split_reduction(products: int) -> list[str]:

@@ -257,7 +257,7 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
         float(launch.get("num_warps", 4)),
         float(launch.get("num_stages", 3)),
         float(bool(launch.get("PERSISTENT", False)) and w.persistent),
-        float(bool(launch.get("WS")) and w.family == "attention"),
+        float(bool(launch.get("WS"))),  # a warp-specialized Gluon form (either family)
         math.log2(t["split"]),
         math.log2(t["programs"]),
         float(t["waves"]),

@@ -77,6 +77,19 @@ def ws_seeds() -> list[dict]:
             for n, slots in WS_TILES]
 
 
+def gemm_ws_seeds() -> list[dict]:
+    """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.codegen.gluon_gemm`): a consumer
+    warpgroup's 64 rows, the column and k tiles, ``WS`` consumers and the ring's slots."""
+    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config
+
+    seeds = []
+    for tiles in WS_GEMM_TILES:
+        config = ws_config(*tiles)
+        seeds.append({"m": config.pop("BLOCK_M"), "n": config.pop("BLOCK_N"),
+                      "k": config.pop("BLOCK_K"), "launch": config})
+    return seeds
+
+
 def _search(
     spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
     workload=None, cost=None, split=False,
@@ -285,6 +298,9 @@ def tune_generated(
 
         template, tfamily = tk.gemm_config, "gemm_epilogue"
         launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
+        if source.ws and on_device:  # the warp-specialized Gluon form, measured at its tiles
+            # (measured only, as TMA stores: the model prices it as the Triton form)
+            seeds = [*seeds, *gemm_ws_seeds()]
     else:
         d = ext["d"]
         spec = ChainSpec.gemm_chain(

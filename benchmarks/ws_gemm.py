@@ -1,0 +1,150 @@
+"""BERT's GEMMs with their epilogues as the pipeline generates them, in the warp-specialized Gluon
+form (:mod:`tvm_stitch.codegen.gluon_gemm`, every tiling the search seeds) and the Triton form's
+persistent tiles, against cuBLAS in the same process (issue 11, item 1).
+
+    python -m tvm_stitch.benchmarks.ws_gemm [--batch 8] [--seq 512] [--no-hoist] [--separate]
+
+Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
+builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
+residual) at ``batch × seq`` tokens, launched as the search launches them
+(:func:`~tvm_stitch.tune.kernels.generated_runner`, random inputs). Baselines:
+``torch.matmul`` (cuBLAS, no epilogue), ``F.linear`` with the bias, and ``F.linear`` followed by
+a GELU or a residual add (two kernels, as PyTorch runs BERT's epilogues), on the same shapes.
+``--no-hoist`` also times the Gluon form with the epilogue's reads after the product loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import tvm
+
+TRITON_FORMS = [
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+     "PERSISTENT": True, "TMA_STORE": True},
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+     "PERSISTENT": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4,
+     "PERSISTENT": True, "TMA_STORE": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+     "PERSISTENT": False},
+]
+
+
+def gemms(batch: int, seq: int, dtype: str = "float16", joined: bool = True) -> list:
+    """``(match, source, shapes)`` of each distinct GEMM kernel of BERT-base at batch × seq;
+    ``joined``: Q, K and V read their weights joined (the pipeline's ``lift_params``)."""
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.analysis.weights import join_weights, weight_tensors
+    from tvm_stitch.codegen.triton_gen import kernel_source
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+    from tvm_stitch.workloads import get_workload
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    # one encoder layer: every layer's kernels are the same ones
+    inst = get_workload("bert-base").instance(dtype, batch=batch, seq=seq, layers=1)
+    mod = run_until(inst.mod, target, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    weights = weight_tensors(graph, mod[inst.func])
+    out, seen = [], set()
+    for found in (m for m in recognize(graph).matches if m.family == "gemm"):
+        match = found
+        if joined and len(found.segments) > 1:
+            match, _ = join_weights(found, weights)
+        source = kernel_source(match)
+        if source.name not in seen:
+            seen.add(source.name)
+            shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                      for t in [*source.inputs, *source.outputs] if t in graph.tensors}
+            b = match.views["b0.0"]  # a joined weight
+            shapes.setdefault(b.tensor, (b.shape, b.dtype))
+            out.append((match, source, shapes))
+    return out
+
+
+def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from tvm_stitch import HardwareModel
+    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, gemm_ws_source, ws_config
+    from tvm_stitch.tune.kernels import generated_runner
+    from tvm_stitch.tune.measure import time_torch
+
+    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    rows = []
+    for match, source, shapes in gemms(batch, seq, joined=joined):
+        ext = match.frame.extents
+        m, k = ext["m"], ext["k"]
+        n = sum(s.n for s in match.segments)
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k ** 0.5
+        bias = torch.randn(n, device="cuda", dtype=torch.float16)
+        wt = w.t().contiguous()
+        res = torch.randn(m, n, device="cuda", dtype=torch.float16)
+        base = {
+            "matmul": time_torch(lambda x, wt=wt: torch.matmul(x, wt), [a], "cuda"),
+            "linear": time_torch(lambda x, w=w, b=bias: F.linear(x, w, b), [a], "cuda"),
+            # what eager PyTorch (and torch.compile, around cuBLAS) runs for BERT's epilogues
+            "linear+gelu": time_torch(lambda x, w=w, b=bias: F.gelu(F.linear(x, w, b)), [a],
+                                      "cuda"),
+            "linear+res": time_torch(lambda x, w=w, b=bias, r=res: F.linear(x, w, b) + r, [a],
+                                     "cuda"),
+        }
+        flops = 2 * m * n * k
+        print(f"{match.describe()}: cuBLAS matmul {base['matmul']:.1f} us "
+              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
+              f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
+              flush=True)
+        forms = [(dict(c), "triton") for c in TRITON_FORMS]
+        if source.ws:
+            forms += [(ws_config(*tiles), "gluon") for tiles in WS_GEMM_TILES]
+        variants = [("", source)]
+        if source.ws and hoist_variant:
+            variants.append(("no-hoist", dataclasses.replace(
+                source, ws=gemm_ws_source(match, source.name, hoist=False))))
+        for tag, src in variants:
+            runner = generated_runner(match, src, shapes, hw=hw)
+            for config, kind in forms:
+                if tag and kind != "gluon":
+                    continue
+                if config.get("PERSISTENT") and not src.persistent:
+                    continue
+                if config.get("TMA_STORE") and not src.tma_store:
+                    continue
+                try:
+                    us = time_torch(runner(config), [], "cuda", budget_ms=30)
+                except Exception as e:  # noqa: BLE001 - a form that fails is reported
+                    print(f"  {kind} {config}: {type(e).__name__}: {str(e).splitlines()[-1][:120]}")
+                    continue
+                row = dict(kernel=match.describe(), form=kind + (f" {tag}" if tag else ""),
+                           config=config, us=us, **{f"{b}_us": v for b, v in base.items()})
+                rows.append(row)
+                print(f"  {row['form']:16s} {json.dumps(config)}: {us:6.1f} us "
+                      f"({flops / us / 1e6:4.0f} TFLOP/s) matmul {base['matmul'] / us:.2f}x "
+                      f"linear {base['linear'] / us:.2f}x", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--no-hoist", action="store_true")
+    parser.add_argument("--separate", action="store_true",
+                        help="Q, K and V over their own weights (not joined)")
+    parser.add_argument("--json-out")
+    args = parser.parse_args(argv)
+    rows = run(args.batch, args.seq, args.no_hoist, not args.separate)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""The warp-specialized Gluon form of the generated GEMM (tvm_stitch.codegen.gluon_gemm): when it
+applies and why not, its sm_90a PTX on any machine, its numerics against the TE reference on
+the GPU (Gluon has no interpreter), the search seeding it, and a stored choice built by the
+pipeline."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_stitch.analysis.recognize import recognize
+from tvm_stitch.analysis.weights import join_weights, weight_tensors
+from tvm_stitch.codegen import embed
+from tvm_stitch.codegen.gluon_attention import gluon_version
+from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config, ws_legality
+from tvm_stitch.codegen.triton_gen import kernel_source
+from tvm_stitch.graph import build_graph
+from tvm_stitch.pipeline import run_until
+from tvm_stitch.workloads import get_workload
+
+pytestmark = pytest.mark.skipif(gluon_version() is not None, reason=str(gluon_version()))
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def _gemms(name, dtype="float16", joined=False, **params):
+    """``(match, source, shapes, graph)`` of each distinct GEMM kernel of a workload; with
+    ``joined``, banded GEMMs read their weights joined (``lift_params``)."""
+    inst = get_workload(name).instance(dtype, **params)
+    mod = run_until(inst.mod, CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    weights = weight_tensors(graph, mod[inst.func]) if joined else None
+    out, seen = [], set()
+    for found in (m for m in recognize(graph).matches if m.family == "gemm"):
+        match = found
+        if joined and len(found.segments) > 1:
+            match, _ = join_weights(found, weights)
+        source = kernel_source(match)
+        if source.name in seen:
+            continue
+        seen.add(source.name)
+        shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                  for t in [*source.inputs, *source.outputs] if t in graph.tensors}
+        joined_b = match.views["b0.0"]  # a joined weight: the bands' weights side by side
+        if joined_b.tensor not in shapes:
+            shapes[joined_b.tensor] = (joined_b.shape, joined_b.dtype)
+        out.append((match, source, shapes, graph))
+    return out
+
+
+def _ws(*tiles):
+    return {**ws_config(*tiles), "NUM_SMS": 132}
+
+
+def _by_shape(gemms, text):
+    return next(g for g in gemms if text in g[0].describe())
+
+
+def test_warp_specialized_gemm_compiles_for_hopper():
+    """BERT's FFN-in at 200 tokens (bias + GELU): three consumer warpgroups and the loading
+    warp's (512 threads, 128 registers, 160 per consumer after setmaxnreg) or two (384, 168,
+    240); TMA loads behind mbarriers, asynchronous wgmma, the output stored by TMA; the bias
+    read before the product loop; descriptors made by the host; a symbol per consumer count."""
+    match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
+    assert ws_legality(match) is None and "gl.warp_specialize" in source.ws
+    text = source.ws[source.ws.index("def _consume("):]
+    assert text.index("gl.load(I") < text.index("for kk in range(k_steps)")  # hoisted bias
+    assert "(rm < 200)[:, None]" not in text  # the bias has no rows: no mask needed
+    symbols = set()
+    for consumers, threads, limit, regs in ((3, 512, 128, 160), (2, 384, 168, 240)):
+        launch = embed.generated_launch(source, match, _ws(consumers, 128, 64, 4),
+                                        shapes)
+        ptx = re.sub(r"\s+", " ", launch.ptx)
+        assert f".reqntid {threads}" in ptx and f".maxnreg {limit}" in ptx
+        assert f"setmaxnreg.inc.sync.aligned.u32 {regs}" in ptx
+        assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx
+        assert "cp.async.bulk.tensor.2d.shared::" in ptx  # TMA loads
+        assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx  # the TMA store
+        assert "mbarrier.try_wait" in ptx
+        assert str(launch.func).count("tensormap_encode_tiled") == 3  # A, B, the output
+        # two row tiles (192 or 128 rows) of 24 column tiles, a program each
+        assert source.grid(_ws(consumers, 128, 64, 4), match) == (2 * 24, 1)
+        symbols.add(launch.symbol)
+    assert len(symbols) == 2 and all("ws" in s for s in symbols)
+
+
+def test_epilogue_reads_of_the_warp_specialized_form_are_masked():
+    """A residual read in the epilogue (FFN-out): its rows are masked (a 192-row tile divides
+    no power of two) and it is issued before the product loop."""
+    _, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x768x3072")
+    text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
+    loads = [line for line in text.splitlines() if "gl.load(" in line]
+    assert any("(rm < 200)[:, None]" in line for line in loads)
+    assert all(text.index(line) < text.index("for kk in range(k_steps)") for line in loads)
+
+
+@pytest.mark.parametrize(
+    "name,dtype,params,shape,reason",
+    [
+        ("bert-base", "float16", dict(batch=1, seq=200), "3 bands", "different B tensors"),
+        ("bert-base", "float32", dict(batch=1, seq=64), "64x768x768", "16-bit float"),
+    ],
+)
+def test_warp_specialized_gemm_says_why_not(name, dtype, params, shape, reason):
+    match, source, _, _ = _by_shape(_gemms(name, dtype, **params), shape)
+    assert reason in ws_legality(match) and source.ws is None
+
+
+def test_joined_bands_share_the_warp_specialized_form():
+    """Q, K and V with their weights joined (``lift_params``): one B descriptor read at the
+    tile's band's columns, an epilogue and an output descriptor per band (LLaMA's bands of
+    160, 80 and 80 columns)."""
+    for name, params, widths in (("bert-base", dict(batch=1, seq=200), (768, 768, 768)),
+                                 ("llama-tiny", {}, (160, 80, 80))):
+        (match, source, shapes, _), = [g for g in _gemms(name, joined=True, layers=1, **params)
+                                       if len(g[0].segments) == 3]
+        assert ws_legality(match) is None, ws_legality(match)
+        text = source.ws
+        assert f"off_n = {widths[0]} + (pid_n - (t0)) * BLOCK_N" in text
+        assert f"off_n = {widths[0] + widths[1]} + (pid_n - (t0 + t1)) * BLOCK_N" in text
+        assert [d.name for d in source.ws_descs] == ["a_desc", "b_desc", "o0_desc", "o1_desc",
+                                                     "o2_desc"]
+        for si in range(3):
+            assert f"_tma_store(o{si}_desc" in text
+        launch = embed.generated_launch(source, match, _ws(*WS_GEMM_TILES[0]), shapes)
+        assert str(launch.func).count("tensormap_encode_tiled") == 5
+
+
+def test_search_seeds_the_warp_specialized_gemm():
+    """The GEMM search measures the Gluon form at its tilings (launch ``WS``: consumers)."""
+    from tvm_stitch.tune.kernels import gemm_ws_seeds
+
+    seeds = gemm_ws_seeds()
+    assert [(s["launch"]["WS"], s["n"], s["k"], s["launch"]["num_stages"]) for s in seeds] == list(
+        WS_GEMM_TILES) and all(s["m"] == 64 for s in seeds)
+
+
+def test_a_stored_warp_specialized_gemm_is_built(tmp_path, monkeypatch):
+    """The tuning database's choice of the Gluon form is what the pipeline embeds (three
+    descriptors encoded by the host), and the library exports."""
+    from tvm_stitch.passes.mcfuser import tuning_key
+
+    import tvm_stitch
+    from tvm_stitch.tune.database import TuningDatabase
+
+    match, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
+    db = TuningDatabase(tmp_path / "tuning.json")
+    hw = tvm_stitch.HardwareModel.from_target(CUDA)
+    db.put(tuning_key(db, match, source, hw), _ws(*WS_GEMM_TILES[0]), time_us=1.0)
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "tuning.json"))
+    inst = get_workload("bert-base").instance("float16", batch=1, seq=200)
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    ex.export_library(str(tmp_path / "mod.so"))
+    blob = (tmp_path / "mod.so").read_bytes()
+    assert b"setmaxnreg" in blob and b".reqntid 512" in blob
+    assert b"cuTensorMapEncodeTiled" in blob
+
+
+#: GEMMs as models bring them: token counts no tile divides (200: a 192-row tile and a
+#: nearly empty one), hidden sizes below a tile (BERT-tiny's 128), bias, GELU and residual
+CASES = [
+    ("bert-base", dict(batch=1, seq=200)),
+    ("bert-base", dict(batch=1, seq=200, layers=1, joined=True)),
+    ("hf-bert-tiny", dict(batch=3, seq=45, joined=True)),
+    ("llama-tiny", dict(layers=1, joined=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,params", CASES)
+def test_warp_specialized_gemm_numerics(name, params):
+    """Every tiling of the Gluon form against the TE reference compiled for the CPU."""
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    from tvm_stitch.codegen.te_reference import reference_func
+    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, torch_descriptors
+
+    checked = 0
+    for match, source, shapes, graph in _gemms(name, **params):
+        if source.ws is None:
+            continue
+        rng = np.random.default_rng(0)
+        inputs = []
+        for t in source.inputs:
+            value = graph.values.get(t) if t in graph.tensors else None
+            shape, dt = shapes[t]
+            if isinstance(value, tvm.ir.expr.Constant):
+                inputs.append(value.value.numpy())
+            else:
+                inputs.append((rng.standard_normal(shape) * 0.5).astype(dt))
+        ex = tvm.compile(tvm.IRModule({"main": reference_func(match, source, shapes)}), "llvm")
+        refs = [tvm.runtime.tensor(np.zeros(shapes[t][0], shapes[t][1]))
+                for t in source.outputs]
+        ex["main"](*[tvm.runtime.tensor(a) for a in inputs], *refs)
+        args = [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in inputs]
+        ran = 0
+        for tiles in WS_GEMM_TILES:
+            config = _ws(*tiles)
+            fn = load(source, config)
+            consts = launch_constexprs(source, match, config, fn.arg_names)
+            outs = [torch.full(tuple(shapes[t][0]), float("nan"),
+                               dtype=getattr(torch, shapes[t][1]), device="cuda")
+                    for t in source.outputs]
+            descs = torch_descriptors(source, config, consts, args, outs)
+            grid = source.grid(config, match)
+            try:
+                fn[grid](*args, *outs, **descs, **consts,
+                         **embed.launch_options(source, config))
+            except OutOfResources:  # as the search: a tiling that does not fit is not run
+                continue
+            torch.cuda.synchronize()
+            ran += 1
+            for ref, out in zip(refs, outs):
+                r = ref.numpy().astype("float32")
+                g = out.float().cpu().numpy()
+                err = float(np.abs(g - r).max())
+                assert np.isfinite(g).all() and err <= 2e-2 * max(1.0, float(np.abs(r).max())), (
+                    f"{match.describe()} {tiles}: max error {err}")
+        assert ran, f"{match.describe()}: no tiling fits"
+        checked += 1
+    assert checked >= 1

@@ -1,0 +1,399 @@
+"""The generated GEMM's warp-specialized Hopper form, printed in Gluon (CUTLASS's cooperative
+schedule, cuBLAS's ``192 × 128`` tiles).
+
+Triton's tiles are powers of two, and at 4096 tokens a 768-column output is 96 tiles of
+128 × 256 or 192 of 128 × 128 on 132 SMs: 73% of the SMs busy, or a second wave a third full.
+cuBLAS runs such GEMMs as 192 × 128 tiles (``nvjet_sm90_hsh_192x128``: three consumer
+warpgroups of 64 rows, one wave of 128–132 tiles; ``h100-joined-weights-2026-11-25.md``).
+Gluon states the program itself, so the form printed here is:
+
+* **persistent**: a program per SM walks the output tiles (row tiles grouped by ``GROUP_M``
+  so consecutive tiles share B's columns in L2);
+* a tile is ``CONSUMERS`` × ``BLOCK_M`` rows (``BLOCK_M`` = 64, one warpgroup's ``wgmma``)
+  by ``BLOCK_N`` columns: each of ``CONSUMERS`` **consumer warpgroups** (2 or 3; launch option
+  ``WS``) multiplies its own 64 rows of A by the tile's B, which all of them read from the same
+  shared memory;
+* one **loading warp** brings each k step's A pieces and B tile by TMA (host-made descriptors,
+  :class:`~tvm_stitch.codegen.triton_gen.Descriptor`, the Triton form's own) into a ring of
+  ``NB`` slots (``ready``/``empty`` mbarriers; a slot is refilled once every consumer has
+  arrived on it), running ahead into the next tile while the consumers compute an epilogue;
+* each consumer keeps one ``wgmma`` in flight (it waits for the previous one, then frees its
+  slot), and registers move to the consumers (``setmaxnreg``);
+* the **epilogue** is the Triton form's, printed by the same
+  :class:`~tvm_stitch.codegen.triton_gen.ElemPrinter` with Gluon's names; the loads that do
+  not depend on the product (bias, residual) are issued before the product loop, their
+  latency hidden by it, and the output leaves through shared memory by a **TMA store**
+  (from the accumulator's registers with pointers the kernel took 1.4× longer; H200, call 2
+  of 2026-11-26);
+* **bands** (Q, K and V over their joined weights, ``lift_params``): one B descriptor read at
+  the tile's band's columns, each band's own epilogue and output descriptor.
+
+Standalone on an H200 (``python -m tvm_stitch.benchmarks.gluon_gemm --plain --sched coop3``,
+192 × 128 × 64 with 4 slots): BERT's four GEMMs at 4096 tokens 0.95–1.08× cuBLAS, where the
+Triton form's best are 0.80–1.0×.
+
+The form is a launch option of the GEMM search (``WS``: the consumer count, with ``BLOCK_M``
+64 and ``num_stages`` the ring's slots), measured against the Triton forms; the tuning database
+carries the choice.  :func:`ws_legality` says when it applies.  Gluon has no interpreter: the
+numerics are tested on the GPU host, the compilation to sm_90a PTX on any machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tvm_stitch.analysis.elem import Leaf
+from tvm_stitch.codegen.gluon_attention import _hoisted, gluon_version
+from tvm_stitch.codegen.triton_gen import (
+    Descriptor,
+    ElemPrinter,
+    UnsupportedKernelError,
+    _extra_views,
+    _n_axis,
+    _pointers,
+    _tma_unreadable,
+    tma_layout,
+)
+
+#: a consumer warpgroup's rows (one ``wgmma`` instruction's M)
+WS_GEMM_ROWS = 64
+#: consumer warpgroups -> (the launch's register limit, a consumer's registers after
+#: ``setmaxnreg``): the loading warp's partition is padded to a warpgroup, so 2 consumers make
+#: 384 threads (168 each at launch; 2 × 240 + 24 after) and 3 make 512 (128; 3 × 160 + 24)
+WS_GEMM_REGS = {2: (168, 240), 3: (128, 160)}
+WS_GEMM_LOAD_REGS = 24
+#: ``(consumers, BLOCK_N, BLOCK_K, ring slots)`` the search measures: 192 × 128 (cuBLAS's
+#: tile; 4 slots and the output's staging tiles take 213 KB of shared memory) and 128 × 128
+#: (a tile of 128 tokens). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens on an
+#: H200: cooperative 128 × 256, and ping-pong schedules (two consumers taking whole tiles in
+#: turns, one's epilogue behind the other's products; BERT's FFN-in with its GELU tied the
+#: Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end; 2026-11-26)
+WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5))
+#: the widest column tile: a consumer holds 64 × BLOCK_N float32 accumulators (bounds checks
+#: along a band's columns are left out where this many divide them, as in the Triton form)
+WS_GEMM_MAX_N = 256
+
+
+def ws_config(consumers: int, bn: int, bk: int, slots: int) -> dict:
+    """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller)."""
+    return {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
+            "num_stages": slots, "WS": consumers}
+
+
+def ws_legality(match) -> str | None:
+    """Why the warp-specialized Gluon form cannot compute the GEMM ``match``, or None.
+
+    One product per band, A and B 16-bit floats of one type that TMA reads (the persistent
+    Triton form's :func:`~.triton_gen.tma_layout`: bands are consecutive columns of one B, as
+    Q, K and V joined), products in float32, no row statistics, and one output per band that
+    TMA stores (a staging tile per consumer, shared by the bands: one dtype)."""
+    if match.family != "gemm":
+        return "not a GEMM"
+    why = gluon_version()
+    if why:
+        return why
+    layout = tma_layout(match)
+    if isinstance(layout, str):
+        return f"TMA cannot read the operands: {layout}"
+    dtypes = {match.views["a"].dtype, match.views["b0.0"].dtype, match.dtype}
+    if not dtypes <= {"float16", "bfloat16"} or len(dtypes) != 1:
+        return f"operands hold {sorted(dtypes)}, not one 16-bit float type"
+    if match.acc_dtype != "float32":
+        return f"{match.acc_dtype} accumulators"
+    if match.statistics:
+        return "row statistics"
+    for si, seg in enumerate(match.segments):
+        if len(seg.outputs) != 1:
+            return f"{len(seg.outputs)} outputs of a band (one TMA staging tile per consumer)"
+        if seg.outputs[0].chunk:
+            return f"band {si} writes row moments"
+        # stores from the accumulator's registers took 1.4x the time (H200, 2026-11-26)
+        why = _tma_unreadable(match.views[f"out{si}.0"], _n_axis(match.views[f"b{si}.0"]), "m")
+        if why:
+            return f"TMA cannot store band {si}'s output: it {why}"
+    dtypes = {match.views[f"out{si}.0"].dtype for si in range(len(match.segments))}
+    if len(dtypes) != 1:
+        return f"bands write {sorted(dtypes)} (one staging tile per consumer)"
+    return None
+
+
+def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
+    """The kernel's descriptors: the Triton form's A and B, then each band's output
+    (``o<band>_desc``, boxes of a consumer's rows)."""
+    m = match.frame.extents["m"]
+    outs = []
+    for si, seg in enumerate(match.segments):
+        view = match.views[f"out{si}.0"]
+        outs.append(Descriptor(f"o{si}_desc", seg.outputs[0].tensor, view.dtype, view.offset, m,
+                               seg.n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
+    return (a_desc, b_desc, *outs)
+
+
+_GL_CALLS = [(r"\btl\.math\.erf\(", "gl.erf("), (r"\btl\.sigmoid\(", "_sigmoid("),
+             (r"\btl\.", "gl.")]
+
+
+def _gluon(line: str) -> str:
+    for pattern, repl in _GL_CALLS:
+        line = re.sub(pattern, repl, line)
+    return line
+
+
+_TEXT = '''"""Generated by tvm_stitch.codegen.gluon_gemm: {describe}"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+# TMA's copies (renamed after Triton 3.6): the text works with either
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.constexpr_function
+def _acc_layout(n):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + gl.exp(-x))
+
+
+@gluon.jit
+def _erf_abs(x):
+    # tvm_stitch.codegen.triton_kernels._erf_abs: erf to 1.1e-7 absolute, one ex2, 8 FMAs
+    t = gl.minimum(gl.abs(x), 3.92)
+    p = -4.535461630e-05 * t + 4.454722512e-04
+    p = p * t - 1.489320071e-03
+    p = p * t - 7.748364005e-04
+    p = p * t + 2.825386636e-02
+    p = p * t - 1.484816968e-01
+    p = p * t - 9.184163809e-01
+    p = p * t - 1.627908587e00
+    r = 1.0 - gl.exp2(p * t)
+    return gl.where(x < 0, -r, r)
+
+
+@gluon.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = gl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@gluon.jit
+def _load(a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+          NB: gl.constexpr, CONSUMERS: gl.constexpr):
+    # the loading warp: every k step of the program's tiles, in order, into the ring
+    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{tiles_n}
+    g = 0
+    for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, GROUP_M)
+{off_n}
+        for kk in range(gl.cdiv({k}, BLOCK_K)):
+            slot = g % NB
+            mbarrier.wait(empty.index(slot), ((g // NB) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot),
+                            CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            for c in gl.static_range(CONSUMERS):
+                _tma_load(a_desc, [(pid_m * CONSUMERS + c) * BLOCK_M, kk * BLOCK_K],
+                          ready.index(slot), a_smem.index(slot * CONSUMERS + c))
+            _tma_load(b_desc, {b_box}, ready.index(slot), b_smem.index(slot))
+            g += 1
+
+
+@gluon.jit
+def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, C: gl.constexpr,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+             GROUP_M: gl.constexpr, NB: gl.constexpr, CONSUMERS: gl.constexpr):
+    # consumer warpgroup C: rows C * BLOCK_M .. of each of the program's tiles
+    ACC_L: gl.constexpr = _acc_layout(BLOCK_N)
+    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{tiles_n}
+    k_steps = gl.cdiv({k}, BLOCK_K)
+    g = 0  # ring steps consumed
+    for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, GROUP_M)
+        row0 = (pid_m * CONSUMERS + C) * BLOCK_M
+        rm = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC_L))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ACC_L))
+        # the epilogue's reads that do not depend on the product, in flight during it
+{hoisted}
+        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, ACC_L)
+        for kk in range(k_steps):
+            slot = (g + kk) % NB
+            mbarrier.wait(ready.index(slot), ((g + kk) // NB) & 1)
+            acc0 = warpgroup_mma(a_smem.index(slot * CONSUMERS + C), {b_operand}, acc0,
+                                 is_async=True)
+            acc0 = warpgroup_mma_wait(1, deps=(acc0, ))
+            if kk > 0:
+                mbarrier.arrive(empty.index((g + kk - 1) % NB), count=1)
+        acc0 = warpgroup_mma_wait(0, deps=(acc0, ))
+        mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
+        g += k_steps
+        tma.store_wait(0)  # the staging tile's last store has left
+{epilogue}
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consume1({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+              BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+              NB: gl.constexpr, CONSUMERS: gl.constexpr):
+    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 1, BLOCK_M, BLOCK_N,
+             BLOCK_K, GROUP_M, NB, CONSUMERS)
+
+
+@gluon.jit
+def _consume2({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+              BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+              NB: gl.constexpr, CONSUMERS: gl.constexpr):
+    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 2, BLOCK_M, BLOCK_N,
+             BLOCK_K, GROUP_M, NB, CONSUMERS)
+
+
+@gluon.jit
+def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+           BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NB: gl.constexpr,
+           CONSUMERS: gl.constexpr, NUM_SMS: gl.constexpr):
+    # persistent (min(NUM_SMS, tiles) programs); A, B and the output as TMA descriptors made
+    # on the host (rows past the ends read as zeros, stores clipped at them)
+    gl.static_assert(BLOCK_M == 64, "a consumer warpgroup's wgmma takes 64 rows")
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+    a_smem = gl.allocate_shared_memory(gl.{dtype}, [NB * CONSUMERS, BLOCK_M, BLOCK_K],
+                                       a_desc.layout)
+    b_smem = gl.allocate_shared_memory(gl.{dtype}, [NB, {b_tile}], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(gl.{out_dtype}, [CONSUMERS, BLOCK_M, BLOCK_N],
+                                       o0_desc.layout)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
+    for i in gl.static_range(NB):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 0, BLOCK_M,
+                        BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+                         BLOCK_M,
+                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_consume2, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+                         BLOCK_M,
+                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
+                     GROUP_M, NB, CONSUMERS)),
+        ], [4, 4, 1], [{regs3}, {regs3}, {load_regs}])
+    else:
+        gl.warp_specialize([
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 0, BLOCK_M,
+                        BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+                         BLOCK_M,
+                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
+                     GROUP_M, NB, CONSUMERS)),
+        ], [4, 1], [{regs2}, {load_regs}])
+'''
+
+
+def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
+    """The Gluon module text of ``match``'s warp-specialized GEMM kernel ``name``.
+
+    Its arguments are the Triton form's pointers (inputs ``I0..``, outputs ``O0..``), the
+    descriptors of :func:`ws_descriptors` and the constexprs ``BLOCK_M`` (64: a consumer's
+    rows), ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``NB`` (ring slots), ``CONSUMERS`` (2 or 3)
+    and ``NUM_SMS``; it launches with 4 warps and the register limit of
+    :data:`WS_GEMM_REGS`, on ``min(NUM_SMS, tiles)`` programs.  ``hoist``: a one-band
+    epilogue's reads that do not depend on the product are issued before the product loop.
+    """
+    why = ws_legality(match)
+    if why:
+        raise UnsupportedKernelError(why)
+    pointers, inputs, outputs = _pointers(match)
+    ptrs = ", ".join([f"I{i}" for i in range(len(inputs))] + [f"O{i}" for i in range(len(outputs))])
+    ext = match.frame.extents
+    m, k = ext["m"], ext["k"]
+    segments = match.segments
+    b_nk, _ = tma_layout(match)
+    # a band's tiles start at its first column; tiles_n: every band's
+    counts = [f"t{si} = gl.cdiv({seg.n}, BLOCK_N)" for si, seg in enumerate(segments)]
+    tiles_n = [*counts, "tiles_n = " + " + ".join(f"t{si}" for si in range(len(segments)))]
+    firsts = ["0"] + [" + ".join(f"t{j}" for j in range(si)) for si in range(1, len(segments))]
+    heads = [f"if pid_n < {firsts[1]}:" if len(segments) > 1 else None]
+    heads += [f"elif pid_n < {firsts[si + 1]}:" for si in range(1, len(segments) - 1)]
+    heads += ["else:"] if len(segments) > 1 else []
+    # B's column of the tile, by band (the bands are consecutive columns of one B)
+    off_n = []
+    column = 0
+    for si, seg in enumerate(segments):
+        local = f"{column} + (pid_n - ({firsts[si]})) * BLOCK_N" if si else "pid_n * BLOCK_N"
+        off_n += [heads[si], f"    off_n = {local}"] if heads[si] else [f"off_n = {local}"]
+        column += seg.n
+    # rows past m are read as zeros and never stored; the epilogue's own reads are masked
+    # (a tile of CONSUMERS × 64 rows divides no power of two), columns past a band's end too
+    pre, epilogue = [], []
+    for si, seg in enumerate(segments):
+        local = f"(pid_n - ({firsts[si]}))" if si else "pid_n"
+        n_axis = _n_axis(match.views[f"b{si}.0"])  # each band has its own column axis
+        tiles = {"b": "0", "m": "rm[:, None]", n_axis: "rn[None, :]"}
+        masks = {"m": f"(rm < {m})[:, None]"}
+        if seg.n % WS_GEMM_MAX_N:
+            masks[n_axis] = f"(rn < {seg.n})[None, :]"
+        acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
+        printer = ElemPrinter(tiles, masks, pointers, _extra_views(match), acc, prefix=f"e{si}_")
+        value = printer.expr(seg.outputs[0].elem)
+        body = printer.lines
+        if hoist and len(segments) == 1:
+            pre, body = _hoisted(body, "acc0")
+            pre = [f"rn = {local} * BLOCK_N + cols", *pre]
+        else:
+            body = [f"rn = {local} * BLOCK_N + cols", *body]
+        view = match.views[f"out{si}.0"]
+        tile = _broadcast(value, seg.outputs[0].elem, acc)
+        body += [
+            f"c_smem.index(C).store(({tile}).to(gl.{view.dtype}))",
+            "fence_async_shared()",
+            f"_tma_store(o{si}_desc, [row0, {local} * BLOCK_N], c_smem.index(C))",
+        ]
+        if heads[si]:
+            epilogue += [heads[si], *("    " + line for line in body)]
+        else:
+            epilogue += body
+    out_descs = ", ".join(f"o{si}_desc" for si in range(len(segments)))
+
+    def block(lines, depth):
+        return "\n".join("    " * depth + _gluon(x) for x in lines) or "    " * depth + "pass"
+
+    return _TEXT.format(
+        describe=match.describe(outputs=True), name=name, ptrs=ptrs, out_descs=out_descs,
+        m=m, k=k, dtype=match.dtype, out_dtype=match.views["out0.0"].dtype,
+        tiles_n=block(tiles_n, 1), off_n=block(off_n, 2),
+        b_box="[off_n, kk * BLOCK_K]" if b_nk else "[kk * BLOCK_K, off_n]",
+        b_tile="BLOCK_N, BLOCK_K" if b_nk else "BLOCK_K, BLOCK_N",
+        b_operand="b_smem.index(slot).permute((1, 0))" if b_nk else "b_smem.index(slot)",
+        hoisted=block(pre, 2), epilogue=block(epilogue, 2),
+        regs2=WS_GEMM_REGS[2][1], regs3=WS_GEMM_REGS[3][1], load_regs=WS_GEMM_LOAD_REGS,
+    )
+
+
+def _broadcast(value: str, elem, accumulators) -> str:
+    """The output tile: ``value`` over the whole tile — as printed when it reads the product
+    (a tile already); else (a bias alone, a constant) added to a tile of zeros."""
+    if _reads(elem, set(accumulators)):
+        return value
+    return f"{value} + gl.zeros([BLOCK_M, BLOCK_N], gl.{elem.dtype}, ACC_L)"
+
+
+def _reads(elem, tensors: set) -> bool:
+    """Whether the element expression ``elem`` reads one of ``tensors``."""
+    if isinstance(elem, Leaf):
+        return elem.tensor in tensors
+    return any(_reads(a, tensors) for a in getattr(elem, "args", ()))
