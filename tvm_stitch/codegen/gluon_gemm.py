@@ -85,8 +85,8 @@ def ws_legality(match) -> str | None:
 
     One product per band, A and B 16-bit floats of one type that TMA reads (the persistent
     Triton form's :func:`~.triton_gen.tma_layout`: bands are consecutive columns of one B, as
-    Q, K and V joined), products in float32, no row statistics, and one output per band that
-    TMA stores (a staging tile per consumer, shared by the bands: one dtype)."""
+    Q, K and V joined), products in float32, no row statistics, and one 16-bit output per band
+    that TMA stores (a staging tile per consumer, shared by the bands: one dtype)."""
     if match.family != "gemm":
         return "not a GEMM"
     why = gluon_version()
@@ -114,6 +114,9 @@ def ws_legality(match) -> str | None:
     dtypes = {match.views[f"out{si}.0"].dtype for si in range(len(match.segments))}
     if len(dtypes) != 1:
         return f"bands write {sorted(dtypes)} (one staging tile per consumer)"
+    if dtypes - {"float16", "bfloat16"}:
+        # three 64 x 128 float32 staging tiles and the ring do not fit in shared memory
+        return f"{dtypes.pop()} outputs (staging tiles sized for 16-bit ones)"
     return None
 
 
@@ -173,7 +176,7 @@ def _erf_abs(x):
     p = p * t - 9.184163809e-01
     p = p * t - 1.627908587e00
     r = 1.0 - gl.exp2(p * t)
-    return gl.where(x < 0, -r, r)
+    return gl.where(x != x, x, gl.where(x < 0, -r, r))  # NaN stays NaN
 
 
 @gluon.jit

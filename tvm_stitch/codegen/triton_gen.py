@@ -214,7 +214,7 @@ class KernelSource:
         ext = match.frame.extents
         if self.family == "gemm":
             tiles = _gemm_tiles(match, config)
-            if self.persistent and (config.get("PERSISTENT") or config.get("WS")):
+            if self.persistent and (config.get("PERSISTENT") or _consumers(config) > 1):
                 return (min(config["NUM_SMS"], tiles), 1)
             return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
         if self.family == "attention":
@@ -233,11 +233,18 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def _consumers(config: dict) -> int:
+    """Consumer warpgroups of a warp-specialized GEMM launch (``WS``), else 1 — also where
+    ``WS`` is a Triton GEMM's split-K workspace argument (a buffer among its constexprs)."""
+    ws = config.get("WS")
+    return int(ws) if isinstance(ws, int) and ws else 1
+
+
 def _gemm_tiles(match, config: dict) -> int:
     """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``: a
     warp-specialized launch's tile is ``WS`` consumers' ``BLOCK_M`` rows each."""
     tiles_n = sum(_cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
-    rows = config["BLOCK_M"] * int(config.get("WS") or 1)
+    rows = config["BLOCK_M"] * _consumers(config)
     return _cdiv(match.frame.extents["m"], rows) * tiles_n
 
 
@@ -249,7 +256,7 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
               "NUM_SMS": 1, "SPLIT_K": 1, **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     consts.setdefault("NB", config.get("num_stages", 2))  # a Gluon kernel's ring slots
-    consts["CONSUMERS"] = int(config.get("WS") or 1)  # the Gluon GEMM's consumer warpgroups
+    consts["CONSUMERS"] = _consumers(config)  # the Gluon GEMM's consumer warpgroups
     if consts["PERSISTENT"]:
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out
