@@ -197,36 +197,6 @@ def _consume2(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, 
 
 
 @gluon.jit
-def gemm_ws3(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
-             BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
-             EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
-    # ``coop3``: three consumer warpgroups, each 64 rows of the tile, sharing W's tile
-    ROWS: gl.constexpr = BM // (COOP + 1)
-    a_smem = gl.allocate_shared_memory(gl.float16, [NB * (COOP + 1), ROWS, BK], a_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, BK], w_desc.layout)
-    c_smem = gl.allocate_shared_memory(gl.float16, [3, ROWS if STORE_TMA else 8, BN],
-                                       c_desc.layout)
-    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
-    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
-    for i in gl.static_range(NB):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=COOP + 1)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    gl.warp_specialize([
-        (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
-                    0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
-        (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
-                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
-        (_consume2, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
-                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
-        (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB, COOP)),
-    ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGS])
-
-
-@gluon.jit
 def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
             EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
@@ -234,8 +204,8 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
     a_smem = gl.allocate_shared_memory(gl.float16, [NB * (COOP + 1), ROWS, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, BK], w_desc.layout)
     # the output's staging tiles, one per consumer (a token one without TMA stores)
-    c_smem = gl.allocate_shared_memory(gl.float16, [2, ROWS if STORE_TMA else 8, BN],
-                                       c_desc.layout)
+    c_smem = gl.allocate_shared_memory(gl.float16, [3 if COOP == 2 else 2,
+                                                    ROWS if STORE_TMA else 8, BN], c_desc.layout)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
     empty = gl.allocate_shared_memory(gl.int64, [NB, 1], bar_l)
@@ -245,13 +215,26 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    gl.warp_specialize([
-        (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
-                    0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
-        (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
-                     K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
-        (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB, COOP)),
-    ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
+    if COOP == 2:  # ``coop3``: a third consumer warpgroup
+        gl.warp_specialize([
+            (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+            (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+            (_consume2, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+            (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
+                     COOP)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+            (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+            (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
+                     COOP)),
+        ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
 
 
 def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
@@ -267,18 +250,18 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     w_desc = TensorDescriptor.from_tensor(w, [bn, bk], smem_layout(bn, bk, "float16"))
     c_desc = TensorDescriptor.from_tensor(c, [rows, bn], smem_layout(rows, bn, "float16"))
     grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    kernel, maxnreg, regs = _kernel(coop)
-    return kernel[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
-                        NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
-                        CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS, num_warps=4,
-                        maxnreg=maxnreg)
+    maxnreg, regs = _registers(coop)
+    return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
+                         NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
+                         CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS, num_warps=4,
+                         maxnreg=maxnreg)
 
 
-def _kernel(coop):
-    """The kernel of a schedule, its register cap and its consumers' registers."""
+def _registers(coop):
+    """The launch's register cap and its consumers' registers for ``coop`` + 1 consumers."""
     if coop == 2:
-        return gemm_ws3, MAXNREG3, CONSUMER_REGS3
-    return gemm_ws, MAXNREG, CONSUMER_REGS
+        return MAXNREG3, CONSUMER_REGS3
+    return MAXNREG, CONSUMER_REGS
 
 
 def compile_only(scheds=None) -> None:
@@ -292,12 +275,12 @@ def compile_only(scheds=None) -> None:
             continue
         coop = consumers(sched)
         rows = bm // (coop + 1)
-        kernel, maxnreg, regs = _kernel(coop)
+        maxnreg, regs = _registers(coop)
         consts = dict(BM=bm, BN=bn, BK=bk, NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=2,
                       CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS)
         boxes = dict(a_desc=(rows, bk), w_desc=(bn, bk), c_desc=(rows, bn))
         sig = {}
-        for name in kernel.arg_names:
+        for name in gemm_ws.arg_names:
             if name in boxes:
                 sig[name] = f"tensordesc<fp16[{boxes[name][0]},{boxes[name][1]}]," \
                             f"{smem_layout(*boxes[name], 'float16')!r}>"
@@ -305,10 +288,10 @@ def compile_only(scheds=None) -> None:
                 sig[name] = "constexpr"
             else:
                 sig[name] = "*fp16" if name in ("C", "bias", "res") else "i32"
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(gemm_ws.arg_names)
                  if name in ("C", "bias", "res", "N", "K")}
         try:
-            kern = triton_compile(GluonASTSource(kernel, sig, consts, attrs),
+            kern = triton_compile(GluonASTSource(gemm_ws, sig, consts, attrs),
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4, "maxnreg": maxnreg})
         except Exception as e:  # noqa: BLE001 - a config that does not compile is reported

@@ -33,9 +33,11 @@ TRITON_FORMS = [
 ]
 
 
-def gemms(batch: int, seq: int, dtype: str = "float16", joined: bool = True) -> list:
-    """``(match, source, shapes)`` of each distinct GEMM kernel of BERT-base at batch × seq;
-    ``joined``: Q, K and V read their weights joined (the pipeline's ``lift_params``)."""
+def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
+                    **params) -> list:
+    """``(match, source, shapes, graph)`` of each distinct GEMM kernel the stitch pipeline
+    generates for ``workload`` (instance ``params``); ``joined``: banded GEMMs (Q, K, V) read
+    their weights joined, as the pipeline's ``lift_params`` makes them."""
     from tvm_stitch.analysis.recognize import recognize
     from tvm_stitch.analysis.weights import join_weights, weight_tensors
     from tvm_stitch.codegen.triton_gen import kernel_source
@@ -44,11 +46,10 @@ def gemms(batch: int, seq: int, dtype: str = "float16", joined: bool = True) -> 
     from tvm_stitch.workloads import get_workload
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    # one encoder layer: every layer's kernels are the same ones
-    inst = get_workload("bert-base").instance(dtype, batch=batch, seq=seq, layers=1)
+    inst = get_workload(workload).instance(dtype, **params)
     mod = run_until(inst.mod, target, "StitchFuseMBCI")
     graph = build_graph(mod, legalize=False)
-    weights = weight_tensors(graph, mod[inst.func])
+    weights = weight_tensors(graph, mod[inst.func]) if joined else None
     out, seen = [], set()
     for found in (m for m in recognize(graph).matches if m.family == "gemm"):
         match = found
@@ -59,9 +60,9 @@ def gemms(batch: int, seq: int, dtype: str = "float16", joined: bool = True) -> 
             seen.add(source.name)
             shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                       for t in [*source.inputs, *source.outputs] if t in graph.tensors}
-            b = match.views["b0.0"]  # a joined weight
+            b = match.views["b0.0"]  # a joined weight: the bands' weights side by side
             shapes.setdefault(b.tensor, (b.shape, b.dtype))
-            out.append((match, source, shapes))
+            out.append((match, source, shapes, graph))
     return out
 
 
@@ -77,7 +78,9 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True) -> list[
     hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     rows = []
-    for match, source, shapes in gemms(batch, seq, joined=joined):
+    # one encoder layer: every layer's kernels are the same ones
+    for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq, layers=1,
+                                                    joined=joined):
         ext = match.frame.extents
         m, k = ext["m"], ext["k"]
         n = sum(s.n for s in match.segments)

@@ -11,15 +11,11 @@ import re
 import numpy as np
 import pytest
 import tvm
+from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
-from tvm_stitch.analysis.recognize import recognize
-from tvm_stitch.analysis.weights import join_weights, weight_tensors
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.gluon_attention import gluon_version
 from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config, ws_legality
-from tvm_stitch.codegen.triton_gen import kernel_source
-from tvm_stitch.graph import build_graph
-from tvm_stitch.pipeline import run_until
 from tvm_stitch.workloads import get_workload
 
 pytestmark = pytest.mark.skipif(gluon_version() is not None, reason=str(gluon_version()))
@@ -30,26 +26,7 @@ CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 def _gemms(name, dtype="float16", joined=False, **params):
     """``(match, source, shapes, graph)`` of each distinct GEMM kernel of a workload; with
     ``joined``, banded GEMMs read their weights joined (``lift_params``)."""
-    inst = get_workload(name).instance(dtype, **params)
-    mod = run_until(inst.mod, CUDA, "StitchFuseMBCI")
-    graph = build_graph(mod, legalize=False)
-    weights = weight_tensors(graph, mod[inst.func]) if joined else None
-    out, seen = [], set()
-    for found in (m for m in recognize(graph).matches if m.family == "gemm"):
-        match = found
-        if joined and len(found.segments) > 1:
-            match, _ = join_weights(found, weights)
-        source = kernel_source(match)
-        if source.name in seen:
-            continue
-        seen.add(source.name)
-        shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
-                  for t in [*source.inputs, *source.outputs] if t in graph.tensors}
-        joined_b = match.views["b0.0"]  # a joined weight: the bands' weights side by side
-        if joined_b.tensor not in shapes:
-            shapes[joined_b.tensor] = (joined_b.shape, joined_b.dtype)
-        out.append((match, source, shapes, graph))
-    return out
+    return generated_gemms(name, dtype, joined=joined, **params)
 
 
 def _ws(*tiles):

@@ -151,14 +151,16 @@ def ws_legality(match) -> str | None:
     return attention_tma(match) or _unflattened(match)
 
 
-_GL_CALLS = [(r"\btl\.math\.erf\(", "gl.erf("), (r"\b_erf_abs\(", "gl.erf("),
-             (r"\btl\.sigmoid\(", "_sigmoid("),
+_GL_CALLS = [(r"\btl\.math\.erf\(", "gl.erf("), (r"\btl\.sigmoid\(", "_sigmoid("),
              (r"\btl\.", "gl.")]
 
 
-def gluon_line(line: str) -> str:
+def gluon_line(line: str, erf_abs: bool = False) -> str:
     """A line of the Triton printers in Gluon: ``tl.`` names become ``gl.``'s (Gluon has no
-    ``sigmoid``: a helper of the module computes it)."""
+    ``sigmoid``: a helper of the module computes it); ``_erf_abs`` stays where the module
+    defines it (``erf_abs``), else becomes ``gl.erf``."""
+    if not erf_abs:
+        line = re.sub(r"\b_erf_abs\(", "gl.erf(", line)
     for pattern, repl in _GL_CALLS:
         line = re.sub(pattern, repl, line)
     return line
