@@ -1,7 +1,7 @@
 """A warp-specialized Hopper GEMM in Gluon with BERT's epilogues, against cuBLAS: a study.
 
     python -m tvm_stitch.benchmarks.gluon_gemm [--compile-only] [--quick] [--plain]
-        [--sched pingpong coop coop3] [--cases qkv out ffn1 ffn2]
+        [--sched pingpong coop coop3 coope] [--cases qkv out ffn1 ffn2]
 
 ``C = epilogue(A · Wᵀ)``, fp16, fp32 accumulation, W stored (N, K) as nn.Linear keeps it.
 Triton's pipeliner issues a tile's epilogue after its last product in the same warps, so the
@@ -17,7 +17,16 @@ of ``NB`` shared-memory slots and two **consumer warpgroups**, in one of two sch
   tiles, the epilogue not overlapped;
 - ``coop3``: three consumers of 64 rows on a 192-row tile (cuBLAS's 192 × 128: a 4096 × 768
   output in one wave of 132 tiles). The product alone (``--plain``) at 0.95–1.08× cuBLAS on an
-  H200 (2026-11-26): the form :mod:`tvm_stitch.codegen.gluon_gemm` generates.
+  H200 (2026-11-26): the form :mod:`tvm_stitch.codegen.gluon_gemm` generates;
+- ``coope`` / ``coope8``: ``coop``'s two consumers hand each product (16-bit) to an epilogue
+  warpgroup of 4 or 8 warps through shared memory and go on with the next tile; the
+  epilogue partition adds the bias (16-bit, as the generated epilogue does), the GELU, the
+  residual, and stores by TMA (FFN1 with its GELU: ``coope8`` 36.5 µs against ``coop3``'s
+  48.2 in one run, ``coope`` 39.1 against ``coop``'s 48.1 in another; H100, 2026-11-26): the
+  generated form's launch option ``EW``.
+
+The GELU's erf is the generated epilogue's (one ``ex2`` and eight FMAs); with libdevice's
+``erf`` (before 2026-11-26) FFN1 took 60.9 µs in ``coop3``.
 
 Output through shared memory and a TMA store (``store tma``) or from the accumulator's
 registers with pointers (``store ptr``, what a generated epilogue writing any index map needs).
@@ -70,16 +79,25 @@ CONFIGS = [
     ("coop3", 192, 128, 64, 4),
     ("coop3", 192, 128, 64, 5),
     ("coop3", 192, 128, 128, 2),
+    # two consumers of 64 rows and an epilogue warpgroup taking their 16-bit products from
+    # shared memory (the consumers go on with the next tile's products meanwhile)
+    ("coope", 128, 128, 64, 4),
+    ("coope", 128, 128, 64, 3),
+    ("coope", 128, 128, 64, 5),
+    ("coope8", 128, 128, 64, 4),
+    ("coope8", 128, 128, 64, 5),
 ]
 MAXNREG, CONSUMER_REGS, LOAD_REGS = 168, 240, 24
 #: three consumer warpgroups and the loading warp (padded to a warpgroup: 512 threads) share
 #: 64 K registers: 128 each at launch, then 160 per consumer and 24 for the loader
 MAXNREG3, CONSUMER_REGS3 = 128, 160
+#: ``coope``: two consumers, the epilogue warpgroup and the loading warp's (512 threads)
+CONSUMER_REGS_E, EPI_REGS = 176, 136
 
 
 def consumers(sched: str) -> int:
     """Consumer warpgroups on one tile beyond the first (0 for ``pingpong``'s own tiles)."""
-    return {"pingpong": 0, "coop": 1, "coop3": 2}[sched]
+    return {"pingpong": 0, "coop": 1, "coop3": 2, "coope": 1, "coope8": 1}[sched]
 
 # TMA's copies, renamed after Triton 3.6: the text works with either
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -122,7 +140,7 @@ def _load(a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM: gl.constexp
 def _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
              CI: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
              NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
-             EPI: gl.constexpr):
+             EPI: gl.constexpr, EW: gl.constexpr, c_full, c_empty):
     ROWS: gl.constexpr = BM // (COOP + 1)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BN, 16])
@@ -156,28 +174,95 @@ def _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
         j += step
-
-        row0 = pid_m * BM + CI * IS_COOP * ROWS
-        rm = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_l))
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
-        inside = (rm < M)[:, None] & (rn < N)[None, :]
-        if EPI >= 1:
-            acc = acc + gl.load(bias + rn, mask=rn < N, other=0.0).to(gl.float32)[None, :]
-        if EPI == 2:
-            acc = 0.5 * acc * (1.0 + gl.erf(acc * 0.7071067811865476))
-        if EPI == 3:
-            acc = acc + gl.load(res + rm[:, None] * N + rn[None, :], mask=inside,
-                                other=0.0).to(gl.float32)
-        out = acc.to(gl.float16)
-        if STORE_TMA:
-            tma.store_wait(0)
-            c_smem.index(CI).store(out)
-            fence_async_shared()
-            _tma_store(c_desc, [row0, pid_n * BN], c_smem.index(CI))
+        if EW:
+            # ``coope``: the product (16-bit) to the epilogue warpgroup, which does the rest
+            mbarrier.wait(c_empty.index(CI), ((j - 1) & 1) ^ 1)
+            c_smem.index(CI).store(acc.to(gl.float16))
+            mbarrier.arrive(c_full.index(CI), count=1)
         else:
-            gl.store(C + rm[:, None] * N + rn[None, :], out, mask=inside)
+            row0 = pid_m * BM + CI * IS_COOP * ROWS
+            rm = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_l))
+            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_l))
+            inside = (rm < M)[:, None] & (rn < N)[None, :]
+            if EPI >= 1:
+                acc = acc + gl.load(bias + rn, mask=rn < N, other=0.0).to(gl.float32)[None, :]
+            if EPI == 2:
+                acc = 0.5 * acc * (1.0 + _erf(acc * 0.7071067811865476))
+            if EPI == 3:
+                acc = acc + gl.load(res + rm[:, None] * N + rn[None, :], mask=inside,
+                                    other=0.0).to(gl.float32)
+            out = acc.to(gl.float16)
+            if STORE_TMA:
+                tma.store_wait(0)
+                c_smem.index(CI).store(out)
+                fence_async_shared()
+                _tma_store(c_desc, [row0, pid_n * BN], c_smem.index(CI))
+            else:
+                gl.store(C + rm[:, None] * N + rn[None, :], out, mask=inside)
     if STORE_TMA:
         tma.store_wait(0)
+
+
+@gluon.jit
+def _erf(x):
+    # the generated epilogue's erf (tvm_stitch.codegen.triton_kernels._erf_abs): one ex2 and
+    # eight FMAs, 1.1e-7 absolute
+    t = gl.minimum(gl.abs(x), 3.92)
+    p = -4.535461630e-05 * t + 4.454722512e-04
+    p = p * t - 1.489320071e-03
+    p = p * t - 7.748364005e-04
+    p = p * t + 2.825386636e-02
+    p = p * t - 1.484816968e-01
+    p = p * t - 9.184163809e-01
+    p = p * t - 1.627908587e00
+    r = 1.0 - gl.exp2(p * t)
+    return gl.where(x < 0, -r, r)
+
+
+@gluon.jit
+def _epilogue_wg(c_smem, o_smem, c_full, c_empty, c_desc, bias, res, M, N, BM: gl.constexpr,
+                 BN: gl.constexpr, EPI: gl.constexpr, EPI_WARPS: gl.constexpr):
+    # ``coope``: the epilogue warpgroup -- each consumer's 16-bit product from shared memory,
+    # the epilogue as the generated one computes it (16-bit sums, the erf in float32), the
+    # output stored by TMA from its own staging tile (two, alternating)
+    ROWS: gl.constexpr = BM // 2
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EPI_WARPS, 1], [1, 0])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    n = 0
+    for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, 8)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        if EPI >= 1:
+            b = gl.load(bias + rn, mask=rn < N, other=0.0)
+        for ci in gl.static_range(2):
+            mbarrier.wait(c_full.index(ci), n & 1)
+            x = c_smem.index(ci).load(layout)
+            mbarrier.arrive(c_empty.index(ci), count=1)
+            row0 = pid_m * BM + ci * ROWS
+            rm = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            if EPI >= 1:
+                x = x + b[None, :]
+            if EPI == 2:
+                e = _erf((x * 0.7071067811865476).to(gl.float32)).to(gl.float16)
+                x = x * (0.5 + e * 0.5)
+            if EPI == 3:
+                x = x + gl.load(res + rm[:, None] * N + rn[None, :],
+                                mask=(rm < M)[:, None] & (rn < N)[None, :], other=0.0)
+            tma.store_wait(1)  # this staging tile's store, two stores ago, has left
+            o_smem.index(ci).store(x)
+            fence_async_shared()
+            _tma_store(c_desc, [row0, pid_n * BN], o_smem.index(ci))
+        n += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consume1e(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
+               c_full, c_empty):
+    _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
+             BN, BK, NB, 1, 1, 0, 1, c_full, c_empty)
 
 
 @gluon.jit
@@ -185,7 +270,7 @@ def _consume1(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, 
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
               COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
     _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
-             BN, BK, NB, COOP, STORE_TMA, EPI)
+             BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)
 
 
 @gluon.jit
@@ -193,13 +278,14 @@ def _consume2(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, 
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
               COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
     _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 2, BM,
-             BN, BK, NB, COOP, STORE_TMA, EPI)
+             BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)
 
 
 @gluon.jit
 def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, NB: gl.constexpr, COOP: gl.constexpr, STORE_TMA: gl.constexpr,
-            EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+            EPI: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+            EW: gl.constexpr = 0, EPI_REGS: gl.constexpr = 0, EPI_WARPS: gl.constexpr = 4):
     ROWS: gl.constexpr = BM // (COOP + 1)
     a_smem = gl.allocate_shared_memory(gl.float16, [NB * (COOP + 1), ROWS, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.float16, [NB, BN, BK], w_desc.layout)
@@ -215,10 +301,27 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
-    if COOP == 2:  # ``coop3``: a third consumer warpgroup
+    if EW:  # ``coope``: two consumers and an epilogue warpgroup
+        c_full = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        c_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        for i in gl.static_range(2):
+            mbarrier.init(c_full.index(i), count=1)
+            mbarrier.init(c_empty.index(i), count=1)
+        o_smem = gl.allocate_shared_memory(gl.float16, [2, ROWS, BN], c_desc.layout)
         gl.warp_specialize([
             (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
-                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+                        K, 0, BM, BN, BK, NB, 1, 1, 0, 1, c_full, c_empty)),
+            (_consume1e, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
+                          N, K, BM, BN, BK, NB, c_full, c_empty)),
+            (_epilogue_wg, (c_smem, o_smem, c_full, c_empty, c_desc, bias, res, M, N, BM, BN,
+                            EPI, EPI_WARPS)),
+            (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
+                     1)),
+        ], [4, EPI_WARPS, 1], [CONSUMER_REGS, EPI_REGS, LOAD_REGS])
+    elif COOP == 2:  # ``coop3``: a third consumer warpgroup
+        gl.warp_specialize([
+            (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
+                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
                          N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
             (_consume2, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
@@ -229,7 +332,7 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
     else:
         gl.warp_specialize([
             (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
-                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+                        K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
                          N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
             (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
@@ -251,10 +354,15 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     c_desc = TensorDescriptor.from_tensor(c, [rows, bn], smem_layout(rows, bn, "float16"))
     grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
     maxnreg, regs = _registers(coop)
+    ew = {}
+    if sched == "coope":  # 512 threads: 176 registers per consumer, 136 for the epilogue's
+        maxnreg, regs, ew = MAXNREG3, CONSUMER_REGS_E, {"EW": 1, "EPI_REGS": EPI_REGS}
+    if sched == "coope8":  # 640 threads: 160 registers per consumer, 80 for the epilogue's 8
+        maxnreg, regs, ew = 96, 160, {"EW": 1, "EPI_REGS": 80, "EPI_WARPS": 8}
     return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
                          NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
                          CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS, num_warps=4,
-                         maxnreg=maxnreg)
+                         maxnreg=maxnreg, **ew)
 
 
 def _registers(coop):
@@ -271,13 +379,20 @@ def compile_only(scheds=None) -> None:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     for (sched, bm, bn, bk, nb), store_tma in itertools.product(CONFIGS, (True, False)):
-        if scheds and sched not in scheds:
+        if (scheds and sched not in scheds) or (sched.startswith("coope") and not store_tma):
             continue
         coop = consumers(sched)
         rows = bm // (coop + 1)
         maxnreg, regs = _registers(coop)
         consts = dict(BM=bm, BN=bn, BK=bk, NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=2,
-                      CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS)
+                      CONSUMER_REGS=regs, LOAD_REGS=LOAD_REGS, EW=0, EPI_REGS=0)
+        consts["EPI_WARPS"] = 4
+        if sched == "coope":
+            maxnreg = MAXNREG3
+            consts.update(CONSUMER_REGS=CONSUMER_REGS_E, EW=1, EPI_REGS=EPI_REGS)
+        if sched == "coope8":
+            maxnreg = 96
+            consts.update(CONSUMER_REGS=160, EW=1, EPI_REGS=80, EPI_WARPS=8)
         boxes = dict(a_desc=(rows, bk), w_desc=(bn, bk), c_desc=(rows, bn))
         sig = {}
         for name in gemm_ws.arg_names:
@@ -348,7 +463,7 @@ def run(quick=False, only=None, baselines=True, cases=None, scheds=None,
         if only is not None:
             configs = [CONFIGS[only]]
         for (sched, bm, bn, bk, nb), store_tma in itertools.product(configs, (True, False)):
-            if scheds and sched not in scheds:
+            if (scheds and sched not in scheds) or (sched.startswith("coope") and not store_tma):
                 continue
             c = torch.empty(m, n, device="cuda", dtype=torch.float16)
 
@@ -382,7 +497,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", type=int, help="only CONFIGS[i] (a crash ends one process)")
     parser.add_argument("--no-baselines", action="store_true", help="cuBLAS's matmul only")
     parser.add_argument("--cases", nargs="*", help=f"some of {list(SHAPES)}")
-    parser.add_argument("--sched", nargs="*", help="some of pingpong, coop, coop3")
+    parser.add_argument("--sched", nargs="*", help="some of pingpong, coop, coop3, coope")
     parser.add_argument("--plain", action="store_true", help="no epilogue: the product only")
     args = parser.parse_args(argv)
     if args.compile_only:

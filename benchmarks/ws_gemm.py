@@ -3,6 +3,7 @@ form (:mod:`tvm_stitch.codegen.gluon_gemm`, every tiling the search seeds) and t
 persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python -m tvm_stitch.benchmarks.ws_gemm [--batch 8] [--seq 512] [--no-hoist] [--separate]
+        [--ptxas]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -10,7 +11,8 @@ residual) at ``batch × seq`` tokens, launched as the search launches them
 (:func:`~tvm_stitch.tune.kernels.generated_runner`, random inputs). Baselines:
 ``torch.matmul`` (cuBLAS, no epilogue), ``F.linear`` with the bias, and ``F.linear`` followed by
 a GELU or a residual add (two kernels, as PyTorch runs BERT's epilogues), on the same shapes.
-``--no-hoist`` also times the Gluon form with the epilogue's reads after the product loop.
+``--no-hoist`` also times the Gluon form with the epilogue's reads after the product loop;
+``--ptxas`` prints ptxas's registers and any wgmma serialization of each Gluon launch.
 """
 
 from __future__ import annotations
@@ -66,7 +68,32 @@ def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
     return out
 
 
-def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True) -> list[dict]:
+def ptxas_report(ptx: str) -> str:
+    """Registers, spills and any ``wgmma`` serialization ptxas reports for ``ptx`` (sm_90a;
+    the ptxas Triton ships)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                              check=True, capture_output=True, text=True).stderr
+    regs = re.findall(r"Used (\d+) registers", info)
+    spills = re.findall(r"(\d+) bytes spill stores", info)
+    serial = re.findall(r"serialized due to (.*?) in the function", info)
+    return (f"registers {','.join(regs)} spill stores {','.join(spills)}"
+            + (f"; wgmma SERIALIZED: {serial[0]}" if serial else ""))
+
+
+def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
+        ptxas: bool = False) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -124,6 +151,12 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True) -> list[
                 except Exception as e:  # noqa: BLE001 - a form that fails is reported
                     print(f"  {kind} {config}: {type(e).__name__}: {str(e).splitlines()[-1][:120]}")
                     continue
+                if ptxas and kind == "gluon":
+                    from tvm_stitch.codegen.embed import generated_launch
+
+                    launch = generated_launch(src, match, {**config, "NUM_SMS": hw.num_sms},
+                                              shapes)
+                    print(f"  ptxas {json.dumps(config)}: {ptxas_report(launch.ptx)}")
                 row = dict(kernel=match.describe(), form=kind + (f" {tag}" if tag else ""),
                            config=config, us=us, **{f"{b}_us": v for b, v in base.items()})
                 rows.append(row)
@@ -140,9 +173,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-hoist", action="store_true")
     parser.add_argument("--separate", action="store_true",
                         help="Q, K and V over their own weights (not joined)")
+    parser.add_argument("--ptxas", action="store_true",
+                        help="ptxas's registers and wgmma serialization of each Gluon launch")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
-    rows = run(args.batch, args.seq, args.no_hoist, not args.separate)
+    rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -15,7 +15,12 @@ from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.gluon_attention import gluon_version
-from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config, ws_legality
+from tvm_stitch.codegen.gluon_gemm import (
+    WS_GEMM_TILES,
+    staging_legality,
+    ws_config,
+    ws_legality,
+)
 from tvm_stitch.workloads import get_workload
 
 pytestmark = pytest.mark.skipif(gluon_version() is not None, reason=str(gluon_version()))
@@ -75,6 +80,51 @@ def test_epilogue_reads_of_the_warp_specialized_form_are_masked():
     assert all(text.index(line) < text.index("for kk in range(k_steps)") for line in loads)
 
 
+def test_epilogue_partition_takes_the_staged_products():
+    """``EW``: the two consumers hand each product, cast to the output's type, to an
+    epilogue partition of 4 or 8 warps through shared memory (512 or 640 threads, registers
+    176/136 or 160/80 after setmaxnreg) and go on with the next tile; the partition reads
+    the bias before waiting for the product and stores by TMA.  For the joined Q/K/V bands
+    ptxas keeps the wgmmas asynchronous (the consumers' own banded epilogue makes it
+    serialize them)."""
+    from tvm_stitch.benchmarks.ws_gemm import ptxas_report
+
+    gemms = _gemms("bert-base", batch=1, seq=200, layers=1, joined=True)
+    match, source, shapes, _ = _by_shape(gemms, "200x3072x768")
+    assert staging_legality(match) is None
+    part = source.ws[source.ws.index("def _epilogue("):source.ws.index("@gluon.jit\ndef stitch")]
+    assert part.index("gl.load(I") < part.index("mbarrier.wait(c_full") < part.index(
+        "acc16 = c_smem.index(C).load(ACC_L)") < part.index("_erf_abs(")
+    assert "acc0" not in part and "_tma_store(o0_desc" in part
+    for warps, threads, (limit, consumer, epilogue) in ((4, 512, (128, 176, 136)),
+                                                        (8, 640, (96, 160, 80))):
+        launch = embed.generated_launch(source, match, _ws(2, 128, 64, 5, warps), shapes)
+        ptx = re.sub(r"\s+", " ", launch.ptx)
+        assert f".reqntid {threads}" in ptx and f".maxnreg {limit}" in ptx, warps
+        for regs in (consumer, epilogue):
+            assert f"setmaxnreg.inc.sync.aligned.u32 {regs}" in ptx
+        assert launch.symbol.endswith(f"ws2e{warps}")
+    qkv, source, shapes, _ = _by_shape(gemms, "200x(768+768+768)x768")
+    report = ptxas_report(embed.generated_launch(source, qkv, _ws(2, 128, 64, 5, 4),
+                                                 shapes).ptx)
+    assert "SERIALIZED" not in report and "spill stores 0" in report, report
+
+
+def test_staging_is_refused_where_the_product_is_read_wide():
+    """An epilogue computing on the float32 product before its cast (``acc * 0.5`` in
+    float32) would round differently from 16-bit staging: refused, with the reason."""
+    from tvm_stitch.analysis.elem import Const, Leaf, Op
+    from tvm_stitch.codegen.gluon_gemm import _staged
+
+    acc = Leaf("acc", ("m", "n"), "float32")
+    bias = Leaf("bias", ("n",), "float16")
+    cast = Op("cast", (acc,), "float16")
+    assert _staged(Op("add", (cast, bias), "float16"), {"acc"}, "float16")
+    wide = Op("cast", (Op("mul", (acc, Const(0.5, "float32")), "float32"),), "float16")
+    assert not _staged(Op("add", (wide, bias), "float16"), {"acc"}, "float16")
+    assert not _staged(Op("cast", (acc,), "bfloat16"), {"acc"}, "float16")
+
+
 @pytest.mark.parametrize(
     "name,dtype,params,shape,reason",
     [
@@ -112,8 +162,10 @@ def test_search_seeds_the_warp_specialized_gemm():
     from tvm_stitch.tune.kernels import gemm_ws_seeds
 
     seeds = gemm_ws_seeds()
-    assert [(s["launch"]["WS"], s["n"], s["k"], s["launch"]["num_stages"]) for s in seeds] == list(
-        WS_GEMM_TILES) and all(s["m"] == 64 for s in seeds)
+    assert [{"BLOCK_M": s["m"], "BLOCK_N": s["n"], "BLOCK_K": s["k"], **s["launch"]}
+            for s in seeds] == [ws_config(*tiles) for tiles in WS_GEMM_TILES]
+    assert any(s["launch"].get("EW") for s in seeds)
+    assert not any(s["launch"].get("EW") for s in gemm_ws_seeds(staging=False))
 
 
 def test_a_stored_warp_specialized_gemm_is_built(tmp_path, monkeypatch):

@@ -447,8 +447,10 @@ def launch_options(source, config: dict) -> dict:
     stages, or for a warp-specialized form (``WS``) its 4 warps per partition and the register
     limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
     if config.get("WS") and source.family == "gemm":
-        from .gluon_gemm import WS_GEMM_REGS
+        from .gluon_gemm import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
 
+        if config.get("EW"):  # an epilogue partition
+            return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[int(config["EW"])][0]}
         return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}
     if config.get("WS"):
         from .gluon_attention import WS_MAXNREG
@@ -463,6 +465,7 @@ def _tag(config: dict) -> str:
     persistent += "d" if config.get("TMA_STORE") else ""  # stores through descriptors
     ws = config.get("WS")
     tma = (f"ws{'' if ws is True else int(ws)}" if ws else "t" if config.get("TMA") else "")
+    tma += f"e{config['EW']}" if ws and config.get("EW") else ""  # an epilogue partition
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
             f"{persistent}{tma}{split}")

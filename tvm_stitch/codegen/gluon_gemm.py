@@ -26,21 +26,29 @@ Gluon states the program itself, so the form printed here is:
   (from the accumulator's registers with pointers the kernel took 1.4× longer; H200, call 2
   of 2026-11-26);
 * **bands** (Q, K and V over their joined weights, ``lift_params``): one B descriptor read at
-  the tile's band's columns, each band's own epilogue and output descriptor.
+  the tile's band's columns, each band's own epilogue and output descriptor;
+* or an **epilogue partition** (launch option ``EW``: 4 or 8 warps, with two consumers): a
+  consumer casts its product to the output's type, leaves it in shared memory and goes on
+  with the next tile's products while the partition reads it, runs the epilogue and stores
+  by TMA from staging tiles of its own (``c_full``/``c_empty`` mbarriers per consumer) — the
+  tensor cores no longer wait for a GELU (BERT's FFN-in: 36.9 µs against the consumers' own
+  epilogue's 44.9 and the Triton form's 40.7; H100, 2026-11-26).  Only where every band reads
+  its product cast to the output's type (:func:`staging_legality`): nothing is rounded twice.
 
 Standalone on an H200 (``python -m tvm_stitch.benchmarks.gluon_gemm --plain --sched coop3``,
 192 × 128 × 64 with 4 slots): BERT's four GEMMs at 4096 tokens 0.95–1.08× cuBLAS, where the
 Triton form's best are 0.80–1.0×.
 
 The form is a launch option of the GEMM search (``WS``: the consumer count, with ``BLOCK_M``
-64 and ``num_stages`` the ring's slots), measured against the Triton forms; the tuning database
-carries the choice.  :func:`ws_legality` says when it applies.  Gluon has no interpreter: the
-numerics are tested on the GPU host, the compilation to sm_90a PTX on any machine.
+64, ``num_stages`` the ring's slots and ``EW`` the epilogue partition's warps), measured
+against the Triton forms; the tuning database carries the choice.  :func:`ws_legality` says
+when it applies.  Gluon has no interpreter: the numerics are tested on the GPU host, the
+compilation to sm_90a PTX on any machine.
 """
 
 from __future__ import annotations
 
-from tvm_stitch.analysis.elem import Leaf
+from tvm_stitch.analysis.elem import Leaf, Op, replace
 from tvm_stitch.codegen.gluon_attention import _hoisted, gluon_line, gluon_version
 from tvm_stitch.codegen.triton_gen import (
     Descriptor,
@@ -60,22 +68,32 @@ WS_GEMM_ROWS = 64
 #: 384 threads (168 each at launch; 2 × 240 + 24 after) and 3 make 512 (128; 3 × 160 + 24)
 WS_GEMM_REGS = {2: (168, 240), 3: (128, 160)}
 WS_GEMM_LOAD_REGS = 24
-#: ``(consumers, BLOCK_N, BLOCK_K, ring slots)`` the search measures: 192 × 128 (cuBLAS's
-#: tile; 4 slots and the output's staging tiles take 213 KB of shared memory) and 128 × 128
-#: (a tile of 128 tokens). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens on an
-#: H200: cooperative 128 × 256, and ping-pong schedules (two consumers taking whole tiles in
-#: turns, one's epilogue behind the other's products; BERT's FFN-in with its GELU tied the
-#: Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end; 2026-11-26)
-WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5))
+#: ``(consumers, BLOCK_N, BLOCK_K, ring slots[, epilogue warps])`` the search measures:
+#: 192 × 128 (cuBLAS's tile; 4 slots and the output's staging tiles take 213 KB of shared
+#: memory), 128 × 128 (a tile of 128 tokens), and 128 × 128 with an epilogue partition of 4
+#: or 8 warps (``EW``: 224 KB with the product's and the output's staging tiles; BERT's FFN-in
+#: with its GELU 36.9 µs against the Triton form's 40.7, Q/K/V 26.3 against 26.5, H100
+#: 2026-11-26). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens: cooperative
+#: 128 × 256, ping-pong schedules (two consumers taking whole tiles in turns; BERT's FFN-in
+#: tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end), and each
+#: tile's epilogue behind the next tile's first products in the consumers themselves (a
+#: second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
+WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8))
+#: an epilogue partition's warps (``EW``) -> (the launch's register limit, a consumer's
+#: registers, the epilogue's): two consumers, the epilogue's warps and the loading warp's
+#: warpgroup make 512 threads (4) or 640 (8)
+WS_GEMM_EPILOGUE_REGS = {4: (128, 176, 136), 8: (96, 160, 80)}
 #: the widest column tile: a consumer holds 64 × BLOCK_N float32 accumulators (bounds checks
 #: along a band's columns are left out where this many divide them, as in the Triton form)
 WS_GEMM_MAX_N = 256
 
 
-def ws_config(consumers: int, bn: int, bk: int, slots: int) -> dict:
-    """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller)."""
-    return {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
-            "num_stages": slots, "WS": consumers}
+def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0) -> dict:
+    """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller);
+    ``epilogue``: the warps of an epilogue partition (``EW``; 0: the consumers run it)."""
+    config = {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
+              "num_stages": slots, "WS": consumers}
+    return {**config, "EW": epilogue} if epilogue else config
 
 
 def ws_legality(match) -> str | None:
@@ -116,6 +134,39 @@ def ws_legality(match) -> str | None:
         # three 64 x 128 float32 staging tiles and the ring do not fit in shared memory
         return f"{dtypes.pop()} outputs (staging tiles sized for 16-bit ones)"
     return None
+
+
+def staging_legality(match) -> str | None:
+    """Why the consumers cannot hand ``match``'s products to an epilogue partition (``EW``)
+    as 16-bit tiles, or None: every band's output reads its product only cast to the
+    output's type (as a 16-bit model's GEMM computes it), so nothing is rounded twice."""
+    why = ws_legality(match)
+    if why:
+        return why
+    for si, seg in enumerate(match.segments):
+        dtype = match.views[f"out{si}.0"].dtype
+        if not _staged(seg.outputs[0].elem, set(seg.accumulators), dtype):
+            return f"band {si} reads its product other than cast to {dtype}"
+    return None
+
+
+def _staged(elem, accumulators: set, dtype: str) -> bool:
+    if isinstance(elem, Op) and elem.op == "cast" and elem.dtype == dtype \
+            and isinstance(elem.args[0], Leaf) and elem.args[0].tensor in accumulators:
+        return True
+    if isinstance(elem, Leaf):
+        return elem.tensor not in accumulators
+    return all(_staged(a, accumulators, dtype) for a in elem.children())
+
+
+def _unstaged(elem, accumulators: set):
+    """``elem`` with its casts of the product to 16 bits read as the staged 16-bit tile."""
+    def swap(e):
+        if isinstance(e, Op) and e.op == "cast" and isinstance(e.args[0], Leaf) \
+                and e.args[0].tensor in accumulators:
+            return Leaf(e.args[0].tensor, e.args[0].index, e.dtype)
+        return None
+    return replace(elem, swap)
 
 
 def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
@@ -199,21 +250,24 @@ def _load(a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
-def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, C: gl.constexpr,
-             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-             GROUP_M: gl.constexpr, NB: gl.constexpr, CONSUMERS: gl.constexpr):
+def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, c_empty,
+             C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NB: gl.constexpr,
+             CONSUMERS: gl.constexpr, EW: gl.constexpr):
     # consumer warpgroup C: rows C * BLOCK_M .. of each of the program's tiles
     ACC_L: gl.constexpr = _acc_layout(BLOCK_N)
     tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
 {tiles_n}
     k_steps = gl.cdiv({k}, BLOCK_K)
     g = 0  # ring steps consumed
+    n = 0  # tiles
     for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, GROUP_M)
         row0 = (pid_m * CONSUMERS + C) * BLOCK_M
         rm = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC_L))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ACC_L))
-        # the epilogue's reads that do not depend on the product, in flight during it
+        if EW == 0:
+            # the epilogue's reads that do not depend on the product, in flight during it
 {hoisted}
         acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, ACC_L)
         for kk in range(k_steps):
@@ -227,35 +281,70 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, C: gl.co
         acc0 = warpgroup_mma_wait(0, deps=(acc0, ))
         mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
         g += k_steps
-        tma.store_wait(0)  # the staging tile's last store has left
+        if EW:
+            # the product as the output's type to the epilogue partition, which runs the
+            # epilogue while this warpgroup goes on with the next tile's products
+            mbarrier.wait(c_empty.index(C), (n & 1) ^ 1)
+            c_smem.index(C).store(acc0.to(gl.{out_dtype}))
+            mbarrier.arrive(c_full.index(C), count=1)
+        else:
+            tma.store_wait(0)  # the staging tile's last store has left
 {epilogue}
+        n += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def _consume1({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
-              BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-              NB: gl.constexpr, CONSUMERS: gl.constexpr):
-    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 1, BLOCK_M, BLOCK_N,
-             BLOCK_K, GROUP_M, NB, CONSUMERS)
+def _consume1({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, c_empty,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              GROUP_M: gl.constexpr, NB: gl.constexpr, CONSUMERS: gl.constexpr,
+              EW: gl.constexpr):
+    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, c_empty, 1,
+             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)
 
 
 @gluon.jit
-def _consume2({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
-              BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-              NB: gl.constexpr, CONSUMERS: gl.constexpr):
-    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 2, BLOCK_M, BLOCK_N,
-             BLOCK_K, GROUP_M, NB, CONSUMERS)
+def _consume2({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, c_empty,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              GROUP_M: gl.constexpr, NB: gl.constexpr, CONSUMERS: gl.constexpr,
+              EW: gl.constexpr):
+    _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, c_empty, 2,
+             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)
+
+
+@gluon.jit
+def _epilogue({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr,
+              EW: gl.constexpr):
+    # the epilogue partition (EW warps): each consumer's 16-bit product from shared memory,
+    # the epilogue, the output by TMA from a staging tile of its own per consumer
+    ACC_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EW, 1], [1, 0])
+    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{tiles_n}
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ACC_L))
+    n = 0
+    for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, GROUP_M)
+        for C in gl.static_range(CONSUMERS):
+            row0 = (pid_m * CONSUMERS + C) * BLOCK_M
+            rm = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC_L))
+{staged_hoisted}
+            mbarrier.wait(c_full.index(C), n & 1)
+            acc16 = c_smem.index(C).load(ACC_L)
+            mbarrier.arrive(c_empty.index(C), count=1)
+            tma.store_wait(CONSUMERS - 1)  # this staging tile's last store has left
+{staged_epilogue}
+        n += 1
+    tma.store_wait(0)
 
 
 @gluon.jit
 def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NB: gl.constexpr,
-           CONSUMERS: gl.constexpr, NUM_SMS: gl.constexpr):
+           CONSUMERS: gl.constexpr, NUM_SMS: gl.constexpr, EW: gl.constexpr):
     # persistent (min(NUM_SMS, tiles) programs); A, B and the output as TMA descriptors made
-    # on the host (rows past the ends read as zeros, stores clipped at them)
+    # on the host (rows past the ends read as zeros, stores clipped at them); EW: the warps
+    # of an epilogue partition (0: the consumers run the epilogue)
     gl.static_assert(BLOCK_M == 64, "a consumer warpgroup's wgmma takes 64 rows")
     gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
     a_smem = gl.allocate_shared_memory(gl.{dtype}, [NB * CONSUMERS, BLOCK_M, BLOCK_K],
@@ -269,29 +358,53 @@ def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: 
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)
-    if CONSUMERS == 3:
+    if EW:
+{epilogue_partition}
+    elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 0, BLOCK_M,
-                        BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
-            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
-                         BLOCK_M,
-                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
-            (_consume2, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
-                         BLOCK_M,
-                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready, empty,
+                        0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+                         empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+            (_consume2, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+                         empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
             (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
                      GROUP_M, NB, CONSUMERS)),
         ], [4, 4, 1], [{regs3}, {regs3}, {load_regs}])
     else:
         gl.warp_specialize([
-            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, 0, BLOCK_M,
-                        BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
-            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
-                         BLOCK_M,
-                         BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready, empty,
+                        0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+                         empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
             (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
                      GROUP_M, NB, CONSUMERS)),
         ], [4, 1], [{regs2}, {load_regs}])
+'''
+
+
+_EPILOGUE_PARTITION = '''\
+        gl.static_assert(CONSUMERS == 2, "an epilogue partition with two consumers")
+        c_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_l)
+        c_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_l)
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(c_full.index(i), count=1)
+            mbarrier.init(c_empty.index(i), count=1)
+        o_smem = gl.allocate_shared_memory(gl.{out_dtype}, [CONSUMERS, BLOCK_M, BLOCK_N],
+                                           o0_desc.layout)
+{branches}'''
+
+_EPILOGUE_BRANCH = '''        {head}:
+            gl.warp_specialize([
+                (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full,
+                            c_empty, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+                (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full,
+                             c_empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+                (_epilogue, ({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M,
+                             BLOCK_N, GROUP_M, CONSUMERS, EW)),
+                (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N,
+                         BLOCK_K, GROUP_M, NB, CONSUMERS)),
+            ], [4, {warps}, 1], [{consumer_regs}, {epilogue_regs}, {load_regs}])
 '''
 
 
@@ -300,9 +413,11 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
 
     Its arguments are the Triton form's pointers (inputs ``I0..``, outputs ``O0..``), the
     descriptors of :func:`ws_descriptors` and the constexprs ``BLOCK_M`` (64: a consumer's
-    rows), ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``NB`` (ring slots), ``CONSUMERS`` (2 or 3)
-    and ``NUM_SMS``; it launches with 4 warps and the register limit of
-    :data:`WS_GEMM_REGS`, on ``min(NUM_SMS, tiles)`` programs.  ``hoist``: a one-band
+    rows), ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``NB`` (ring slots), ``CONSUMERS`` (2 or 3),
+    ``NUM_SMS`` and ``EW`` (an epilogue partition's warps, 4 or 8, where
+    :func:`staging_legality` allows one; else 0); it launches with 4 warps and the register
+    limit of :data:`WS_GEMM_REGS` (:data:`WS_GEMM_EPILOGUE_REGS` with ``EW``), on
+    ``min(NUM_SMS, tiles)`` programs.  ``hoist``: a one-band
     epilogue's reads that do not depend on the product are issued before the product loop.
     """
     why = ws_legality(match)
@@ -329,8 +444,10 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         off_n += [heads[si], f"    off_n = {local}"] if heads[si] else [f"off_n = {local}"]
         column += seg.n
     # rows past m are read as zeros and never stored; the epilogue's own reads are masked
-    # (a tile of CONSUMERS × 64 rows divides no power of two), columns past a band's end too
-    pre, epilogue = [], []
+    # (a tile of CONSUMERS × 64 rows divides no power of two), columns past a band's end too;
+    # printed twice: in the consumers, and in an epilogue partition reading staged products
+    staging = staging_legality(match)
+    pre, epilogue, staged_pre, staged_epilogue = [], [], [], []
     for si, seg in enumerate(segments):
         local = f"(pid_n - ({firsts[si]}))" if si else "pid_n"
         n_axis = _n_axis(match.views[f"b{si}.0"])  # each band has its own column axis
@@ -338,40 +455,59 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         masks = {"m": f"(rm < {m})[:, None]"}
         if seg.n % WS_GEMM_MAX_N:
             masks[n_axis] = f"(rn < {seg.n})[None, :]"
-        acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
-        printer = ElemPrinter(tiles, masks, pointers, _extra_views(match), acc, prefix=f"e{si}_")
-        value = printer.expr(seg.outputs[0].elem)
-        body = printer.lines
-        if hoist and len(segments) == 1:
-            pre, body = _hoisted(body, "acc0")
-            pre = [f"rn = {local} * BLOCK_N + cols", *pre]
-        else:
-            body = [f"rn = {local} * BLOCK_N + cols", *body]
         view = match.views[f"out{si}.0"]
-        tile = _broadcast(value, seg.outputs[0].elem, acc)
-        body += [
-            f"c_smem.index(C).store(({tile}).to(gl.{view.dtype}))",
-            "fence_async_shared()",
-            f"_tma_store(o{si}_desc, [row0, {local} * BLOCK_N], c_smem.index(C))",
-        ]
-        if heads[si]:
-            epilogue += [heads[si], *("    " + line for line in body)]
-        else:
-            epilogue += body
+        for staged in (False, True):
+            if staged and staging:
+                continue  # the epilogue partition is refused (staging says why)
+            acc = {t: ("acc16" if staged else f"acc{i}", view.dtype if staged else match.acc_dtype)
+                   for i, t in enumerate(seg.accumulators)}
+            elem = seg.outputs[0].elem
+            if staged:  # its casts of the product read the staged 16-bit tile
+                elem = _unstaged(elem, set(seg.accumulators))
+            printer = ElemPrinter(tiles, masks, pointers, _extra_views(match), acc,
+                                  prefix=f"e{si}_")
+            value = printer.expr(elem)
+            body, first = printer.lines, [f"rn = {local} * BLOCK_N + cols"]
+            if hoist and len(segments) == 1:
+                reads, body = _hoisted(body, "acc16" if staged else "acc0")
+                (staged_pre if staged else pre)[:] = [*first, *reads]
+            else:
+                body = [*first, *body]
+            staging_tile = "o_smem.index(C)" if staged else "c_smem.index(C)"
+            body += [
+                f"{staging_tile}.store(({_broadcast(value, elem, acc)}).to(gl.{view.dtype}))",
+                "fence_async_shared()",
+                f"_tma_store(o{si}_desc, [row0, {local} * BLOCK_N], {staging_tile})",
+            ]
+            out = staged_epilogue if staged else epilogue
+            out += [heads[si], *("    " + line for line in body)] if heads[si] else body
     out_descs = ", ".join(f"o{si}_desc" for si in range(len(segments)))
 
     def block(lines, depth):
         pad = "    " * depth
         return "\n".join(pad + gluon_line(x, erf_abs=True) for x in lines) or pad + "pass"
 
+    out_dtype = match.views["out0.0"].dtype
+    if staging:
+        partition = f"        gl.static_assert(EW == 0, {staging!r})"
+    else:
+        branches = [_EPILOGUE_BRANCH.format(
+            head=("if" if i == 0 else "else") + (f" EW == {warps}" if i == 0 else ""),
+            ptrs=ptrs, out_descs=out_descs, warps=warps, consumer_regs=regs[1],
+            epilogue_regs=regs[2], load_regs=WS_GEMM_LOAD_REGS)
+            for i, (warps, regs) in enumerate(WS_GEMM_EPILOGUE_REGS.items())]
+        partition = _EPILOGUE_PARTITION.format(out_dtype=out_dtype,
+                                               branches="".join(branches)).rstrip("\n")
     return _TEXT.format(
         describe=match.describe(outputs=True), name=name, ptrs=ptrs, out_descs=out_descs,
-        m=m, k=k, dtype=match.dtype, out_dtype=match.views["out0.0"].dtype,
+        m=m, k=k, dtype=match.dtype, out_dtype=out_dtype,
         tiles_n=block(tiles_n, 1), off_n=block(off_n, 2),
         b_box="[off_n, kk * BLOCK_K]" if b_nk else "[kk * BLOCK_K, off_n]",
         b_tile="BLOCK_N, BLOCK_K" if b_nk else "BLOCK_K, BLOCK_N",
         b_operand="b_smem.index(slot).permute((1, 0))" if b_nk else "b_smem.index(slot)",
-        hoisted=block(pre, 2), epilogue=block(epilogue, 2),
+        hoisted=block(pre, 3), epilogue=block(epilogue, 3),
+        staged_hoisted=block(staged_pre, 3), staged_epilogue=block(staged_epilogue, 3),
+        epilogue_partition=partition,
         regs2=WS_GEMM_REGS[2][1], regs3=WS_GEMM_REGS[3][1], load_regs=WS_GEMM_LOAD_REGS,
     )
 

@@ -257,6 +257,7 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     consts.setdefault("NB", config.get("num_stages", 2))  # a Gluon kernel's ring slots
     consts["CONSUMERS"] = _consumers(config)  # the Gluon GEMM's consumer warpgroups
+    consts["EW"] = int(config.get("EW") or 0)  # and its epilogue partition's warps
     if consts["PERSISTENT"]:
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out

@@ -10,6 +10,7 @@ PyTorch; with ``on_device=False`` the analytical model alone picks the tiles.  E
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.cost.model import CostModel, Workload
@@ -17,6 +18,8 @@ from tvm_stitch.explore.tiling import ChainSpec
 
 from .evolution import SearchConfig
 from .measure import Tuned, measured_search
+
+logger = logging.getLogger("tvm_stitch.tune")
 
 #: Algorithm 1's knobs for tuning inside a compile: a small population, few rounds
 PASS_SEARCH = SearchConfig(population=64, top_n=8, eps=0.01, max_rounds=4)
@@ -77,13 +80,17 @@ def ws_seeds() -> list[dict]:
             for n, slots in WS_TILES]
 
 
-def gemm_ws_seeds() -> list[dict]:
+def gemm_ws_seeds(staging: bool = True) -> list[dict]:
     """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.codegen.gluon_gemm`): a consumer
-    warpgroup's 64 rows, the column and k tiles, ``WS`` consumers and the ring's slots."""
+    warpgroup's 64 rows, the column and k tiles, ``WS`` consumers, the ring's slots and the
+    warps of an epilogue partition (``EW``; left out without ``staging``, see
+    :func:`~tvm_stitch.codegen.gluon_gemm.staging_legality`)."""
     from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config
 
     seeds = []
     for tiles in WS_GEMM_TILES:
+        if len(tiles) > 4 and tiles[4] and not staging:
+            continue
         config = ws_config(*tiles)
         seeds.append({"m": config.pop("BLOCK_M"), "n": config.pop("BLOCK_N"),
                       "k": config.pop("BLOCK_K"), "launch": config})
@@ -300,7 +307,12 @@ def tune_generated(
         launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
         if source.ws and on_device:  # the warp-specialized Gluon form, measured at its tiles
             # (measured only, as TMA stores: the model prices it as the Triton form)
-            seeds = [*seeds, *gemm_ws_seeds()]
+            from tvm_stitch.codegen.gluon_gemm import staging_legality
+
+            why = staging_legality(match)
+            if why:
+                logger.info("%s: no epilogue partition: %s", match.describe(), why)
+            seeds = [*seeds, *gemm_ws_seeds(staging=why is None)]
     else:
         d = ext["d"]
         spec = ChainSpec.gemm_chain(
