@@ -216,7 +216,7 @@ def _erf(x):
     p = p * t - 9.184163809e-01
     p = p * t - 1.627908587e00
     r = 1.0 - gl.exp2(p * t)
-    return gl.where(x < 0, -r, r)
+    return gl.where(x != x, x, gl.where(x < 0, -r, r))  # noqa: PLR0124 - NaN stays NaN
 
 
 @gluon.jit
@@ -357,7 +357,8 @@ def launch(a, w, c, bias, res, sched, bm, bn, bk, nb, store_tma, epi, sms):
     ew = {}
     if sched == "coope":  # 512 threads: 176 registers per consumer, 136 for the epilogue's
         maxnreg, regs, ew = MAXNREG3, CONSUMER_REGS_E, {"EW": 1, "EPI_REGS": EPI_REGS}
-    if sched == "coope8":  # 640 threads: 160 registers per consumer, 80 for the epilogue's 8
+    if sched == "coope8":  # 640 threads: 160 for the second consumer, 80 for the epilogue's 8
+        # warps (the first consumer, Gluon's default partition, gets the rest: 136)
         maxnreg, regs, ew = 96, 160, {"EW": 1, "EPI_REGS": 80, "EPI_WARPS": 8}
     return gemm_ws[grid](a_desc, w_desc, c_desc, c, bias, res, m, n, k, BM=bm, BN=bn, BK=bk,
                          NB=nb, COOP=coop, STORE_TMA=int(store_tma), EPI=epi,
@@ -497,7 +498,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", type=int, help="only CONFIGS[i] (a crash ends one process)")
     parser.add_argument("--no-baselines", action="store_true", help="cuBLAS's matmul only")
     parser.add_argument("--cases", nargs="*", help=f"some of {list(SHAPES)}")
-    parser.add_argument("--sched", nargs="*", help="some of pingpong, coop, coop3, coope")
+    parser.add_argument("--sched", nargs="*", help="some of pingpong, coop, coop3, coope, coope8")
     parser.add_argument("--plain", action="store_true", help="no epilogue: the product only")
     args = parser.parse_args(argv)
     if args.compile_only:

@@ -98,7 +98,12 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     import torch.nn.functional as F
 
     from tvm_stitch import HardwareModel
-    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, gemm_ws_source, ws_config
+    from tvm_stitch.codegen.gluon_gemm import (
+        WS_GEMM_TILES,
+        gemm_ws_source,
+        staging_legality,
+        ws_config,
+    )
     from tvm_stitch.tune.kernels import generated_runner
     from tvm_stitch.tune.measure import time_torch
 
@@ -132,7 +137,9 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
               flush=True)
         forms = [(dict(c), "triton") for c in TRITON_FORMS]
         if source.ws:
-            forms += [(ws_config(*tiles), "gluon") for tiles in WS_GEMM_TILES]
+            staging = staging_legality(match) is None  # as the search seeds them
+            forms += [(ws_config(*tiles), "gluon") for tiles in WS_GEMM_TILES
+                      if staging or len(tiles) == 4]
         variants = [("", source)]
         if source.ws and hoist_variant:
             variants.append(("no-hoist", dataclasses.replace(

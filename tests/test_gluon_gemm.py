@@ -5,6 +5,7 @@ pipeline."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -17,6 +18,7 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.gluon_attention import gluon_version
 from tvm_stitch.codegen.gluon_gemm import (
     WS_GEMM_TILES,
+    default_registers,
     staging_legality,
     ws_config,
     ws_legality,
@@ -96,13 +98,18 @@ def test_epilogue_partition_takes_the_staged_products():
     assert part.index("gl.load(I") < part.index("mbarrier.wait(c_full") < part.index(
         "acc16 = c_smem.index(C).load(ACC_L)") < part.index("_erf_abs(")
     assert "acc0" not in part and "_tma_store(o0_desc" in part
-    for warps, threads, (limit, consumer, epilogue) in ((4, 512, (128, 176, 136)),
-                                                        (8, 640, (96, 160, 80))):
+    for warps, threads, limit, regs in ((4, 512, 128, (176, 176, 136, 24)),
+                                        (8, 640, 96, (136, 160, 80, 24))):
+        assert default_registers(warps) == regs[0]
         launch = embed.generated_launch(source, match, _ws(2, 128, 64, 5, warps), shapes)
         ptx = re.sub(r"\s+", " ", launch.ptx)
         assert f".reqntid {threads}" in ptx and f".maxnreg {limit}" in ptx, warps
-        for regs in (consumer, epilogue):
-            assert f"setmaxnreg.inc.sync.aligned.u32 {regs}" in ptx
+        # each partition's registers (first consumer, second, the epilogue's, the loader's),
+        # within the launch's: warpgroups x limit
+        set_to = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32 (\d+)",
+                                             ptx)}
+        assert set(regs) <= set_to, (warps, sorted(set_to))
+        assert regs[0] + regs[1] + regs[2] * warps // 4 + regs[3] <= limit * threads // 128
         assert launch.symbol.endswith(f"ws2e{warps}")
     qkv, source, shapes, _ = _by_shape(gemms, "200x(768+768+768)x768")
     report = ptxas_report(embed.generated_launch(source, qkv, _ws(2, 128, 64, 5, 4),
@@ -123,6 +130,28 @@ def test_staging_is_refused_where_the_product_is_read_wide():
     wide = Op("cast", (Op("mul", (acc, Const(0.5, "float32")), "float32"),), "float16")
     assert not _staged(Op("add", (wide, bias), "float16"), {"acc"}, "float16")
     assert not _staged(Op("cast", (acc,), "bfloat16"), {"acc"}, "float16")
+
+
+def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
+    """Where the products cannot be staged the kernel has no epilogue partition (a launch
+    with ``EW`` fails to compile, saying why), the consumers' epilogue compiles as before,
+    and the search does not seed ``EW``; ``ws_config`` refuses an epilogue partition with
+    three consumers."""
+    from tvm_stitch.codegen import gluon_gemm
+    from tvm_stitch.tune.kernels import gemm_ws_seeds
+
+    match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
+    monkeypatch.setattr(gluon_gemm, "staging_legality", lambda m: "a test's reason")
+    text = gluon_gemm.gemm_ws_source(match, source.name)
+    assert "gl.static_assert(EW == 0, 'a test's reason')" in text.replace('"', "'")
+    assert "def _epilogue(" in text and "c_full = gl.allocate" not in text
+    refused = dataclasses.replace(source, ws=text)
+    embed.generated_launch(refused, match, _ws(3, 128, 64, 4), shapes)
+    with pytest.raises(Exception, match="a test's reason"):
+        embed.generated_launch(refused, match, _ws(2, 128, 64, 5, 4), shapes)
+    assert all("EW" not in s["launch"] for s in gemm_ws_seeds(staging=False))
+    with pytest.raises(ValueError, match="2 consumers"):
+        ws_config(3, 128, 64, 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -227,10 +256,12 @@ def test_warp_specialized_gemm_numerics(name, params):
                 for t in source.outputs]
         ex["main"](*[tvm.runtime.tensor(a) for a in inputs], *refs)
         args = [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in inputs]
-        ran = 0
+        ran, staged = 0, 0
         # a program per tile, and 3 programs walking many tiles each (ring phases, the staging
         # tiles and bands carried from one tile to the next)
         for tiles, sms in itertools.product(WS_GEMM_TILES, (132, 3)):
+            if len(tiles) > 4 and staging_legality(match):  # as the search: not seeded
+                continue
             config = {**_ws(*tiles), "NUM_SMS": sms}
             fn = load(source, config)
             consts = launch_constexprs(source, match, config, fn.arg_names)
@@ -246,6 +277,7 @@ def test_warp_specialized_gemm_numerics(name, params):
                 continue
             torch.cuda.synchronize()
             ran += 1
+            staged += bool(config.get("EW"))
             for ref, out in zip(refs, outs):
                 r = ref.numpy().astype("float32")
                 g = out.float().cpu().numpy()
@@ -253,5 +285,7 @@ def test_warp_specialized_gemm_numerics(name, params):
                 assert np.isfinite(g).all() and err <= 2e-2 * max(1.0, float(np.abs(r).max())), (
                     f"{match.describe()} {tiles} on {sms} programs: max error {err}")
         assert ran, f"{match.describe()}: no tiling fits"
+        # the epilogue partition's tilings ran (not all skipped for their resources)
+        assert staged or staging_legality(match), f"{match.describe()}: no EW tiling ran"
         checked += 1
     assert checked >= 1

@@ -79,18 +79,33 @@ WS_GEMM_LOAD_REGS = 24
 #: tile's epilogue behind the next tile's first products in the consumers themselves (a
 #: second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
 WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8))
-#: an epilogue partition's warps (``EW``) -> (the launch's register limit, a consumer's
-#: registers, the epilogue's): two consumers, the epilogue's warps and the loading warp's
-#: warpgroup make 512 threads (4) or 640 (8)
+#: an epilogue partition's warps (``EW``) -> (the launch's register limit, the second
+#: consumer's registers, the epilogue's): two consumers, the epilogue's warps and the loading
+#: warp's warpgroup make 512 threads (4) or 640 (8); the first consumer (Gluon's default
+#: partition) gets what is left (:func:`default_registers`): 176 with 4 epilogue warps, 136
+#: with 8 -- as measured (2026-11-26; an even split of 8's, 144 and 152, was not measured)
 WS_GEMM_EPILOGUE_REGS = {4: (128, 176, 136), 8: (96, 160, 80)}
 #: the widest column tile: a consumer holds 64 × BLOCK_N float32 accumulators (bounds checks
 #: along a band's columns are left out where this many divide them, as in the Triton form)
 WS_GEMM_MAX_N = 256
 
 
+def default_registers(epilogue: int) -> int:
+    """Registers Gluon leaves the first consumer (its default partition) of a launch with an
+    epilogue partition of ``epilogue`` warps: the launch's registers less the other
+    partitions' (each warpgroup's ``setmaxnreg``; the loading warp's padded to a warpgroup)."""
+    limit, consumer, regs = WS_GEMM_EPILOGUE_REGS[epilogue]
+    groups = 1 + 1 + epilogue // 4 + 1  # consumers, the epilogue's warpgroups, the loader's
+    left = limit * groups - consumer - regs * (epilogue // 4) - WS_GEMM_LOAD_REGS
+    return left // 8 * 8
+
+
 def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0) -> dict:
     """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller);
     ``epilogue``: the warps of an epilogue partition (``EW``; 0: the consumers run it)."""
+    if epilogue and (consumers != 2 or epilogue not in WS_GEMM_EPILOGUE_REGS):
+        raise ValueError(f"an epilogue partition of {epilogue} warps with {consumers} consumers:"
+                         f" only 2 consumers with {sorted(WS_GEMM_EPILOGUE_REGS)} warps")
     config = {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
               "num_stages": slots, "WS": consumers}
     return {**config, "EW": epilogue} if epilogue else config
@@ -492,10 +507,12 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         partition = f"        gl.static_assert(EW == 0, {staging!r})"
     else:
         branches = [_EPILOGUE_BRANCH.format(
-            head=("if" if i == 0 else "else") + (f" EW == {warps}" if i == 0 else ""),
+            head=("if" if i == 0 else "elif") + f" EW == {warps}",
             ptrs=ptrs, out_descs=out_descs, warps=warps, consumer_regs=regs[1],
             epilogue_regs=regs[2], load_regs=WS_GEMM_LOAD_REGS)
             for i, (warps, regs) in enumerate(WS_GEMM_EPILOGUE_REGS.items())]
+        branches.append("        else:\n            gl.static_assert(False, \"EW: "
+                        f"{sorted(WS_GEMM_EPILOGUE_REGS)} warps\")\n")
         partition = _EPILOGUE_PARTITION.format(out_dtype=out_dtype,
                                                branches="".join(branches)).rstrip("\n")
     return _TEXT.format(
