@@ -258,27 +258,21 @@ def _epilogue_wg(c_smem, o_smem, c_full, c_empty, c_desc, bias, res, M, N, BM: g
 
 
 @gluon.jit
-def _consume1e(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
-               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
-               c_full, c_empty):
-    _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
-             BN, BK, NB, 1, 1, 0, 1, c_full, c_empty)
-
-
-@gluon.jit
 def _consume1(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
-              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
+              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr,
+              EW: gl.constexpr, c_full, c_empty):
     _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 1, BM,
-             BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)
+             BN, BK, NB, COOP, STORE_TMA, EPI, EW, c_full, c_empty)
 
 
 @gluon.jit
 def _consume2(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
-              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr):
+              COOP: gl.constexpr, STORE_TMA: gl.constexpr, EPI: gl.constexpr,
+              EW: gl.constexpr, c_full, c_empty):
     _consume(a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N, K, 2, BM,
-             BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)
+             BN, BK, NB, COOP, STORE_TMA, EPI, EW, c_full, c_empty)
 
 
 @gluon.jit
@@ -311,8 +305,8 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
         gl.warp_specialize([
             (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
                         K, 0, BM, BN, BK, NB, 1, 1, 0, 1, c_full, c_empty)),
-            (_consume1e, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
-                          N, K, BM, BN, BK, NB, c_full, c_empty)),
+            (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
+                         N, K, BM, BN, BK, NB, 1, 1, 0, 1, c_full, c_empty)),
             (_epilogue_wg, (c_smem, o_smem, c_full, c_empty, c_desc, bias, res, M, N, BM, BN,
                             EPI, EPI_WARPS)),
             (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
@@ -323,9 +317,9 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
             (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
                         K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
-                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_consume2, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
-                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
                      COOP)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOAD_REGS])
@@ -334,7 +328,7 @@ def gemm_ws(a_desc, w_desc, c_desc, C, bias, res, M, N, K, BM: gl.constexpr, BN:
             (_consume, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M, N,
                         K, 0, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_consume1, (a_smem, w_smem, ready, empty, turn, c_smem, c_desc, C, bias, res, M,
-                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI)),
+                         N, K, BM, BN, BK, NB, COOP, STORE_TMA, EPI, 0, turn, turn)),
             (_load, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, K, BM, BN, BK, NB,
                      COOP)),
         ], [4, 1], [CONSUMER_REGS, LOAD_REGS])
