@@ -433,3 +433,39 @@ def test_tma_stores_are_searched_beside_pointer_stores():
         o for o in plain if o["PERSISTENT"]]
     assert len(seeds) == len(plain_seeds) + sum(s["launch"]["PERSISTENT"] for s in plain_seeds)
     assert not any(o.get("TMA_STORE") for o in plain + _gemm_options(False, True, True)[0])
+
+
+def test_softmax_scale_comes_out_of_the_row_maxima():
+    """The logits' positive scale (with log2 e) comes out of the online softmax's maxima, one
+    for the masked and the visible logits of a causal attention: ``exp2(y·c − max·c)`` is one
+    FMA a logit.  A model's float16 logits keep their roundings (only the final widening is
+    scaled); logits without one common factor keep the scaled form (c = 1)."""
+    from tvm_stitch.analysis.elem import Const, Iter, Leaf, Op
+    from tvm_stitch.codegen.triton_gen import LOG2E, scaled_logits, softmax_exp2
+
+    s = Leaf("s", (), "float32")
+
+    def keys(es):
+        return [e.key() for e in es]
+
+    (y,), c = scaled_logits(Op("mul", (s, Const(0.125, "float32")), "float32"))
+    assert keys([y]) == keys([s]) and c == 0.125 * LOG2E
+    # BERT: (s as float16) · 0.125 + mask, in float16, then widened
+    half = Op("add", (Op("mul", (Op("cast", (s,), "float16"), Const(0.125, "float16")),
+                             "float16"), Leaf("mask", (), "float16")), "float16")
+    (y,), c = scaled_logits(half)
+    assert keys([y]) == keys([Op("cast", (half,), "float32")]) and c == LOG2E
+    # causal: the masked logits and the visible ones share the factor; -inf stays -inf
+    cond = Iter("n > m", "bool")
+    scaled = Op("mul", (s, Const(0.125, "float32")), "float32")
+    masked = Op("select", (cond, Const(float("-inf"), "float32"), scaled), "float32")
+    (ym, yv), c = scaled_logits(masked, scaled)
+    assert c == 0.125 * LOG2E and keys([yv]) == keys([s])
+    assert keys([ym]) == keys([Op("select", (cond, Const(float("-inf"), "float32"), s),
+                                  "float32")])
+    # a bias scaled otherwise: no common factor
+    bias = Op("mul", (Leaf("bias", (), "float32"), Const(2.0, "float32")), "float32")
+    (y,), c = scaled_logits(Op("add", (scaled, bias), "float32"))
+    assert c == 1.0 and y.op == "add" and y.args[0].args[1].value == 0.125 * LOG2E
+    assert softmax_exp2(c) == ("z - {m}", "m_i - m_safe")
+    assert softmax_exp2(0.5) == ("z * 0.5 - {m} * 0.5", "(m_i - m_safe) * 0.5")

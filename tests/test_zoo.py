@@ -372,3 +372,22 @@ def test_causal_masks_become_index_comparisons(name, params, causal):
             assert not any(isinstance(e, Iter) or (isinstance(e, Op) and e.op == "select")
                            for e in walk(visible))
             assert [x.key() for x in leaves(visible)] == [x.key() for x in leaves(m.score)]
+
+
+@pytest.mark.parametrize(("layers", "reads"), [(2, "float16"), (1, "int32")])
+def test_a_mask_every_layer_reads_is_read_not_recomputed(layers, reads):
+    """The nn BERT's additive padding mask, ``(1 - mask) · -10000`` reshaped to [batch, 1, 1,
+    seq], is read by every layer's attention (through the reshape, which kernels see
+    through): each kernel reads it as computed, in float16, rather than recomputing it from the
+    int32 input — a conversion for every logit (BERT-base 8×512: 26.4 µs an attention kernel,
+    24.3 without it; H100).  With one layer its only reader recomputes it (one kernel less)."""
+    inst = get_workload("bert-tiny").instance("float16", batch=2, seq=19, layers=layers)
+    graph = build_graph(legalized(inst.mod), legalize=False)
+    attention = [m for m in recognize(graph).matches if m.family == "attention"]
+    assert len(attention) == layers
+    for m in attention:
+        masks = [view for role, view in m.views.items() if isinstance(role, tuple)]
+        assert [graph.tensors[v.tensor].dtype for v in masks] == [reads]
+        casts = [e for e in walk(m.score) if isinstance(e, Op) and e.op == "cast"
+                 and e.args[0].dtype == "int32"]
+        assert bool(casts) == (reads == "int32")

@@ -41,16 +41,16 @@ from __future__ import annotations
 import re
 
 from tvm_stitch.codegen.triton_gen import (
-    LOG2E,
     Descriptor,
     ElemPrinter,
     UnsupportedKernelError,
     _extra_views,
     _pointers,
-    _times,
     _write_output,
     attention_tma,
     pow2,
+    scaled_logits,
+    softmax_exp2,
 )
 from tvm_stitch.cost.model import WS_ROWS  # a program's query rows: two warpgroups of 64
 
@@ -257,8 +257,8 @@ def _softmax(s, inputs, m_i, l_i, rm, m0, n0, b, h, {ptrs}, BLOCK_N: gl.constexp
 {logits}
     m_new = gl.maximum(m_i, gl.max(z, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(z - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2({exp2_z})
+    alpha = gl.exp2({exp2_m})
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
@@ -451,12 +451,18 @@ def attention_ws_source(match, name: str) -> str:
         masks["n"] = f"(rn < {n})[None, :]"
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
 
+    visible = visible_logits(match) if match.causal is not None else None
+    # log2(e) joins the logits' scale, which comes out of the row maxima (one FMA a logit)
+    (score, *rest), scale = scaled_logits(match.score, *([visible] if visible else []))
+    visible = rest[0] if rest else None
+    exp2_z, exp2_m = softmax_exp2(scale)
+
     def logits(score, prefix="g"):
         # temporaries of the two branches of a causal block test are named apart: Triton
         # unifies a name both branches assign, and only ``z`` is both branches' result
         printer = ElemPrinter(tiles, masks, pointers, extras,
                               {match.score_tensor: ("s", "float32")}, prefix=prefix)
-        z = printer.expr(_times(score, LOG2E))
+        z = printer.expr(score)
         if keys_bound:
             z = f"gl.where((rn < {n})[None, :], {z}, float('-inf'))"
         # the products rounded to 16 bits (a model computing its logits in float16) through an
@@ -465,8 +471,7 @@ def attention_ws_source(match, name: str) -> str:
         lines = [re.sub(r"\bs\.to\(", "(s + 0.0).to(", x) for x in printer.lines]
         return _hoisted([*lines, f"z = {z}"])
 
-    visible = visible_logits(match) if match.causal is not None else None
-    pre, body = logits(match.score)
+    pre, body = logits(score)
     if visible is not None:
         # keys past the diagonal of some row of the block: the mask; else the logits without it
         pre_v, body_v = logits(visible, "v")
@@ -507,7 +512,9 @@ def attention_ws_source(match, name: str) -> str:
     header = _HEADER.format(describe=match.describe(outputs=True), dtype=dtype)
     header += f"TILES = gl.constexpr({tiles_m * ext.get('b', 1) * heads})\n"
     return header + _CONSUMER.format(
-        name=name, ptrs=ptrs, dtype=dtype, logits=logits_text, store=_indent(store_lines, 2),
+        name=name, ptrs=ptrs, dtype=dtype, logits=logits_text,
+        exp2_z=exp2_z.format(m="gl.expand_dims(m_safe, 1)"), exp2_m=exp2_m,
+        store=_indent(store_lines, 2),
         inputs=_indent(pre) if pre else "    pass", input_names=input_names,
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,

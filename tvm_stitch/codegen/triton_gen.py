@@ -1119,6 +1119,63 @@ def _times(e: Elem, factor: float) -> Elem:
     return Op("mul", (e, Const(factor, e.dtype)), e.dtype)
 
 
+def scaled_logits(*scores: Elem) -> tuple[list[Elem], float]:
+    """``(ys, c)`` with each ``scores[i] · log2 e`` equal to ``ys[i] · c``, ``c > 0``, one ``c``
+    for all: the softmax takes its row maxima of ``y`` and computes ``exp2(y · c − max · c)``,
+    one fused multiply-add per logit instead of a multiplication and a subtraction
+    (FlashAttention's form; the maximum commutes with a positive scale).  ``c`` is 1 when no
+    common positive factor comes out (``ys`` are then the scaled logits)."""
+    scaled = [_times(s, LOG2E) for s in scores]
+    factor = next((c for c in map(_factor_of, scaled) if c is not None), None)
+    if factor is None or factor <= 0:
+        return scaled, 1.0
+    ys = [_unscaled(s, factor) for s in scaled]
+    if any(y is None for y in ys):
+        return scaled, 1.0
+    return ys, factor
+
+
+def softmax_exp2(scale: float) -> tuple[str, str]:
+    """The arguments of the online softmax's two ``exp2``: a logit's (``z`` against the row
+    maximum ``{m}``) and the old maximum's rescaling (``m_i`` against ``m_safe``), for logits
+    ``z`` scaled by ``scale`` (:func:`scaled_logits`)."""
+    if scale == 1.0:
+        return "z - {m}", "m_i - m_safe"
+    c = _literal(scale)
+    return f"z * {c} - {{m}} * {c}", f"(m_i - m_safe) * {c}"
+
+
+def _factor_of(e: Elem) -> float | None:
+    """The constant factor of the first float32 scaling in ``e`` (through sums and selects)."""
+    if isinstance(e, Op):
+        if e.op == "mul" and isinstance(e.args[1], Const) and e.dtype == "float32":
+            return float(e.args[1].value)
+        if e.op in ("add", "sub", "select"):
+            for a in e.args[-2:]:
+                c = _factor_of(a)
+                if c is not None:
+                    return c
+    return None
+
+
+def _unscaled(e: Elem, factor: float) -> Elem | None:
+    """``y`` with ``y · factor = e``: scalings by ``factor`` dropped, constants divided by it
+    (``-inf`` stays), through sums and selects; None where a term is not scaled by it."""
+    if isinstance(e, Const):
+        return Const(float(e.value) / factor, e.dtype)
+    if isinstance(e, Op):
+        a = e.args
+        if e.op == "mul" and isinstance(a[1], Const) and float(a[1].value) == factor:
+            return a[0]
+        if e.op in ("add", "sub"):
+            x, y = _unscaled(a[0], factor), _unscaled(a[1], factor)
+            return None if x is None or y is None else Op(e.op, (x, y), e.dtype)
+        if e.op == "select":
+            x, y = _unscaled(a[1], factor), _unscaled(a[2], factor)
+            return None if x is None or y is None else Op("select", (a[0], x, y), e.dtype)
+    return None
+
+
 def attention_tma(match) -> str | None:
     """Why TMA cannot bring in an attention's Q, K and V tiles, or None when it can.
 
@@ -1226,12 +1283,18 @@ def attention_source(match, name: str) -> KernelSource:
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
     masks = {a: x for a, x in (("m", rows.get("m")), ("n", cols.get("n"))) if x}
 
+    visible = visible_logits(match)
+    # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale, which
+    # comes out of the row maxima: p = exp2(y·c − max·c), one fused multiply-add a logit
+    (logits, *rest), scale = scaled_logits(match.score, *([visible] if visible else []))
+    visible = rest[0] if rest else None
+    exp2 = softmax_exp2(scale)
+
     def loop(score, start, stop):
         printer = ElemPrinter(
             tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g"
         )
-        # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale
-        z = printer.expr(_times(score, LOG2E))
+        z = printer.expr(score)
         if "n" in cols:
             z = f"tl.where({cols['n']}, {z}, float('-inf'))"
         body = [
@@ -1242,8 +1305,8 @@ def attention_source(match, name: str) -> KernelSource:
             f"z = {z}",
             "m_new = tl.maximum(m_i, tl.max(z, 1))",
             "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
-            "p = tl.exp2(z - m_safe[:, None])",
-            "alpha = tl.exp2(m_i - m_safe)",
+            f"p = tl.exp2({exp2[0].format(m='m_safe[:, None]')})",
+            f"alpha = tl.exp2({exp2[1]})",
             *load("v"),
             "l_i = l_i * alpha + tl.sum(p, 1)",
             # the rescaled output is the product's accumulator (wgmma adds into it in place)
@@ -1252,7 +1315,6 @@ def attention_source(match, name: str) -> KernelSource:
         ]
         return [f"for n0 in range({start}, {stop}, BLOCK_N):", *["    " + x for x in body]]
 
-    visible = visible_logits(match)
     if match.causal is not None:
         # keys past the diagonal of every row of this block are masked: skip their blocks
         lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal})")
@@ -1262,11 +1324,11 @@ def attention_source(match, name: str) -> KernelSource:
                 f"lo = tl.minimum(hi, (pid_m * BLOCK_M + {match.causal + 1}) // BLOCK_N * BLOCK_N)"
             )
             lines += loop(visible, 0, "lo")
-            lines += loop(match.score, "lo", "hi")
+            lines += loop(logits, "lo", "hi")
         else:
-            lines += loop(match.score, 0, "hi")
+            lines += loop(logits, 0, "hi")
     else:
-        lines += loop(match.score, 0, n)
+        lines += loop(logits, 0, n)
     lines.append("o = acc / l_i[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
     out_masks = {a: x for a, x in (("m", rows.get("m")), ("d", cols.get("d"))) if x}
