@@ -450,7 +450,8 @@ def launch_options(source, config: dict) -> dict:
         from .gluon_gemm import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
 
         if config.get("EW"):  # an epilogue partition
-            return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[int(config["EW"])][0]}
+            key = (int(config["WS"]), int(config["EW"]))
+            return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[key][0]}
         return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}
     if config.get("WS"):
         from .gluon_attention import WS_MAXNREG

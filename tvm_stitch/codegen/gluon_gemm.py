@@ -27,13 +27,14 @@ Gluon states the program itself, so the form printed here is:
   of 2026-11-26);
 * **bands** (Q, K and V over their joined weights, ``lift_params``): one B descriptor read at
   the tile's band's columns, each band's own epilogue and output descriptor;
-* or an **epilogue partition** (launch option ``EW``: 4 or 8 warps, with two consumers): a
-  consumer casts its product to the output's type, leaves it in shared memory and goes on
-  with the next tile's products while the partition reads it, runs the epilogue and stores
-  by TMA from staging tiles of its own (``c_full``/``c_empty`` mbarriers per consumer) — the
-  tensor cores no longer wait for a GELU (BERT's FFN-in: 36.9 µs against the consumers' own
-  epilogue's 44.9 and the Triton form's 40.7; H100, 2026-11-26).  Only where every band reads
-  its product cast to the output's type (:func:`staging_legality`): nothing is rounded twice.
+* or an **epilogue partition** (launch option ``EW``: 4 or 8 warps with two consumers, 4
+  with three): a consumer casts its product to the output's type, leaves it in shared
+  memory and goes on with the next tile's products while the partition reads it, runs the
+  epilogue and stores by TMA from staging tiles of its own (``c_full``/``c_empty``
+  mbarriers per consumer) — the tensor cores no longer wait for a GELU (BERT's FFN-in:
+  36.9 µs against the consumers' own epilogue's 44.9 and the Triton form's 40.7; H100,
+  2026-11-26).  Only where every band reads its product cast to the output's type
+  (:func:`staging_legality`): nothing is rounded twice.
 
 Standalone on an H200 (``python -m tvm_stitch.benchmarks.gluon_gemm --plain --sched coop3``,
 192 × 128 × 64 with 4 slots): BERT's four GEMMs at 4096 tokens 0.95–1.08× cuBLAS, where the
@@ -70,42 +71,49 @@ WS_GEMM_REGS = {2: (168, 240), 3: (128, 160)}
 WS_GEMM_LOAD_REGS = 24
 #: ``(consumers, BLOCK_N, BLOCK_K, ring slots[, epilogue warps])`` the search measures:
 #: 192 × 128 (cuBLAS's tile; 4 slots and the output's staging tiles take 213 KB of shared
-#: memory), 128 × 128 (a tile of 128 tokens), and 128 × 128 with an epilogue partition of 4
-#: or 8 warps (``EW``: 224 KB with the product's and the output's staging tiles; BERT's FFN-in
-#: with its GELU 36.9 µs against the Triton form's 40.7, Q/K/V 26.3 against 26.5, H100
-#: 2026-11-26). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens: cooperative
-#: 128 × 256, ping-pong schedules (two consumers taking whole tiles in turns; BERT's FFN-in
-#: tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end), and each
-#: tile's epilogue behind the next tile's first products in the consumers themselves (a
-#: second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
-WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8))
-#: an epilogue partition's warps (``EW``) -> (the launch's register limit, the second
-#: consumer's registers, the epilogue's): two consumers, the epilogue's warps and the loading
-#: warp's warpgroup make 512 threads (4) or 640 (8); the first consumer (Gluon's default
-#: partition) gets what is left (:func:`default_registers`): 176 with 4 epilogue warps, 136
-#: with 8 -- as measured (2026-11-26; an even split of 8's, 144 and 152, was not measured)
-WS_GEMM_EPILOGUE_REGS = {4: (128, 176, 136), 8: (96, 160, 80)}
+#: memory), 128 × 128 (a tile of 128 tokens), 128 × 128 with an epilogue partition of 4 or 8
+#: warps (``EW``: 224 KB with the product's and the output's staging tiles; BERT's FFN-in with
+#: its GELU 36.9 µs against the Triton form's 40.7, Q/K/V 26.3 against 26.5), and 192 × 128
+#: with one of 4 warps (3 slots, 216 KB; BERT's out-projection with its residual 12.7 µs
+#: against 13.2 without: the partition reads the residual in 16-byte pieces, the consumers in
+#: the accumulator's 4; FFN-in's GELU is too much for 4 warps behind three consumers, 44.7;
+#: H100, 2026-11-26). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens:
+#: cooperative 128 × 256, ping-pong schedules (two consumers taking whole tiles in turns;
+#: BERT's FFN-in tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end),
+#: and each tile's epilogue behind the next tile's first products in the consumers themselves
+#: (a second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
+WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8),
+                 (3, 128, 64, 3, 4))
+#: (consumers, an epilogue partition's warps ``EW``) -> (the launch's register limit, each
+#: further consumer's registers, the epilogue's): the consumers, the epilogue's warps and the
+#: loading warp's warpgroup make 512 threads (2 consumers, 4 warps), 640 (2 and 8, or 3 and
+#: 4); the first consumer (Gluon's default partition) gets what is left
+#: (:func:`default_registers`): 176, 136 and 120 -- as measured (2026-11-26; an even split of
+#: (2, 8)'s, 144 and 152, was not measured)
+WS_GEMM_EPILOGUE_REGS = {(2, 4): (128, 176, 136), (2, 8): (96, 160, 80), (3, 4): (96, 120, 96)}
 #: the widest column tile: a consumer holds 64 × BLOCK_N float32 accumulators (bounds checks
 #: along a band's columns are left out where this many divide them, as in the Triton form)
 WS_GEMM_MAX_N = 256
 
 
-def default_registers(epilogue: int) -> int:
-    """Registers Gluon leaves the first consumer (its default partition) of a launch with an
-    epilogue partition of ``epilogue`` warps: the launch's registers less the other
-    partitions' (each warpgroup's ``setmaxnreg``; the loading warp's padded to a warpgroup)."""
-    limit, consumer, regs = WS_GEMM_EPILOGUE_REGS[epilogue]
-    groups = 1 + 1 + epilogue // 4 + 1  # consumers, the epilogue's warpgroups, the loader's
-    left = limit * groups - consumer - regs * (epilogue // 4) - WS_GEMM_LOAD_REGS
+def default_registers(consumers: int, epilogue: int) -> int:
+    """Registers Gluon leaves the first consumer (its default partition) of a launch of
+    ``consumers`` consumer warpgroups with an epilogue partition of ``epilogue`` warps: the
+    launch's registers less the other partitions' (each warpgroup's ``setmaxnreg``; the loading
+    warp's padded to a warpgroup)."""
+    limit, consumer, regs = WS_GEMM_EPILOGUE_REGS[consumers, epilogue]
+    groups = consumers + epilogue // 4 + 1  # consumers, the epilogue's warpgroups, the loader's
+    left = (limit * groups - consumer * (consumers - 1) - regs * (epilogue // 4)
+            - WS_GEMM_LOAD_REGS)
     return left // 8 * 8
 
 
 def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0) -> dict:
     """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller);
     ``epilogue``: the warps of an epilogue partition (``EW``; 0: the consumers run it)."""
-    if epilogue and (consumers != 2 or epilogue not in WS_GEMM_EPILOGUE_REGS):
+    if epilogue and (consumers, epilogue) not in WS_GEMM_EPILOGUE_REGS:
         raise ValueError(f"an epilogue partition of {epilogue} warps with {consumers} consumers:"
-                         f" only 2 consumers with {sorted(WS_GEMM_EPILOGUE_REGS)} warps")
+                         f" only (consumers, warps) in {sorted(WS_GEMM_EPILOGUE_REGS)}")
     config = {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
               "num_stages": slots, "WS": consumers}
     return {**config, "EW": epilogue} if epilogue else config
@@ -399,7 +407,6 @@ def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: 
 
 
 _EPILOGUE_PARTITION = '''\
-        gl.static_assert(CONSUMERS == 2, "an epilogue partition with two consumers")
         c_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_l)
         c_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_l)
         for i in gl.static_range(CONSUMERS):
@@ -413,13 +420,18 @@ _EPILOGUE_BRANCH = '''        {head}:
             gl.warp_specialize([
                 (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full,
                             c_empty, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
-                (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full,
-                             c_empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
+{consumers}\
                 (_epilogue, ({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M,
                              BLOCK_N, GROUP_M, CONSUMERS, EW)),
                 (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N,
                          BLOCK_K, GROUP_M, NB, CONSUMERS)),
-            ], [4, {warps}, 1], [{consumer_regs}, {epilogue_regs}, {load_regs}])
+            ], [{warps}, 1], [{regs}, {load_regs}])
+'''
+
+_EPILOGUE_CONSUMER = '''\
+                (_consume{c}, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty,
+                              c_full, c_empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB,
+                              CONSUMERS, EW)),
 '''
 
 
@@ -507,12 +519,16 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         partition = f"        gl.static_assert(EW == 0, {staging!r})"
     else:
         branches = [_EPILOGUE_BRANCH.format(
-            head=("if" if i == 0 else "elif") + f" EW == {warps}",
-            ptrs=ptrs, out_descs=out_descs, warps=warps, consumer_regs=regs[1],
-            epilogue_regs=regs[2], load_regs=WS_GEMM_LOAD_REGS)
-            for i, (warps, regs) in enumerate(WS_GEMM_EPILOGUE_REGS.items())]
-        branches.append("        else:\n            gl.static_assert(False, \"EW: "
-                        f"{sorted(WS_GEMM_EPILOGUE_REGS)} warps\")\n")
+            head=("if" if i == 0 else "elif") + f" CONSUMERS == {consumers} and EW == {warps}",
+            ptrs=ptrs, out_descs=out_descs,
+            consumers="".join(_EPILOGUE_CONSUMER.format(c=c, ptrs=ptrs, out_descs=out_descs)
+                              for c in range(1, consumers)),
+            warps=", ".join(["4"] * (consumers - 1) + [str(warps)]),
+            regs=", ".join([str(regs[1])] * (consumers - 1) + [str(regs[2])]),
+            load_regs=WS_GEMM_LOAD_REGS)
+            for i, ((consumers, warps), regs) in enumerate(WS_GEMM_EPILOGUE_REGS.items())]
+        branches.append("        else:\n            gl.static_assert(False, \"(CONSUMERS, EW): "
+                        f"{sorted(WS_GEMM_EPILOGUE_REGS)}\")\n")
         partition = _EPILOGUE_PARTITION.format(out_dtype=out_dtype,
                                                branches="".join(branches)).rstrip("\n")
     return _TEXT.format(
