@@ -73,13 +73,31 @@ def test_warp_specialized_gemm_compiles_for_hopper():
 
 
 def test_epilogue_reads_of_the_warp_specialized_form_are_masked():
-    """A residual read in the epilogue (FFN-out): its rows are masked (a 192-row tile divides
-    no power of two) and it is issued before the product loop."""
-    _, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x768x3072")
+    """A residual read in the epilogue (FFN-out) comes by TMA into each consumer's staging
+    tile, issued before the product loop (rows past the 200 tokens read as zeros: the
+    descriptor's bounds), and is read from it in the accumulator's layout after the products;
+    the epilogue partition's reads (bias, residual) are pointer loads with their rows masked
+    (a 192-row tile divides no power of two), issued before it waits for the product."""
+    from tvm_stitch.codegen.gluon_gemm import tile_read
+
+    match, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x768x3072")
+    key, view = tile_read(match)
+    (desc,) = [d for d in source.ws_descs if d.name == "r0_desc"]
+    assert (desc.tensor, desc.rows, desc.cols, desc.stride) == (view.tensor, 200, 768, 768)
     text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
+    loop = text.index("for kk in range(k_steps)")
+    assert text.index("tma.store_wait(0)") < text.index("_tma_load(r0_desc") < loop
+    assert loop < text.index("mbarrier.wait(c_full.index(C), n & 1)") < text.index(
+        "r0 = c_smem.index(C).load(ACC_L)") < text.index("c_smem.index(C).store((e0")
     loads = [line for line in text.splitlines() if "gl.load(" in line]
+    assert loads and all(text.index(line) < loop for line in loads)  # the bias
+    part = source.ws[source.ws.index("def _epilogue("):source.ws.index("@gluon.jit\ndef stitch")]
+    loads = [line for line in part.splitlines() if "gl.load(" in line]
     assert any("(rm < 200)[:, None]" in line for line in loads)
-    assert all(text.index(line) < text.index("for kk in range(k_steps)") for line in loads)
+    # Q/K/V's bands read no tile: their kernel has no such descriptor
+    qkv = _by_shape(_gemms("bert-base", batch=1, seq=200, layers=1, joined=True),
+                    "200x(768+768+768)x768")
+    assert tile_read(qkv[0]) is None and "r0_desc" not in qkv[1].ws
 
 
 def test_epilogue_partition_takes_the_staged_products():

@@ -386,10 +386,11 @@ def {name}({ptrs}, q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.co
 '''
 
 
-def _hoisted(lines: list[str], product: str = "s") -> tuple[list, list]:
+def _hoisted(lines: list[str], product: str | tuple = "s") -> tuple[list, list]:
     """Printed lines ``name = expr`` split into the loads that do not depend on the products
-    ``product`` (masks, a GEMM's bias or residual), with what they need and what is computed
-    from them alone — issued before the products, their latency hidden by them — and the rest
+    ``product`` (a name, or several: values there only after the products) — masks, a GEMM's
+    bias or residual — with what they need and what is computed from them alone — issued
+    before the products, their latency hidden by them — and the rest
     (index arithmetic, such as a causal mask, stays after: hoisted, its tiles would hold
     registers across the products)."""
     parsed = [line.split(" = ", 1) for line in lines]
@@ -397,7 +398,7 @@ def _hoisted(lines: list[str], product: str = "s") -> tuple[list, list]:
     def refs(expr, names):
         return {n for n in names if re.search(rf"\b{n}\b", expr)}
 
-    dependent = {product}
+    dependent = {product} if isinstance(product, str) else set(product)
     for name, expr in parsed:
         if refs(expr, dependent):
             dependent.add(name)

@@ -49,7 +49,7 @@ compilation to sm_90a PTX on any machine.
 
 from __future__ import annotations
 
-from tvm_stitch.analysis.elem import Leaf, Op, replace
+from tvm_stitch.analysis.elem import Leaf, Op, leaves, replace
 from tvm_stitch.codegen.gluon_attention import _hoisted, gluon_line, gluon_version
 from tvm_stitch.codegen.triton_gen import (
     Descriptor,
@@ -192,6 +192,33 @@ def _unstaged(elem, accumulators: set):
     return replace(elem, swap)
 
 
+def tile_read(match):
+    """The one read of a one-band epilogue that TMA brings into a consumer's staging tile
+    while it computes the products (a residual), as ``(leaf key, view)``, or None.
+
+    The read must be of the output's 16-bit type at the output's positions (rows along ``m``,
+    contiguous columns along the band's column axis, nothing else varying), TMA-readable, and
+    its tensor read nowhere else in the epilogue: the consumers then read it from shared memory
+    in their accumulator's layout, in place of 4-byte pieces of global memory (BERT's
+    out-projection and FFN-out read their residual so)."""
+    if len(match.segments) != 1:
+        return None
+    out = match.views["out0.0"]
+    n_axis = _n_axis(match.views["b0.0"])
+    elem = match.segments[0].outputs[0].elem
+    reads = {}
+    for leaf in leaves(elem):
+        reads.setdefault(leaf.tensor, set()).add(leaf.key())
+    for key, view in _extra_views(match).items():
+        if (view.dtype != out.dtype or len(reads.get(view.tensor, ())) != 1
+                or view.tensor == out.tensor or key not in reads[view.tensor]
+                or {a for a, st in view.strides if st} != {"m", n_axis}
+                or _tma_unreadable(view, n_axis, "m")):
+            continue
+        return key, view
+    return None
+
+
 def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
     """The kernel's descriptors: the Triton form's A and B, then each band's output
     (``o<band>_desc``, boxes of a consumer's rows)."""
@@ -201,6 +228,11 @@ def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
         view = match.views[f"out{si}.0"]
         outs.append(Descriptor(f"o{si}_desc", seg.outputs[0].tensor, view.dtype, view.offset, m,
                                seg.n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
+    read = tile_read(match)
+    if read:  # brought by TMA into the consumers' staging tiles (tile_read)
+        view = read[1]
+        outs.append(Descriptor("r0_desc", view.tensor, view.dtype, view.offset, m,
+                               match.segments[0].n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
     return (a_desc, b_desc, *outs)
 
 
@@ -292,6 +324,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
         if EW == 0:
             # the epilogue's reads that do not depend on the product, in flight during it
 {hoisted}
+{tile_load}
         acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, ACC_L)
         for kk in range(k_steps):
             slot = (g + kk) % NB
@@ -311,7 +344,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
             c_smem.index(C).store(acc0.to(gl.{out_dtype}))
             mbarrier.arrive(c_full.index(C), count=1)
         else:
-            tma.store_wait(0)  # the staging tile's last store has left
+{epilogue_head}
 {epilogue}
         n += 1
     tma.store_wait(0)
@@ -381,24 +414,25 @@ def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: 
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)
+{tile_barrier}
     if EW:
 {epilogue_partition}
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready, empty,
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, r_bar, empty,
                         0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
-            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, r_bar,
                          empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
-            (_consume2, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+            (_consume2, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, r_bar,
                          empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
             (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
                      GROUP_M, NB, CONSUMERS)),
         ], [4, 4, 1], [{regs3}, {regs3}, {load_regs}])
     else:
         gl.warp_specialize([
-            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready, empty,
+            (_consume, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, r_bar, empty,
                         0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
-            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, ready,
+            (_consume1, ({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, r_bar,
                          empty, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
             (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K,
                      GROUP_M, NB, CONSUMERS)),
@@ -474,6 +508,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
     # (a tile of CONSUMERS × 64 rows divides no power of two), columns past a band's end too;
     # printed twice: in the consumers, and in an epilogue partition reading staged products
     staging = staging_legality(match)
+    tiled = tile_read(match)  # a residual TMA brings into the staging tile
     pre, epilogue, staged_pre, staged_epilogue = [], [], [], []
     for si, seg in enumerate(segments):
         local = f"(pid_n - ({firsts[si]}))" if si else "pid_n"
@@ -488,6 +523,8 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
                 continue  # the epilogue partition is refused (staging says why)
             acc = {t: ("acc16" if staged else f"acc{i}", view.dtype if staged else match.acc_dtype)
                    for i, t in enumerate(seg.accumulators)}
+            if tiled and not staged:  # read from the staging tile after the products
+                acc[tiled[1].tensor] = ("r0", tiled[1].dtype)
             elem = seg.outputs[0].elem
             if staged:  # its casts of the product read the staged 16-bit tile
                 elem = _unstaged(elem, set(seg.accumulators))
@@ -496,7 +533,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
             value = printer.expr(elem)
             body, first = printer.lines, [f"rn = {local} * BLOCK_N + cols"]
             if hoist and len(segments) == 1:
-                reads, body = _hoisted(body, "acc16" if staged else "acc0")
+                reads, body = _hoisted(body, "acc16" if staged else ("acc0", "r0"))
                 (staged_pre if staged else pre)[:] = [*first, *reads]
             else:
                 body = [*first, *body]
@@ -508,7 +545,25 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
             ]
             out = staged_epilogue if staged else epilogue
             out += [heads[si], *("    " + line for line in body)] if heads[si] else body
-    out_descs = ", ".join(f"o{si}_desc" for si in range(len(segments)))
+    out_descs = ", ".join([f"o{si}_desc" for si in range(len(segments))]
+                          + (["r0_desc"] if tiled else []))
+    if tiled:
+        tile_load = [
+            "tma.store_wait(0)  # the staging tile's last store has left: it takes the read",
+            "mbarrier.expect(c_full.index(C), r0_desc.block_type.nbytes)",
+            "_tma_load(r0_desc, [row0, pid_n * BLOCK_N], c_full.index(C), c_smem.index(C))",
+        ]
+        epilogue_head = ["mbarrier.wait(c_full.index(C), n & 1)",
+                         "r0 = c_smem.index(C).load(ACC_L)"]
+        tile_barrier = [
+            "r_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_l)  # tile reads",
+            "for i in gl.static_range(CONSUMERS):",
+            "    mbarrier.init(r_bar.index(i), count=1)",
+        ]
+    else:
+        tile_load = []
+        epilogue_head = ["tma.store_wait(0)  # the staging tile's last store has left"]
+        tile_barrier = ["r_bar = ready  # no tile read by TMA: unused"]
 
     def block(lines, depth):
         pad = "    " * depth
@@ -539,6 +594,8 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         b_tile="BLOCK_N, BLOCK_K" if b_nk else "BLOCK_K, BLOCK_N",
         b_operand="b_smem.index(slot).permute((1, 0))" if b_nk else "b_smem.index(slot)",
         hoisted=block(pre, 3), epilogue=block(epilogue, 3),
+        tile_load=block(tile_load, 3) if tile_load else "",
+        epilogue_head=block(epilogue_head, 3), tile_barrier=block(tile_barrier, 1),
         staged_hoisted=block(staged_pre, 3), staged_epilogue=block(staged_epilogue, 3),
         epilogue_partition=partition,
         regs2=WS_GEMM_REGS[2][1], regs3=WS_GEMM_REGS[3][1], load_regs=WS_GEMM_LOAD_REGS,
