@@ -439,14 +439,19 @@ def test_softmax_scale_comes_out_of_the_row_maxima():
     """The logits' positive scale (with log2 e) comes out of the online softmax's maxima, one
     for the masked and the visible logits of a causal attention: ``exp2(y·c − max·c)`` is one
     FMA a logit.  A model's float16 logits keep their roundings (only the final widening is
-    scaled); logits without one common factor keep the scaled form (c = 1)."""
+    scaled); logits without one common factor, or not bounded (a -1e9 mask: a row of keys all
+    masked would take max · c's rounding error as its exponent), keep the scaled form (c = 1)."""
     from tvm_stitch.analysis.elem import Const, Iter, Leaf, Op
-    from tvm_stitch.codegen.triton_gen import LOG2E, scaled_logits, softmax_exp2
+    from tvm_stitch.codegen.triton_gen import LOG2E, softmax_exp2
+    from tvm_stitch.codegen.triton_gen import scaled_logits as _scaled_logits
 
     s = Leaf("s", (), "float32")
 
     def keys(es):
         return [e.key() for e in es]
+
+    def scaled_logits(*scores):
+        return _scaled_logits(*scores, product="s")
 
     (y,), c = scaled_logits(Op("mul", (s, Const(0.125, "float32")), "float32"))
     assert keys([y]) == keys([s]) and c == 0.125 * LOG2E
@@ -468,4 +473,13 @@ def test_softmax_scale_comes_out_of_the_row_maxima():
     (y,), c = scaled_logits(Op("add", (scaled, bias), "float32"))
     assert c == 1.0 and y.op == "add" and y.args[0].args[1].value == 0.125 * LOG2E
     assert softmax_exp2(c) == ("z - {m}", "m_i - m_safe")
+    # a huge finite mask (a row of keys all masked: max · c rounded far from every y · c) or a
+    # float32 read scaled alike (unbounded) keeps the scaled form; -10000 is fine
+    for big, fused in ((-1e9, False), (-1e4, True)):
+        mask = Op("select", (cond, Const(big * 0.125, "float32"), Const(0.0, "float32")),
+                  "float32")
+        (_,), c = scaled_logits(Op("add", (scaled, mask), "float32"))
+        assert (c != 1.0) == fused, big
+    bias = Op("mul", (Leaf("bias", (), "float32"), Const(0.125, "float32")), "float32")
+    assert scaled_logits(Op("add", (scaled, bias), "float32"))[1] == 1.0
     assert softmax_exp2(0.5) == ("z * 0.5 - {m} * 0.5", "(m_i - m_safe) * 0.5")

@@ -1119,20 +1119,49 @@ def _times(e: Elem, factor: float) -> Elem:
     return Op("mul", (e, Const(factor, e.dtype)), e.dtype)
 
 
-def scaled_logits(*scores: Elem) -> tuple[list[Elem], float]:
+def scaled_logits(*scores: Elem, product: str | None = None) -> tuple[list[Elem], float]:
     """``(ys, c)`` with each ``scores[i] · log2 e`` equal to ``ys[i] · c``, ``c > 0``, one ``c``
     for all: the softmax takes its row maxima of ``y`` and computes ``exp2(y · c − max · c)``,
     one fused multiply-add per logit instead of a multiplication and a subtraction
     (FlashAttention's form; the maximum commutes with a positive scale).  ``c`` is 1 when no
-    common positive factor comes out (``ys`` are then the scaled logits)."""
+    common positive factor comes out (``ys`` are then the scaled logits).
+
+    Only where every ``y · c`` is bounded (:data:`FMA_LOGIT_BOUND`: the products ``product``,
+    16-bit values, moderate constants): ``max · c`` is rounded once for a row, and a row whose
+    logits are all one huge masked value (-1e9 added to every key) would see that rounding
+    error as the exponent — inf or 0 where the scaled form gives exactly 1."""
     scaled = [_times(s, LOG2E) for s in scores]
     factor = next((c for c in map(_factor_of, scaled) if c is not None), None)
-    if factor is None or factor <= 0:
+    if factor is None or factor <= 0 or not math.isfinite(factor):
         return scaled, 1.0
     ys = [_unscaled(s, factor) for s in scaled]
-    if any(y is None for y in ys):
+    if any(y is None or not _bounded(y, factor, product) for y in ys):
         return scaled, 1.0
     return ys, factor
+
+
+#: the largest ``|y · c|`` the fused exponent takes: float32's rounding of ``max · c`` then
+#: stays below 2^-7 in the exponent (0.5% of a probability, common to a row's block)
+FMA_LOGIT_BOUND = 2.0 ** 17
+
+
+def _bounded(e: Elem, factor: float, product: str | None) -> bool:
+    """Whether ``|e · factor|`` stays within :data:`FMA_LOGIT_BOUND` by construction: the
+    products themselves (as in the scaled form), a 16-bit float widened, constants (or
+    ``±inf``), through sums and selects (not their conditions)."""
+    if isinstance(e, Const):
+        value = float(e.value)
+        return math.isinf(value) or abs(value * factor) <= FMA_LOGIT_BOUND
+    if isinstance(e, Leaf):
+        return product is not None and e.tensor == product
+    if isinstance(e, Op):
+        if e.op == "cast" and e.args[0].dtype == "float16":
+            return 65504.0 * factor <= FMA_LOGIT_BOUND
+        if e.op in ("add", "sub"):
+            return all(_bounded(a, factor, product) for a in e.args)
+        if e.op == "select":
+            return all(_bounded(a, factor, product) for a in e.args[1:])
+    return False
 
 
 def softmax_exp2(scale: float) -> tuple[str, str]:
@@ -1286,7 +1315,8 @@ def attention_source(match, name: str) -> KernelSource:
     visible = visible_logits(match)
     # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale, which
     # comes out of the row maxima: p = exp2(y·c − max·c), one fused multiply-add a logit
-    (logits, *rest), scale = scaled_logits(match.score, *([visible] if visible else []))
+    (logits, *rest), scale = scaled_logits(match.score, *([visible] if visible else []),
+                                           product=match.score_tensor)
     visible = rest[0] if rest else None
     exp2 = softmax_exp2(scale)
 
