@@ -81,7 +81,7 @@ def test_epilogue_reads_of_the_warp_specialized_form_are_masked():
     from tvm_stitch.codegen.gluon_gemm import tile_read
 
     match, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x768x3072")
-    _, view = tile_read(match)
+    view = tile_read(match)
     (desc,) = [d for d in source.ws_descs if d.name == "r0_desc"]
     assert (desc.tensor, desc.rows, desc.cols, desc.stride) == (view.tensor, 200, 768, 768)
     text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]

@@ -384,11 +384,11 @@ def _materialized(graph: TensorDependencyGraph, tensor: str) -> bool:
         if t in graph.pinned:
             return True
         for node in graph.consumers(t):
-            if data_movement(node) and node.output not in seen:
+            if not data_movement(node):
+                calls.add(node.call)
+            elif node.output not in seen:
                 seen.add(node.output)
                 stack.append(node.output)
-            elif not data_movement(node):
-                calls.add(node.call)
     return len(calls) > 1
 
 

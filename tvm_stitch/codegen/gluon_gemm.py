@@ -194,7 +194,7 @@ def _unstaged(elem, accumulators: set):
 
 def tile_read(match):
     """The one read of a one-band epilogue that TMA brings into a consumer's staging tile
-    while it computes the products (a residual), as ``(leaf key, view)``, or None.
+    while it computes the products (a residual), as its view, or None.
 
     The read must be of the output's 16-bit type at the output's positions (rows along ``m``,
     contiguous columns along the band's column axis, nothing else varying), TMA-readable, and
@@ -215,7 +215,7 @@ def tile_read(match):
                 or {a for a, st in view.strides if st} != {"m", n_axis}
                 or _tma_unreadable(view, n_axis, "m")):
             continue
-        return key, view
+        return view
     return None
 
 
@@ -228,9 +228,8 @@ def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
         view = match.views[f"out{si}.0"]
         outs.append(Descriptor(f"o{si}_desc", seg.outputs[0].tensor, view.dtype, view.offset, m,
                                seg.n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
-    read = tile_read(match)
-    if read:  # brought by TMA into the consumers' staging tiles (tile_read)
-        view = read[1]
+    view = tile_read(match)
+    if view is not None:  # brought by TMA into the consumers' staging tiles (tile_read)
         outs.append(Descriptor("r0_desc", view.tensor, view.dtype, view.offset, m,
                                match.segments[0].n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
     return (a_desc, b_desc, *outs)
@@ -523,8 +522,8 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
                 continue  # the epilogue partition is refused (staging says why)
             acc = {t: ("acc16" if staged else f"acc{i}", view.dtype if staged else match.acc_dtype)
                    for i, t in enumerate(seg.accumulators)}
-            if tiled and not staged:  # read from the staging tile after the products
-                acc[tiled[1].tensor] = ("r0", tiled[1].dtype)
+            if tiled is not None and not staged:  # read from the staging tile after the products
+                acc[tiled.tensor] = ("r0", tiled.dtype)
             elem = seg.outputs[0].elem
             if staged:  # its casts of the product read the staged 16-bit tile
                 elem = _unstaged(elem, set(seg.accumulators))
@@ -546,8 +545,8 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
             out = staged_epilogue if staged else epilogue
             out += [heads[si], *("    " + line for line in body)] if heads[si] else body
     out_descs = ", ".join([f"o{si}_desc" for si in range(len(segments))]
-                          + (["r0_desc"] if tiled else []))
-    if tiled:
+                          + (["r0_desc"] if tiled is not None else []))
+    if tiled is not None:
         tile_load = [
             "tma.store_wait(0)  # the staging tile's last store has left: it takes the read",
             "mbarrier.expect(c_full.index(C), r0_desc.block_type.nbytes)",
