@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import time
 
 import tvm
@@ -83,9 +84,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def cupti_kernels(run, sync, runs: int = 5) -> dict:
+def cupti_kernels(run, sync, runs: int = 5) -> tuple[dict, tuple]:
     """Kernel name -> ``[µs per run, launches in all runs]`` of ``run()`` called ``runs``
-    times, as CUPTI sees them (TVM's, Triton's and PyTorch's kernels alike)."""
+    times, as CUPTI sees them (TVM's, Triton's and PyTorch's kernels alike), and the µs per
+    run the GPU was busy and spanned (:func:`_busy`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -93,19 +95,34 @@ def cupti_kernels(run, sync, runs: int = 5) -> dict:
             run()
         sync()
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    spans = []
     for event in prof.events():
         if event.device_type.name == "CUDA" and event.device_time > 0:
             totals[event.name][0] += event.device_time / runs
             totals[event.name][1] += 1
-    return totals
+            spans.append((event.time_range.start, event.time_range.end))
+    return totals, _busy(spans, runs)
+
+
+def _busy(spans: list, runs: int) -> tuple:
+    """µs per run the GPU ran at least one kernel (overlapping kernels counted once), and from
+    the first kernel's start to the last one's end: their difference is the time between
+    kernels (launch gaps, and whatever separates the runs)."""
+    busy, end = 0.0, -math.inf
+    for start, stop in sorted(spans):
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = (end - min(s for s, _ in spans)) if spans else 0.0
+    return busy / runs, span / runs
 
 
 def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
     """Kernel times as CUPTI sees them (TVM's and Triton's kernels alike), per run."""
-    totals = cupti_kernels(lambda: vm[inst.func](*vm_args), dev.sync, runs)
+    totals, (busy, span) = cupti_kernels(lambda: vm[inst.func](*vm_args), dev.sync, runs)
     total = sum(t for t, _ in totals.values())
     calls = sum(n for _, n in totals.values()) // runs
-    print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI)")
+    print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI); the GPU "
+          f"busy {busy:.1f} us of {span:.1f} from first start to last end")
     for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n // runs:4d} calls  {name[:90]}")
     return 0

@@ -22,7 +22,7 @@ def kernel_time(fn, runs: int = 50) -> tuple[float, list[str]]:
 
     for _ in range(5):
         fn()
-    totals = cupti_kernels(fn, torch.cuda.synchronize, runs)
+    totals, _ = cupti_kernels(fn, torch.cuda.synchronize, runs)
     return sum(us for us, _ in totals.values()), sorted(name[:90] for name in totals)
 
 

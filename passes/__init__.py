@@ -7,6 +7,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .canonicalize import FoldStaticShapes
 from .graphs import StageInputs
+from .launch import LaunchDependently
 from .mcfuser import FuseMBCI
 from .precision import AccumulateFloat32, ComputeFloat32, HalfActivations
 from .stitch import StitchFusion, StitchSchedule
@@ -18,6 +19,7 @@ __all__ = [
     "FoldStaticShapes",
     "FuseMBCI",
     "HalfActivations",
+    "LaunchDependently",
     "ReportFusion",
     "StageInputs",
     "StitchFusion",

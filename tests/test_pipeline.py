@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.script import tirx as T
 
 import tvm_stitch
 from tvm_stitch.report import cuda_source, fused_module, fusion_report
@@ -76,6 +79,123 @@ def test_cuda_build_for_sm90a_without_a_gpu():
     # TVM's kernels as CUDA C, the Triton kernels (attention, GEMMs) as sm_90a PTX
     assert source.count("__global__") >= 10 and "blockIdx.x" in source and "half" in source
     assert source.count(".entry stitch_") >= 5 and ".target sm_90a" in source
+
+
+def _kernels(source: str) -> dict:
+    """Each CUDA C kernel's body (its text up to the next kernel), by name."""
+    head = r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) \{'
+    heads = list(re.finditer(head, source))
+    ends = [h.start() for h in heads[1:]] + [len(source)]
+    return {h.group(1): source[h.end():end] for h, end in zip(heads, ends)}
+
+
+def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
+    """On sm_90 TVM's own kernels (the embeddings' gathers, the LayerNorms, copies) of at most
+    one block per SM are launched like the generated ones (programmatic dependent launch): each
+    one's first statements wait for the grid before it and release the next launch, before any
+    load or store (a kernel launched early that touched memory before its wait would race).
+    Larger grids, ``dependent_launch=False`` and targets before sm_90 launch them plainly."""
+    calls = {}
+
+    def build(inst, target, **options):
+        target = tvm.target.Target(target)
+        ex = tvm.compile(inst.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
+        calls[(inst.name, str(target.attrs["arch"]), *sorted(options.items()))] = sorted(
+            re.findall(r"call\s+(\w+)", ex.as_text()))
+        return _kernels(cuda_source(ex))
+
+    def waits(body):
+        return "griddepcontrol" in body
+
+    sm90 = {"kind": "cuda", "arch": "sm_90a"}
+    small = get_workload("bert-tiny").instance("float16", batch=1, seq=32, layers=1)
+    kernels = build(small, sm90, tune="model")
+    assert len(kernels) >= 5 and any("layer_norm" in k for k in kernels)  # embeddings too
+    for name, body in kernels.items():
+        wait = body.index("tvm_builtin_ptx_griddepcontrol_wait();")
+        before = [ln.strip() for ln in body[:wait].splitlines() if ln.strip()]
+        assert all(ln.startswith("alignas(") for ln in before), (name, before)  # declarations
+        release = body[wait:].split(";")[1].strip()
+        assert release == "tvm_builtin_ptx_griddepcontrol_launch_dependents()"
+    exit_ = build(small, sm90, tune="model", launch_dependents="exit")
+    assert all(waits(b) and "launch_dependents" not in b for b in exit_.values())
+    for target, options in ((sm90, {"dependent_launch": False}), ({**sm90, "arch": "sm_80"}, {})):
+        plain = build(small, target, tune="model", **options)
+        assert len(plain) >= len(kernels)  # the generated kernels are TVM's on sm_80
+        assert not any(waits(body) for body in plain.values())
+    # the same calls either way: a reshape TVM makes a view of its input stays one
+    assert calls[small.name, "sm_90a", ("tune", "model")] == \
+        calls[small.name, "sm_90a", ("dependent_launch", False), ("tune", "model")]
+    # 2048 tokens: the gathers (256 blocks of 1024 threads) and LayerNorms are plain, the
+    # padding mask's kernel (2048 values) is not
+    large = build(get_workload("bert-tiny").instance("float16", batch=8, seq=256, layers=1),
+                  sm90, tune="model")
+    assert not waits(large["take_kernel"]) and waits(kernels["take_kernel"])
+    assert any(waits(b) for b in large.values()) and not all(waits(b) for b in large.values())
+    names = [p.info.name for _, ps in tvm_stitch.phases("llvm") for p in ps]
+    assert "StitchLaunchDependently" not in names
+
+
+@T.prim_func(private=True, s_tir=True)
+def _two_kernels(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    for i in T.thread_binding(64, thread="threadIdx.x"):
+        with T.sblock("first"):
+            v = T.axis.spatial(64, i)
+            b[v] = a[v] * T.float32(2)
+    for bx in T.thread_binding(2, thread="blockIdx.x"):
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("second"):
+                v = T.axis.spatial(64, bx * 32 + tx)
+                b[v] = b[v] + T.float32(1)
+
+
+@T.prim_func(private=True, s_tir=True)
+def _two_kernels_dependent(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    T.func_attr({"tirx.kernel_launch_params": ["tirx.use_programtic_dependent_launch"]})
+    for i in T.thread_binding(64, thread="threadIdx.x"):
+        T.ptx.griddepcontrol("wait", "")
+        T.ptx.griddepcontrol("launch_dependents", "")
+        with T.sblock("first"):
+            v = T.axis.spatial(64, i)
+            b[v] = a[v] * T.float32(2)
+    for bx in T.thread_binding(2, thread="blockIdx.x"):
+        T.ptx.griddepcontrol("wait", "")
+        T.ptx.griddepcontrol("launch_dependents", "")
+        for tx in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("second"):
+                v = T.axis.spatial(64, bx * 32 + tx)
+                b[v] = b[v] + T.float32(1)
+
+
+@T.prim_func(private=True, s_tir=True)
+def _host_only(a: T.Buffer((4,), "float32")):
+    for i in range(4):
+        with T.sblock("b"):
+            v = T.axis.spatial(4, i)
+            a[v] = T.float32(0)
+
+
+def test_each_kernel_of_a_function_waits_at_its_start():
+    """Every kernel of a PrimFunc (the statement under each outermost thread binding) gets the
+    wait and the release, nothing inside it twice; with ``"exit"`` only the wait.  A function
+    that launches no kernel, already names its launch parameters, or has a kernel of more than
+    ``max_blocks`` blocks is left alone (None)."""
+    from tvm_stitch.codegen.embed import dependent_kernels
+
+    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels), _two_kernels_dependent)
+    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, max_blocks=2),
+                                   _two_kernels_dependent)
+    assert dependent_kernels(_two_kernels, max_blocks=1) is None  # all kernels wait or none
+    exit_ = dependent_kernels(_two_kernels, "exit").script()
+    assert exit_.count('griddepcontrol("wait"') == 2 and "launch_dependents" not in exit_
+    assert dependent_kernels(_host_only) is None
+    assert dependent_kernels(_two_kernels_dependent) is None
+    with pytest.raises(ValueError, match="launch_dependents"):
+        dependent_kernels(_two_kernels, "late")
+    mod = tvm.IRModule({"k": _two_kernels, "h": _host_only})
+    out = tvm_stitch.passes.LaunchDependently()(mod)
+    tvm.ir.assert_structural_equal(out["k"], _two_kernels_dependent)
+    assert out["h"].same_as(mod["h"]) and mod["k"].same_as(_two_kernels)  # input unchanged
 
 
 def test_options_and_targets_are_checked():

@@ -8,8 +8,9 @@ Phases (each a list of passes, so reports can stop after fusion):
                recognized on the tensor graph, generated in Triton], [tensor-graph analysis],
                AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
                [StitchSchedule], [fusion report]
-``schedule``   dlight's default GPU schedules (none on CPU), [float16 arithmetic in float32]
-``lower``      dataflow lowering
+``schedule``   [kernels without reductions in 16-byte pieces], dlight's default GPU schedules
+               (none on CPU), [float16 arithmetic in float32]
+``lower``      dataflow lowering, [TVM's kernels launched dependently (sm_90)]
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
 The stitch passes: GEMM chains, attention and Linear layers as searched Triton kernels (MCFuser,
@@ -21,11 +22,15 @@ are exactly TVM's ``relax.get_default_pipeline(target)``.
 from __future__ import annotations
 
 import importlib
+import re
 
 import tvm
 from tvm import relax
+from tvm.s_tir import dlight as dl
 
 from .config import PipelineOptions
+from .hardware import HardwareModel, UnsupportedTargetError
+from .stitch.injective import VectorizedInjective
 
 SUPPORTED_KINDS = ("llvm", "cuda")
 
@@ -42,6 +47,21 @@ def _backend(target: tvm.target.Target):
         )
     name = "cuda" if kind == "cuda" else "cpu_generic"
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def _sm(target: tvm.target.Target) -> int:
+    """The compute capability of a CUDA target (``sm_90a``: 90), 0 for other targets."""
+    arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
+    digits = re.match(r"sm_(\d+)", arch)
+    return int(digits.group(1)) if digits else 0
+
+
+def _sms(target: tvm.target.Target) -> int | None:
+    """The SMs of a CUDA target's device, None where no hardware table describes it."""
+    try:
+        return HardwareModel.from_target(target).num_sms
+    except UnsupportedTargetError:
+        return None
 
 
 def as_target(target) -> tvm.target.Target:
@@ -80,6 +100,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
     target = as_target(target)
     opts = PipelineOptions.from_kwargs(**options)
     backend = _backend(target)
+    lower = list(backend.dataflow_lower_passes(target))
     dispatch = list(backend.library_dispatch_passes(target))
     legalize = list(backend.legalize_passes(target))
     schedule = [p for p in legalize if p.info.name == "ApplyDefaultSchedule"]
@@ -118,10 +139,15 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())
+        if opts.stitch and target.kind.name == "cuda":  # before TVM's rules: 16-byte pieces
+            schedule.insert(0, dl.ApplyDefaultSchedule(VectorizedInjective()))
         if opts.compute_fp32:
             schedule.append(passes.ComputeFloat32())
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
+        sms = _sms(target)
+        if opts.dependent_launch and _sm(target) >= 90 and sms:  # after reshapes became views
+            lower.append(passes.LaunchDependently(opts.launch_dependents, sms))
     elif kind != "default":
         raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
     elif options:
@@ -130,7 +156,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         ("dispatch", dispatch),
         ("fusion", fusion),
         ("schedule", schedule),
-        ("lower", list(backend.dataflow_lower_passes(target))),
+        ("lower", lower),
         ("finalize", list(backend.finalize_passes(target))),
     ]
 

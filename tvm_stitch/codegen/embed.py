@@ -348,6 +348,102 @@ def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
     return "".join(lines)
 
 
+def dependent_kernels(func, launch_dependents: str = "start", max_blocks: int | None = None):
+    """``func`` (a scheduled PrimFunc) whose kernels TVM launches dependently, or None when it
+    launches none, says already how to (``tirx.kernel_launch_params``), or has a kernel of more
+    than ``max_blocks`` blocks (or of a grid not known here): the TIR counterpart of
+    :func:`dependent_launch`, for the kernels TVM generates (LayerNorms, gathers, copies).
+
+    Each kernel — the statement under an outermost thread binding — first waits for the grid
+    before it (``griddepcontrol.wait``, before any load or store), then with ``"start"`` lets
+    the next launch begin; the function is tagged :data:`PDL_TAG` (TVM adds the thread tags
+    itself; the tag holds for all the function's kernels, so all wait or none does).  A
+    statement above the kernels this walk does not know (anything but blocks, sequences,
+    loops, conditions, attributes and flat statements) leaves the function as it is: None.
+    """
+    from tvm import s_tir, tirx
+
+    check_launch_dependents(launch_dependents)
+    if func.attrs is not None and "tirx.kernel_launch_params" in func.attrs:
+        return None
+    actions = ["wait"] + (["launch_dependents"] if launch_dependents == "start" else [])
+    prologue = [tirx.Evaluate(tirx.call_intrin("void", "tirx.ptx.griddepcontrol", a, ""))
+                for a in actions]
+    grids = []
+
+    def kernel(node, body):
+        grids.append(_blocks(node))
+        return tirx.SeqStmt([*prologue, body])
+
+    def walk(node):  # the node with every kernel under it rewritten; None: unknown structure
+        if isinstance(node, tirx.For):
+            if node.kind == tirx.ForKind.THREAD_BINDING:
+                return tirx.For(node.loop_var, node.min, node.extent, node.kind,
+                                kernel(node, node.body), node.thread_binding, node.annotations)
+            body = walk(node.body)
+            return body and tirx.For(node.loop_var, node.min, node.extent, node.kind, body,
+                                     node.thread_binding, node.annotations)
+        if isinstance(node, tirx.AttrStmt):
+            body = (kernel(node, node.body) if node.attr_key == "thread_extent"
+                    else walk(node.body))
+            return body and tirx.AttrStmt(node.node, node.attr_key, node.value, body)
+        if isinstance(node, tirx.SeqStmt):
+            seq = [walk(s) for s in node.seq]
+            return None if any(s is None for s in seq) else tirx.SeqStmt(seq)
+        if isinstance(node, s_tir.SBlockRealize):
+            block = walk(node.block)
+            return block and s_tir.SBlockRealize(node.iter_values, node.predicate, block)
+        if isinstance(node, s_tir.SBlock):
+            body = walk(node.body)
+            return body and s_tir.SBlock(node.iter_vars, node.reads, node.writes,
+                                         node.name_hint, body, node.init, node.alloc_buffers,
+                                         node.match_buffers, node.annotations)
+        if isinstance(node, tirx.IfThenElse):
+            then, other = walk(node.then_case), node.else_case and walk(node.else_case)
+            known = then is not None and (node.else_case is None or other is not None)
+            return tirx.IfThenElse(node.condition, then, other) if known else None
+        if isinstance(node, (tirx.Bind, tirx.Evaluate, tirx.BufferStore, tirx.AssertStmt,
+                             tirx.DeclBuffer, tirx.AllocBuffer)):
+            return node  # host work, or a declaration of the statements after it
+        return None
+
+    body = walk(func.body)
+    if body is None or not grids:
+        return None
+    if max_blocks is not None and any(g is None or g > max_blocks for g in grids):
+        return None
+    return func.with_body(body).with_attr("tirx.kernel_launch_params", [PDL_TAG])
+
+
+def _blocks(kernel) -> int | None:
+    """The blocks of the kernel under ``kernel`` (its outermost thread binding: a loop or a
+    ``thread_extent`` attribute) — the product of its ``blockIdx`` extents — or None when one
+    is not a constant."""
+    from tvm import s_tir, tirx
+
+    extents, stack = {}, [kernel]
+    while stack:
+        node = stack.pop()
+        tag = extent = None
+        if isinstance(node, tirx.For) and node.kind == tirx.ForKind.THREAD_BINDING:
+            tag, extent = node.thread_binding.thread_tag, node.extent
+        elif isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+            tag, extent = node.node.thread_tag, node.value
+        if tag and tag.startswith("blockIdx"):
+            if not isinstance(extent, tvm.tirx.IntImm):
+                return None
+            extents[tag] = max(extents.get(tag, 1), int(extent))
+        if isinstance(node, tirx.SeqStmt):
+            stack.extend(node.seq)
+        elif isinstance(node, s_tir.SBlockRealize):
+            stack.append(node.block)
+        elif isinstance(node, tirx.IfThenElse):
+            stack.extend(n for n in (node.then_case, node.else_case) if n is not None)
+        elif isinstance(getattr(node, "body", None), tirx.Stmt):
+            stack.append(node.body)
+    return math.prod(extents.values())
+
+
 def _host_descriptor(T, buf, desc, meta: dict, mode: str = "r") -> list:  # noqa: N803 - T
     """Encode ``desc`` over ``buf`` (read, or with ``mode="w"`` written through it) into a
     CUtensorMap on the host's stack, as Triton's launcher does for the box and swizzle its

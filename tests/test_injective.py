@@ -1,0 +1,127 @@
+"""Kernels without reductions in 16-byte pieces (:mod:`tvm_stitch.stitch.injective`)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+
+import tvm_stitch
+from tvm_stitch.report import cuda_source
+from tvm_stitch.stitch.injective import VectorizedInjective
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+@T.prim_func(private=True, s_tir=True)
+def _gather(table: T.Buffer((50, 40), "float16"), idx: T.Buffer((13,), "int32"),
+            out: T.Buffer((13, 40), "float16")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j in T.grid(13, 40):
+        with T.sblock("out"):
+            v_i, v_j = T.axis.remap("SS", [i, j])
+            out[v_i, v_j] = table[idx[v_i], v_j]
+
+
+@T.prim_func(private=True, s_tir=True)
+def _gather_vectorized(table: T.Buffer((50, 40), "float16"), idx: T.Buffer((13,), "int32"),
+                       out: T.Buffer((13, 40), "float16")):
+    T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+    for ax0_ax1_0_fused_0 in T.thread_binding(3, thread="blockIdx.x"):
+        for ax0_ax1_0_fused_1 in T.thread_binding(32, thread="threadIdx.x"):
+            for ax1_1 in T.vectorized(8):
+                with T.sblock("out"):
+                    v0 = T.axis.spatial(13, (ax0_ax1_0_fused_0 * 32 + ax0_ax1_0_fused_1) // 5)
+                    v1 = T.axis.spatial(
+                        40, (ax0_ax1_0_fused_0 * 32 + ax0_ax1_0_fused_1) % 5 * 8 + ax1_1)
+                    T.where(ax0_ax1_0_fused_0 * 32 + ax0_ax1_0_fused_1 < 65)
+                    T.reads(table[idx[v0], v1], idx[v0])
+                    T.writes(out[v0, v1])
+                    out[v0, v1] = table[idx[v0], v1]
+
+
+def _schedule(func, threads: int = 128):
+    """``func`` scheduled by the rule alone, or None where the rule refused it."""
+    with CUDA:
+        out = dl.ApplyDefaultSchedule(VectorizedInjective(threads))(tvm.IRModule({"main": func}))
+    return out["main"] if "tirx.is_scheduled" in (out["main"].attrs or {}) else None
+
+
+def test_a_gather_moves_rows_in_16_byte_pieces():
+    """An embedding lookup (13 rows of 40 float16 values picked by index): the row index is one
+    per thread, the 8 columns of a thread one vector; the last block is masked (65 pieces)."""
+    tvm.ir.assert_structural_equal(_schedule(_gather, threads=32), _gather_vectorized)
+    func = _gather_vectorized.with_attr("global_symbol", "main")
+    src = cuda_source(tvm.compile(tvm.IRModule({"main": func}), CUDA))
+    assert src.count("*(uint4*)") == 2  # one vector load, one vector store
+
+
+def _elementwise(shape, fn, dtypes):
+    args = [te.placeholder(s, d, f"x{i}") for i, (s, d) in enumerate(dtypes)]
+    return te.create_prim_func([*args, te.compute(shape, lambda *i: fn(*args, *i), name="y")])
+
+
+def test_only_accesses_contiguous_along_the_last_axis_are_vectorized():
+    """Bias-add (a broadcast row), a float32 → float16 cast of 3 axes: vectorized; a transpose
+    (columns pick the input's rows), a last axis of 20 (not a multiple of 8), a reduction, a
+    float64 input (32 bytes a lane would be 64) and a boolean output are left to TVM's rules."""
+    f16, f32 = "float16", "float32"
+    bias = _elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
+                        [((37, 24), f16), ((24,), f16)])
+    cast = _elementwise((5, 37, 24), lambda x, a, i, j: x[a, i, j].astype(f16),
+                        [((5, 37, 24), f32)])
+    for func in (bias, cast):
+        assert _schedule(func) is not None
+    transpose = _elementwise((24, 37), lambda x, i, j: x[j, i], [((37, 24), f16)])
+    narrow = _elementwise((37, 20), lambda x, i, j: x[i, j] * 2, [((37, 20), f16)])
+    wide = _elementwise((4, 16), lambda x, i, j: x[i, j].astype(f16), [((4, 16), "float64")])
+    mask = _elementwise((4, 32), lambda x, i, j: x[i, j] > 0, [((4, 32), f16)])
+    x = te.placeholder((37, 24), f16, "x")
+    k = te.reduce_axis((0, 24))
+    row_sum = te.create_prim_func([x, te.compute((37,), lambda i: te.sum(x[i, k], axis=k))])
+    for func in (transpose, narrow, wide, mask, row_sum):
+        assert _schedule(func) is None
+
+
+def test_the_stitch_pipeline_gathers_embeddings_in_vectors():
+    """BERT's embedding lookups through the pipeline for sm_90a: 16-byte loads and stores."""
+    from tvm_stitch.workloads import get_workload
+
+    inst = get_workload("bert-tiny").instance("float16", batch=2, seq=24, layers=1)
+    ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
+    src = cuda_source(ex)
+    take = re.search(r"void (?:__launch_bounds__\(\d+\) )?take_kernel\([^;{]*\) \{(.*?)\n\}",
+                     src, re.S)
+    assert take and "*(uint4*)" in take.group(1)
+
+
+@pytest.mark.gpu
+def test_vectorized_kernels_compute_what_numpy_does():
+    """Irregular shapes on the GPU: a gather with a masked last block, a broadcast add, a
+    three-axis cast."""
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 40)).astype("float16")
+    idx = rng.integers(0, 50, 13).astype("int32")
+    x = rng.standard_normal((37, 24)).astype("float16")
+    b = rng.standard_normal(24).astype("float16")
+    x3 = rng.standard_normal((5, 37, 24)).astype("float32")
+    cases = [
+        (_gather, [table, idx], table[idx]),
+        (_elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
+                      [((37, 24), "float16"), ((24,), "float16")]), [x, b], x + b),
+        (_elementwise((5, 37, 24), lambda x, a, i, j: x[a, i, j].astype("float16"),
+                      [((5, 37, 24), "float32")]), [x3], x3.astype("float16")),
+    ]
+    for func, inputs, expected in cases:
+        scheduled = _schedule(func).with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": scheduled}), CUDA)
+        args = [tvm.runtime.tensor(a, device=dev) for a in inputs]
+        out = tvm.runtime.tensor(np.zeros(expected.shape, expected.dtype), device=dev)
+        lib["main"](*args, out)
+        np.testing.assert_array_equal(out.numpy(), expected)
