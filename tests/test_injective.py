@@ -67,25 +67,38 @@ def _elementwise(shape, fn, dtypes):
 
 
 def test_only_accesses_contiguous_along_the_last_axis_are_vectorized():
-    """Bias-add (a broadcast row), a float32 → float16 cast of 3 axes: vectorized; a transpose
-    (columns pick the input's rows), a last axis of 20 (not a multiple of 8), a reduction, a
-    float64 input (32 bytes a lane would be 64) and a boolean output are left to TVM's rules."""
+    """Bias-add (a broadcast row): 8 float16 lanes; casts from float32, float16 and float64:
+    as many lanes as 16 bytes of the widest access hold (4, 8, 2); each compiles for sm_90a.
+    Left to TVM's rules: a transpose (columns pick the input's rows), a column gather
+    (``x[i, idx[j]]``: the column index inside a buffer load), columns of a wider row
+    (``x[i, j]`` of a 28-wide ``x``: not aligned), a last axis of 20 (not a multiple of 8), a
+    boolean output and a reduction."""
     f16, f32 = "float16", "float32"
-    bias = _elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
-                        [((37, 24), f16), ((24,), f16)])
-    cast = _elementwise((5, 37, 24), lambda x, a, i, j: x[a, i, j].astype(f16),
-                        [((5, 37, 24), f32)])
-    for func in (bias, cast):
-        assert _schedule(func) is not None
-    transpose = _elementwise((24, 37), lambda x, i, j: x[j, i], [((37, 24), f16)])
-    narrow = _elementwise((37, 20), lambda x, i, j: x[i, j] * 2, [((37, 20), f16)])
-    wide = _elementwise((4, 16), lambda x, i, j: x[i, j].astype(f16), [((4, 16), "float64")])
-    mask = _elementwise((4, 32), lambda x, i, j: x[i, j] > 0, [((4, 32), f16)])
-    x = te.placeholder((37, 24), f16, "x")
-    k = te.reduce_axis((0, 24))
-    row_sum = te.create_prim_func([x, te.compute((37,), lambda i: te.sum(x[i, k], axis=k))])
-    for func in (transpose, narrow, wide, mask, row_sum):
-        assert _schedule(func) is None
+    vectorized = [
+        (8, _elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
+                         [((37, 24), f16), ((24,), f16)])),
+        (4, _elementwise((5, 37, 24), lambda x, a, i, j: x[a, i, j].astype(f16),
+                         [((5, 37, 24), f32)])),
+        (8, _elementwise((4, 32), lambda x, i, j: x[i, j].astype("int8"), [((4, 32), f16)])),
+        (2, _elementwise((4, 16), lambda x, i, j: x[i, j].astype(f16), [((4, 16), "float64")])),
+    ]
+    for lanes, func in vectorized:
+        scheduled = _schedule(func).with_attr("global_symbol", "main")
+        assert f"T.vectorized({lanes})" in scheduled.script()
+        tvm.compile(tvm.IRModule({"main": scheduled}), CUDA)
+    x = te.placeholder((37, 28), f16, "x")
+    idx = te.placeholder((24,), "int32", "idx")
+    k = te.reduce_axis((0, 28))
+    refused = [
+        _elementwise((24, 32), lambda x, i, j: x[j, i], [((32, 24), f16)]),
+        te.create_prim_func([x, idx, te.compute((37, 24), lambda i, j: x[i, idx[j]])]),
+        te.create_prim_func([x, te.compute((37, 24), lambda i, j: x[i, j])]),
+        _elementwise((37, 20), lambda x, i, j: x[i, j] * 2, [((37, 20), f16)]),
+        _elementwise((4, 32), lambda x, i, j: x[i, j] > 0, [((4, 32), f16)]),
+        te.create_prim_func([x, te.compute((37,), lambda i: te.sum(x[i, k], axis=k))]),
+    ]
+    for func in refused:
+        assert _schedule(func) is None, func.script()
 
 
 def test_the_stitch_pipeline_gathers_embeddings_in_vectors():

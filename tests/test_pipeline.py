@@ -126,8 +126,8 @@ def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
     # the same calls either way: a reshape TVM makes a view of its input stays one
     assert calls[small.name, "sm_90a", ("tune", "model")] == \
         calls[small.name, "sm_90a", ("dependent_launch", False), ("tune", "model")]
-    # 2048 tokens: the gathers (256 blocks of 1024 threads) and LayerNorms are plain, the
-    # padding mask's kernel (2048 values) is not
+    # 2048 tokens: the gathers (one block per 128 rows of 8 columns: 256 blocks) and the
+    # LayerNorms are plain, the padding mask's kernel (2048 values) is not
     large = build(get_workload("bert-tiny").instance("float16", batch=8, seq=256, layers=1),
                   sm90, tune="model")
     assert not waits(large["take_kernel"]) and waits(kernels["take_kernel"])
@@ -175,6 +175,26 @@ def _host_only(a: T.Buffer((4,), "float32")):
             a[v] = T.float32(0)
 
 
+@T.prim_func(private=True, s_tir=True)
+def _stepped_kernel(a: T.Buffer((64,), "float32")):
+    for k in T.serial(0, 4, step=2):
+        for i in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("b"):
+                v, w = T.axis.remap("SS", [i, k])
+                a[v] = a[v] + T.Cast("float32", w)
+
+
+@T.prim_func(private=True, s_tir=True)
+def _stepped_kernel_dependent(a: T.Buffer((64,), "float32")):
+    T.func_attr({"tirx.kernel_launch_params": ["tirx.use_programtic_dependent_launch"]})
+    for k in T.serial(0, 4, step=2):
+        for i in T.thread_binding(64, thread="threadIdx.x"):
+            T.ptx.griddepcontrol("wait", "")
+            with T.sblock("b"):
+                v, w = T.axis.remap("SS", [i, k])
+                a[v] = a[v] + T.Cast("float32", w)
+
+
 def test_each_kernel_of_a_function_waits_at_its_start():
     """Every kernel of a PrimFunc (the statement under each outermost thread binding) gets the
     wait and the release, nothing inside it twice; with ``"exit"`` only the wait.  A function
@@ -195,7 +215,10 @@ def test_each_kernel_of_a_function_waits_at_its_start():
     mod = tvm.IRModule({"k": _two_kernels, "h": _host_only})
     out = tvm_stitch.passes.LaunchDependently()(mod)
     tvm.ir.assert_structural_equal(out["k"], _two_kernels_dependent)
-    assert out["h"].same_as(mod["h"]) and mod["k"].same_as(_two_kernels)  # input unchanged
+    assert out["h"].same_as(mod["h"])
+    # a host loop around a kernel keeps its step
+    tvm.ir.assert_structural_equal(dependent_kernels(_stepped_kernel, "exit"),
+                                   _stepped_kernel_dependent)
 
 
 def test_options_and_targets_are_checked():

@@ -379,10 +379,11 @@ def dependent_kernels(func, launch_dependents: str = "start", max_blocks: int | 
         if isinstance(node, tirx.For):
             if node.kind == tirx.ForKind.THREAD_BINDING:
                 return tirx.For(node.loop_var, node.min, node.extent, node.kind,
-                                kernel(node, node.body), node.thread_binding, node.annotations)
+                                kernel(node, node.body), node.thread_binding, node.annotations,
+                                node.step)
             body = walk(node.body)
             return body and tirx.For(node.loop_var, node.min, node.extent, node.kind, body,
-                                     node.thread_binding, node.annotations)
+                                     node.thread_binding, node.annotations, node.step)
         if isinstance(node, tirx.AttrStmt):
             body = (kernel(node, node.body) if node.attr_key == "thread_extent"
                     else walk(node.body))

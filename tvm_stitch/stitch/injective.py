@@ -68,40 +68,69 @@ class VectorizedInjective(GPUScheduleRule):
 
 def _vector(block, loops) -> int | None:
     """Elements a thread takes at once in ``block`` (its ``loops``, one per iterator in order),
-    or None where its accesses are not contiguous along the output's last axis."""
+    or None where its accesses are not contiguous, aligned pieces along the output's last axis.
+
+    Every access of a piece must be one aligned vector of at most 16 bytes, or TVM falls back
+    to element loads packed into a vector its CUDA code cannot build: the buffers are compact,
+    a read walking the columns does so with the column index itself in a row as long as the
+    output's (multiple of the piece: ``x[i, j]`` of a wider ``x`` is not aligned), and no index
+    elsewhere, buffer loads in indices included (``x[i, idx[j]]`` gathers columns), depends on
+    the columns."""
     if len(block.writes) != 1 or not loops or len(loops) != len(block.iter_vars):
         return None
     out = block.writes[0]
     iters = [iv.var for iv in block.iter_vars]
+    extents = [lp.extent for lp in loops]
     # the output in row-major order of the loops: each of its indices one iterator, in order
-    if len(out.region) != len(iters) or any(
-        not (r.min.same_as(v) and _is_one(r.extent)) for r, v in zip(out.region, iters)
-    ):
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in extents) or len(out.region) != len(iters):
         return None
-    if [int(d) for d in out.source.shape if isinstance(d, tvm.tirx.IntImm)] != [
-        int(lp.extent) for lp in loops if isinstance(lp.extent, tvm.tirx.IntImm)
-    ] or not all(isinstance(lp.extent, tvm.tirx.IntImm) for lp in loops):
+    if any(not (r.min.same_as(v) and _is_one(r.extent)) for r, v in zip(out.region, iters)):
+        return None
+    if [_int(d) for d in out.source.shape] != [int(e) for e in extents]:
         return None
     last = iters[-1]
+    walking = [out.source]  # the buffers accessed a piece at a time
     for read in block.reads:
         *rest, inner = read.region
         if any(_uses(r.min, last) or _uses(r.extent, last) for r in rest):
             return None  # the columns pick rows of the input: a transpose
-        if _uses(inner.min, last) and not (inner.min.same_as(last) and _is_one(inner.extent)):
+        if not _uses(inner.min, last) and not _uses(inner.extent, last):
+            continue  # the same value for every column of a row (a gathered row's index)
+        if not (inner.min.same_as(last) and _is_one(inner.extent)):
             return None
-    dtypes = [str(b.source.dtype) for b in [*block.reads, out]]
+        walking.append(read.source)
+    dtypes = [str(b.dtype) for b in walking]
     bits = [tvm.DataType(d).bits for d in dtypes]
     if "bool" in dtypes or any(b < 8 or b % 8 for b in bits):
         return None  # booleans, sub-byte types: TVM's CUDA code has no vectors of them
-    width = max(bits) // 8
-    vector = VECTOR_BYTES * 8 // tvm.DataType(out.source.dtype).bits
-    if width * vector > 2 * VECTOR_BYTES or int(loops[-1].extent) % vector or vector < 2:
+    vector = VECTOR_BYTES * 8 // max(bits)  # no access wider than 16 bytes
+    rows = [_int(b.shape[-1]) for b in walking]
+    if vector < 2 or any(r is None or r % vector for r in rows):
+        return None
+    if not all(_compact(b) for b in walking):
         return None
     return vector
 
 
+def _compact(buf) -> bool:
+    """Whether ``buf`` is laid out densely from its start (no strides, no offset)."""
+    return not list(buf.strides) and _int(buf.elem_offset) == 0
+
+
+def _int(value) -> int | None:
+    return int(value) if isinstance(value, tvm.tirx.IntImm) else None
+
+
 def _uses(expr, var) -> bool:
-    return any(isinstance(e, tvm.tirx.Var) and e.same_as(var) for e in iter_exprs(expr))
+    """Whether ``expr`` reads ``var``, inside buffer indices too."""
+    stack = [expr]
+    while stack:
+        for node in iter_exprs(stack.pop()):
+            if isinstance(node, tvm.tirx.Var) and node.same_as(var):
+                return True
+            if isinstance(node, tvm.ir.expr.TensorLoad):
+                stack.extend(node.indices)
+    return False
 
 
 def _is_one(extent) -> bool:
