@@ -104,13 +104,18 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     ws = bool(launch.get("WS")) and w.family == "attention"
     if ws and tiles["m"] != WS_ROWS:
         return {**_INFEASIBLE, "time": math.inf}
-    # the warp-specialized form's two consumer warpgroups compute; its loading warp only loads
-    warps = 8 if ws else int(launch.get("num_warps", 4))
+    # a warp-specialized Gluon GEMM (:mod:`~tvm_stitch.codegen.gluon_gemm`): ``WS`` consumer
+    # warpgroups of ``tiles["m"]`` rows each share B's tile, persistent over the tiles, a
+    # loading warp filling a TMA ring; ``EW`` epilogue warps run a tile's epilogue during the
+    # next tile's products
+    consumers = int(launch.get("WS") or 0) if w.family == "gemm" else 0
+    # the warp-specialized forms' consumer warpgroups compute; the loading warp only loads
+    warps = 8 if ws else (4 * consumers if consumers else int(launch.get("num_warps", 4)))
     stages = max(int(launch.get("num_stages", 3)), 1)
-    persistent = ws or (bool(launch.get("PERSISTENT", False)) and w.persistent)
+    persistent = ws or consumers > 0 or (bool(launch.get("PERSISTENT", False)) and w.persistent)
     split = 1 if persistent or w.family != "gemm" else max(int(launch.get("SPLIT_K", 1)), 1)
     ext, b = w.extents, w.dtype_bytes
-    bm, bn = tiles["m"], tiles["n"]
+    bm, bn = tiles["m"] * max(consumers, 1), tiles["n"]
     # float32 products are IEEE float32 (``DOT_PREC``): FMAs on the CUDA cores, no wgmma
     ieee = b >= 4
     flops_sm = (hw.peak_flops_fp32 if ieee else hw.peak_flops_fp16) / hw.num_sms
@@ -128,7 +133,9 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         registers = bm * bn * acc / threads + BASE_REGISTERS
         if ieee:  # an FMA product holds both operand tiles in registers
             registers += (bm * bk + acc * bk * bn) / threads
-        smem = stages * loaded
+        # a Gluon GEMM stages its output tile (and with ``EW`` the product's) in shared memory
+        staged = bm * bn * b * (2 if launch.get("EW") else 1) if consumers else 0
+        smem = stages * loaded + staged
         unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
         stored = bm * bn * b
     else:  # flash-style: one program per (instance, query tile), a loop over key tiles
@@ -208,7 +215,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     if persistent:
         tiles_per_sm = _cdiv(programs, hw.num_sms)
         step = t_iter if resident == 1 else max(comp, load, sfu, hidden) + overhead
-        main = tiles_per_sm * (iters * step * spill_factor + epilogue)
+        exposed = epilogue if not (consumers and launch.get("EW")) else epilogue / tiles_per_sm
+        main = tiles_per_sm * (iters * step * spill_factor + exposed)
         main += fill
     else:
         main = waves * (per_program + fill)
