@@ -40,6 +40,17 @@ def _records(name):
     return json.loads((DATA / name).read_text())["records"]
 
 
+def _warp_specialized_searches(name) -> list:
+    """``(record, measurements, analytical predictions)`` of each recorded search in ``name``,
+    each of which measured a warp-specialized form (failed measurements left out)."""
+    out = []
+    for rec in _records(name).values():
+        held = [s for s in samples({"r": rec}) if math.isfinite(s[3])]
+        assert any(la.get("WS") for _, _, la, _ in held)
+        out.append((rec, held, [analytical(w, t, la, HW) for w, t, la, _ in held]))
+    return out
+
+
 def _launch(warps=8, stages=3, persistent=False):
     return {"num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}
 
@@ -247,12 +258,9 @@ def test_warp_specialized_attention_is_priced():
                    {"num_warps": 8, "num_stages": 2}, HW)
     assert t["programs"] == triton["programs"] and t["comp"] == pytest.approx(triton["comp"])
     assert t["time"] < triton["time"]
-    records = _records(WS_ATTENTION)
-    assert len(records) == 2
-    for rec in records.values():
-        held = [s for s in samples({"r": rec}) if math.isfinite(s[3])]
-        assert any(la.get("WS") for _, _, la, _ in held)
-        pred = [analytical(w, t, la, HW) for w, t, la, _ in held]
+    searches = _warp_specialized_searches(WS_ATTENTION)
+    assert len(searches) == 2
+    for _, held, pred in searches:
         pick = held[int(np.argmin(pred))]
         assert pick[2].get("WS") and pick[3] <= 1.05 * min(s for *_, s in held)
 
@@ -286,12 +294,9 @@ def test_warp_specialized_gemm_is_priced():
     ffn1 = Workload("gemm", {"m": 4096, "n": 3072, "k": 768}, persistent=True)
     ws2 = {"num_warps": 4, "num_stages": 5, "WS": 2}
     assert analytical(ffn1, tiles, {**ws2, "EW": 8}, HW) < analytical(ffn1, tiles, ws2, HW)
-    records = _records(GLUON_8X512)
-    assert len(records) == 4
-    for rec in records.values():
-        held = [s for s in samples({"r": rec}) if math.isfinite(s[3])]
-        assert any(la.get("WS") for _, _, la, _ in held)
-        pred = [analytical(w, t, la, HW) for w, t, la, _ in held]
+    searches = _warp_specialized_searches(GLUON_8X512)
+    assert len(searches) == 4
+    for rec, held, pred in searches:
         meas = [s for *_, s in held]
         assert spearman(pred, meas) >= 0.7, rec["workload"]["kernel"]
         if "3 bands" in rec["workload"]["kernel"]:
