@@ -22,7 +22,6 @@ are exactly TVM's ``relax.get_default_pipeline(target)``.
 from __future__ import annotations
 
 import importlib
-import re
 
 import tvm
 from tvm import relax
@@ -49,17 +48,10 @@ def _backend(target: tvm.target.Target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-def _sm(target: tvm.target.Target) -> int:
-    """The compute capability of a CUDA target (``sm_90a``: 90), 0 for other targets."""
-    arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
-    digits = re.match(r"sm_(\d+)", arch)
-    return int(digits.group(1)) if digits else 0
-
-
-def _sms(target: tvm.target.Target) -> int | None:
-    """The SMs of a CUDA target's device, None where no hardware table describes it."""
+def _hardware(target: tvm.target.Target) -> HardwareModel | None:
+    """The target's GPU facts, None where no hardware table describes it (CPUs too)."""
     try:
-        return HardwareModel.from_target(target).num_sms
+        return HardwareModel.from_target(target)
     except UnsupportedTargetError:
         return None
 
@@ -145,9 +137,9 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             schedule.append(passes.ComputeFloat32())
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
-        sms = _sms(target)
-        if opts.dependent_launch and _sm(target) >= 90 and sms:  # after reshapes became views
-            lower.append(passes.LaunchDependently(opts.launch_dependents, sms))
+        hw = _hardware(target)
+        if opts.dependent_launch and hw and int(hw.arch[3:]) >= 90:  # after reshapes: views
+            lower.append(passes.LaunchDependently(opts.launch_dependents, hw.num_sms))
     elif kind != "default":
         raise ValueError(f"unknown pipeline kind {kind!r}: 'stitch' or 'default'")
     elif options:

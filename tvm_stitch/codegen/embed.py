@@ -420,28 +420,26 @@ def _blocks(kernel) -> int | None:
     """The blocks of the kernel under ``kernel`` (its outermost thread binding: a loop or a
     ``thread_extent`` attribute) — the product of its ``blockIdx`` extents — or None when one
     is not a constant."""
-    from tvm import s_tir, tirx
+    import tvm_ffi
+    from tvm import tirx
 
-    extents, stack = {}, [kernel]
-    while stack:
-        node = stack.pop()
-        tag = extent = None
-        if isinstance(node, tirx.For) and node.kind == tirx.ForKind.THREAD_BINDING:
-            tag, extent = node.thread_binding.thread_tag, node.extent
-        elif isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
-            tag, extent = node.node.thread_tag, node.value
-        if tag and tag.startswith("blockIdx"):
-            if not isinstance(extent, tvm.tirx.IntImm):
+    bindings = []  # (thread tag, extent) of every thread binding in the kernel
+
+    def loop(node):
+        if node.kind == tirx.ForKind.THREAD_BINDING:
+            bindings.append((node.thread_binding.thread_tag, node.extent))
+
+    def attr(node):
+        if node.attr_key == "thread_extent":
+            bindings.append((node.node.thread_tag, node.value))
+
+    tvm_ffi.structural_walk(kernel, [(tirx.For, loop), (tirx.AttrStmt, attr)])
+    extents = {}
+    for tag, extent in bindings:
+        if tag.startswith("blockIdx"):
+            if not isinstance(extent, tirx.IntImm):
                 return None
             extents[tag] = max(extents.get(tag, 1), int(extent))
-        if isinstance(node, tirx.SeqStmt):
-            stack.extend(node.seq)
-        elif isinstance(node, s_tir.SBlockRealize):
-            stack.append(node.block)
-        elif isinstance(node, tirx.IfThenElse):
-            stack.extend(n for n in (node.then_case, node.else_case) if n is not None)
-        elif isinstance(getattr(node, "body", None), tirx.Stmt):
-            stack.append(node.body)
     return math.prod(extents.values())
 
 

@@ -215,7 +215,8 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     if persistent:
         tiles_per_sm = _cdiv(programs, hw.num_sms)
         step = t_iter if resident == 1 else max(comp, load, sfu, hidden) + overhead
-        exposed = epilogue if not (consumers and launch.get("EW")) else epilogue / tiles_per_sm
+        # an epilogue partition leaves only the last tile's epilogue exposed
+        exposed = epilogue / tiles_per_sm if consumers and launch.get("EW") else epilogue
         main = tiles_per_sm * (iters * step * spill_factor + exposed)
         main += fill
     else:

@@ -11,17 +11,11 @@ column count that does not divide) is left to TVM's rules.
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-
-from tvm_stitch.graph.tir_walk import iter_exprs
-
-logger = logging.getLogger("tvm_stitch.stitch")
 
 #: bytes a thread loads or stores at once (``ld.global.v4.b32``)
 VECTOR_BYTES = 16
@@ -123,14 +117,7 @@ def _int(value) -> int | None:
 
 def _uses(expr, var) -> bool:
     """Whether ``expr`` reads ``var``, inside buffer indices too."""
-    stack = [expr]
-    while stack:
-        for node in iter_exprs(stack.pop()):
-            if isinstance(node, tvm.tirx.Var) and node.same_as(var):
-                return True
-            if isinstance(node, tvm.ir.expr.TensorLoad):
-                stack.extend(node.indices)
-    return False
+    return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr))
 
 
 def _is_one(extent) -> bool:
