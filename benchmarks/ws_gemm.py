@@ -36,10 +36,12 @@ TRITON_FORMS = [
 
 
 def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
-                    **params) -> list:
+                    fold_norms: bool = False, **params) -> list:
     """``(match, source, shapes, graph)`` of each distinct GEMM kernel the stitch pipeline
     generates for ``workload`` (instance ``params``); ``joined``: banded GEMMs (Q, K, V) read
-    their weights joined, as the pipeline's ``lift_params`` makes them."""
+    their weights joined, as the pipeline's ``lift_params`` makes them; ``fold_norms``:
+    normalizations read only by GEMMs folded into them (through the weights, with
+    ``joined``), as the pipeline's ``fold_norms`` folds them."""
     from tvm_stitch.analysis.recognize import recognize
     from tvm_stitch.analysis.weights import join_weights, weight_tensors
     from tvm_stitch.codegen.triton_gen import kernel_source
@@ -53,17 +55,21 @@ def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
     graph = build_graph(mod, legalize=False)
     weights = weight_tensors(graph, mod[inst.func]) if joined else None
     out, seen = [], set()
-    for found in (m for m in recognize(graph).matches if m.family == "gemm"):
+    found_all = recognize(graph, fold_norms=fold_norms, weights=weights if fold_norms else None)
+    for found in (m for m in found_all.matches if m.family == "gemm"):
         match = found
-        if joined and len(found.segments) > 1:
-            match, _ = join_weights(found, weights)
+        if joined and len(found.segments) > 1:  # scaled weights join as the pipeline's do
+            scaled = {d.name for d in found.derived if d.kind == "scaled"}
+            match, _ = join_weights(found, set(weights) | scaled)
         source = kernel_source(match)
         if source.name not in seen:
             seen.add(source.name)
             shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                       for t in [*source.inputs, *source.outputs] if t in graph.tensors}
-            b = match.views["b0.0"]  # a joined weight: the bands' weights side by side
-            shapes.setdefault(b.tensor, (b.shape, b.dtype))
+            # joined or derived weights (the bands' side by side, scaled, column sums) and
+            # row moments: tensors the graph does not hold
+            for view in match.views.values():
+                shapes.setdefault(view.tensor, (view.shape, view.dtype))
             out.append((match, source, shapes, graph))
     return out
 
@@ -93,7 +99,7 @@ def ptxas_report(ptx: str) -> str:
 
 
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
-        ptxas: bool = False) -> list[dict]:
+        ptxas: bool = False, fold_norms: bool = False) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -111,8 +117,11 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
     rows = []
     # one encoder layer: every layer's kernels are the same ones
-    for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq, layers=1,
-                                                    joined=joined):
+    # with fold_norms two layers: the second layer's Q/K/V and out-projection read the
+    # first's statistics
+    for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq,
+                                                    layers=2 if fold_norms else 1,
+                                                    joined=joined, fold_norms=fold_norms):
         ext = match.frame.extents
         m, k = ext["m"], ext["k"]
         n = sum(s.n for s in match.segments)
@@ -182,9 +191,13 @@ def main(argv=None) -> int:
                         help="Q, K and V over their own weights (not joined)")
     parser.add_argument("--ptxas", action="store_true",
                         help="ptxas's registers and wgmma serialization of each Gluon launch")
+    parser.add_argument("--fold-norms", action="store_true",
+                        help="the LayerNorms folded through the weights (row statistics read, "
+                        "row moments written)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
-    rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas)
+    rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
+               args.fold_norms)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

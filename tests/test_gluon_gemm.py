@@ -138,19 +138,27 @@ def test_epilogue_partition_takes_the_staged_products():
     assert "SERIALIZED" not in report and "spill stores 0" in report, report
 
 
-def test_staging_is_refused_where_the_product_is_read_wide():
-    """An epilogue computing on the float32 product before its cast (``acc * 0.5`` in
-    float32) would round differently from 16-bit staging: refused, with the reason."""
+def test_staged_value_is_what_the_model_rounds():
+    """The consumers stage the innermost value the model casts to the output's type that
+    reads the product -- the product alone, or a computation on it in float32 (``acc * 0.5``,
+    a folded normalization): rounded once, as the model rounds it. A product read in another
+    type, or in two different rounded values, is not staged."""
     from tvm_stitch.analysis.elem import Const, Leaf, Op
-    from tvm_stitch.codegen.gluon_gemm import _staged
+    from tvm_stitch.codegen.gluon_gemm import staged_product
 
     acc = Leaf("acc", ("m", "n"), "float32")
     bias = Leaf("bias", ("n",), "float16")
     cast = Op("cast", (acc,), "float16")
-    assert _staged(Op("add", (cast, bias), "float16"), {"acc"}, "float16")
     wide = Op("cast", (Op("mul", (acc, Const(0.5, "float32")), "float32"),), "float16")
-    assert not _staged(Op("add", (wide, bias), "float16"), {"acc"}, "float16")
-    assert not _staged(Op("cast", (acc,), "bfloat16"), {"acc"}, "float16")
+    seg = lambda *elems: type("Seg", (), {  # noqa: E731 - a band of these outputs
+        "accumulators": ["acc"], "outputs": [type("Out", (), {"elem": e}) for e in elems]})
+    assert staged_product(seg(Op("add", (cast, bias), "float16")), "float16") is cast
+    assert staged_product(seg(Op("add", (wide, bias), "float16")), "float16") is wide
+    gelu_like = Op("mul", (Op("cast", (Op("erf", (Op("cast", (cast,), "float32"),), "float32"),),
+                              "float16"), cast), "float16")
+    assert staged_product(seg(gelu_like), "float16") is cast  # not the erf's cast: innermost
+    assert staged_product(seg(Op("cast", (acc,), "bfloat16")), "float16") is None
+    assert staged_product(seg(Op("add", (cast, wide), "float16")), "float16") is None
 
 
 def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
@@ -173,6 +181,65 @@ def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
     assert all("EW" not in s["launch"] for s in gemm_ws_seeds(staging=False))
     with pytest.raises(ValueError, match="consumers"):
         ws_config(3, 128, 64, 4, 8)
+
+
+def test_folded_norms_keep_the_warp_specialized_form():
+    """BERT-base with its LayerNorms folded through the weights (``fold_norms``, 200 tokens):
+    the GEMM writing a normalized row also writes its two moments in pieces (48 a row of 768:
+    16-column pieces, zeros past a tile's first) beside the row TMA stores; the readers load
+    the pieces before their product loop and sum them after it (in the consumers' own
+    layout), the epilogue partition before it waits for the product; every one compiles for
+    sm_90a. A normalization computed in A's prologue (not through the weights) is refused."""
+    gemms = _gemms("bert-base", batch=1, seq=200, layers=2, joined=True, fold_norms=True)
+    writers = [g for g in gemms if any(o.chunk for o in g[0].all_outputs)]
+    readers = [g for g in gemms if g[0].statistics]
+    # writers: both out-projections, the first FFN-out; readers: the second layer's Q/K/V and
+    # out-projection, both FFN-ins and FFN-outs (the first FFN-in and FFN-out kernels the same)
+    assert len(writers) == 3 and len(readers) == 5
+    for match, source, shapes, _ in [*writers, *readers]:
+        assert ws_legality(match) is None, (match.describe(), ws_legality(match))
+        text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
+        loop = text.index("for kk in range(k_steps)")
+        if match.statistics:
+            assert text.index("rs = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, "
+                              "STAT_L))") < loop
+            # 48 pieces a row: combined before the products (not held across them)
+            assert text.index("stat0 = gl.convert_layout(stat0, gl.SliceLayout(1, ACC_L))") < loop
+            assert "gl.load(I" in text[text.index("rs = row0"):loop]
+        for oi, out in enumerate(match.segments[0].outputs):
+            if out.chunk:
+                assert out.chunk == 16
+                assert f"mo{oi}_at = O{oi} + rm * 48 + pid_n * (BLOCK_N // 16)" in text
+                assert text.index("_tma_store(o0_desc") < text.index(f"gl.store(mo{oi}_at")
+        tiles = [t for t in WS_GEMM_TILES if len(t) == 4 or staging_legality(match) is None]
+        for t in tiles[::2]:
+            ptx = embed.generated_launch(source, match, _ws(*t), shapes).ptx
+            assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d" in ptx
+        part = source.ws[source.ws.index("def _epilogue("):]
+        if staging_legality(match) is None and "stat0 = " in part:  # FFN-out's residual
+            assert part.index("stat0 = gl.convert_layout") < part.index("mbarrier.wait(c_full")
+    # FFN-in: the consumers stage rstd x (A W' - mean x colsum) + colsum' rounded to 16 bits
+    # (the normalized product, as the model rounds it) and the partition adds the bias and
+    # runs the GELU, reading no statistic; Q/K/V's bands stage their products merely cast
+    ffn_in, source, _, _ = _by_shape(readers, "200x3072x768")
+    assert staging_legality(ffn_in) is None
+    text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
+    assert text.index("else:  # EW: the staged value's reads") < text.index(
+        "for kk in range(k_steps)") < text.index("c_smem.index(C).store((p_")
+    part = source.ws[source.ws.index("def _epilogue("):source.ws.index("@gluon.jit\ndef stitch")]
+    assert "stat0" not in part and "acc16" in part and "_erf_abs(" in part
+    qkv = _by_shape(readers, "200x(768+768+768)x768")[0]
+    assert "computes on its product before the cast" in staging_legality(qkv)
+    # 4096 rows of 128: 4 pieces of 32 columns, loaded before the products, summed after them
+    many = _gemms("hf-bert-tiny", batch=8, seq=512, joined=True, fold_norms=True)
+    match, source, _, _ = next(g for g in many if g[0].statistics and len(g[0].segments) == 1)
+    text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
+    loop = text.index("for kk in range(k_steps)")
+    assert "rs[:, None] * 4 + rr0[None, :]" in text
+    assert text.index("s0_0 = gl.load(") < loop < text.index("stat0 = gl.convert_layout(")
+    prologue = _by_shape(_gemms("bert-base", batch=1, seq=200, layers=2, fold_norms=True),
+                         "200x3072x768")
+    assert "A is computed" in ws_legality(prologue[0]) and prologue[1].ws is None
 
 
 @pytest.mark.parametrize(
@@ -246,7 +313,25 @@ CASES = [
     ("bert-base", dict(batch=1, seq=200, layers=1, joined=True)),
     ("hf-bert-tiny", dict(batch=3, seq=45, joined=True)),
     ("llama-tiny", dict(layers=1, joined=True)),
+    # normalizations folded through the weights: row moments written, row statistics read
+    # (BERT's from 8 pieces a row, LLaMA's first RMSNorm from its 160-wide row itself)
+    ("hf-bert-tiny", dict(batch=3, seq=45, joined=True, fold_norms=True)),
+    ("llama-tiny", dict(layers=1, joined=True, fold_norms=True)),
 ]
+
+
+def _input(rng, tensor, shapes, graph, moments):
+    """A test input: row moments (``x.moment_*``, pieces of a row of ``x``) the same in
+    every moment of one row -- sums of x and of x² alike give a mean u and a variance
+    u - u² > 0 (a random pair gives negative variances); otherwise normal values."""
+    shape, dt = shapes[tensor]
+    if ".moment_" in tensor:
+        x = tensor.split(".moment_")[0]
+        if x not in moments:
+            moments[x] = rng.uniform(0.2, 0.8, shape[0])
+        return np.repeat((moments[x] * graph.tensors[x].shape[-1] / shape[1])[:, None],
+                         shape[1], axis=1).astype(dt)
+    return (rng.standard_normal(shape) * 0.5).astype(dt)
 
 
 @pytest.mark.gpu
@@ -264,14 +349,13 @@ def test_warp_specialized_gemm_numerics(name, params):
         if source.ws is None:
             continue
         rng = np.random.default_rng(0)
-        inputs = []
+        inputs, moments = [], {}
         for t in source.inputs:
             value = graph.values.get(t) if t in graph.tensors else None
-            shape, dt = shapes[t]
             if isinstance(value, tvm.ir.expr.Constant):
                 inputs.append(value.value.numpy())
             else:
-                inputs.append((rng.standard_normal(shape) * 0.5).astype(dt))
+                inputs.append(_input(rng, t, shapes, graph, moments))
         ex = tvm.compile(tvm.IRModule({"main": reference_func(match, source, shapes)}), "llvm")
         refs = [tvm.runtime.tensor(np.zeros(shapes[t][0], shapes[t][1]))
                 for t in source.outputs]
@@ -299,9 +383,11 @@ def test_warp_specialized_gemm_numerics(name, params):
             torch.cuda.synchronize()
             ran += 1
             staged += bool(config.get("EW"))
-            for ref, out in zip(refs, outs):
+            for t, ref, out in zip(source.outputs, refs, outs):
                 r = ref.numpy().astype("float32")
                 g = out.float().cpu().numpy()
+                if ".moment_" in t:  # a tile's sum in its first piece: the rows' totals agree
+                    r, g = r.sum(axis=1), g.sum(axis=1)
                 err = float(np.abs(g - r).max())
                 assert np.isfinite(g).all() and err <= 2e-2 * max(1.0, float(np.abs(r).max())), (
                     f"{match.describe()} {tiles} on {sms} programs: max error {err}")

@@ -25,6 +25,12 @@ Gluon states the program itself, so the form printed here is:
   latency hidden by it, and the output leaves through shared memory by a **TMA store**
   (from the accumulator's registers with pointers the kernel took 1.4× longer; H200, call 2
   of 2026-11-26);
+* **a folded normalization** (``fold_norms`` through the weights): the GEMM writing the
+  normalized row also writes its moments in pieces (a row sum per tile, the Triton form's
+  layout), and its readers load the pieces before their product loop and combine them into
+  row statistics after it, in the partition's own layout (:func:`_row_statistics`); column
+  vectors beyond a bias are held across the products in one register a thread
+  (:func:`_compact_columns`);
 * **bands** (Q, K and V over their joined weights, ``lift_params``): one B descriptor read at
   the tile's band's columns, each band's own epilogue and output descriptor;
 * or an **epilogue partition** (launch option ``EW``: 4 or 8 warps with two consumers, 4
@@ -33,8 +39,10 @@ Gluon states the program itself, so the form printed here is:
   epilogue and stores by TMA from staging tiles of its own (``c_full``/``c_empty``
   mbarriers per consumer) — the tensor cores no longer wait for a GELU (BERT's FFN-in:
   36.9 µs against the consumers' own epilogue's 44.9 and the Triton form's 40.7; H100,
-  2026-11-26).  Only where every band reads its product cast to the output's type
-  (:func:`staging_legality`): nothing is rounded twice.
+  2026-11-26).  The consumers stage the value the model rounds to the output's type
+  (:func:`staged_product`: the product cast, or a folded normalization's
+  ``rstd · (P - mean · c) + d`` computed beside it), so nothing is rounded twice
+  (:func:`staging_legality`).
 
 Standalone on an H200 (``python -m tvm_stitch.benchmarks.gluon_gemm --plain --sched coop3``,
 192 × 128 × 64 with 4 slots): BERT's four GEMMs at 4096 tokens 0.95–1.08× cuBLAS, where the
@@ -49,7 +57,9 @@ compilation to sm_90a PTX on any machine.
 
 from __future__ import annotations
 
-from tvm_stitch.analysis.elem import Leaf, Op, leaves, replace
+import re
+
+from tvm_stitch.analysis.elem import Leaf, Op, leaves, reductions, replace, walk
 from tvm_stitch.codegen.gluon_attention import _hoisted, gluon_line, gluon_version
 from tvm_stitch.codegen.triton_gen import (
     Descriptor,
@@ -59,6 +69,7 @@ from tvm_stitch.codegen.triton_gen import (
     _n_axis,
     _pointers,
     _tma_unreadable,
+    row_statistics,
     tma_layout,
 )
 
@@ -122,10 +133,13 @@ def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0) -
 def ws_legality(match) -> str | None:
     """Why the warp-specialized Gluon form cannot compute the GEMM ``match``, or None.
 
-    One product per band, A and B 16-bit floats of one type that TMA reads (the persistent
-    Triton form's :func:`~.triton_gen.tma_layout`: bands are consecutive columns of one B, as
-    Q, K and V joined), products in float32, no row statistics, and one 16-bit output per band
-    that TMA stores (a staging tile per consumer, shared by the bands: one dtype)."""
+    One product per band, A and B 16-bit floats of one type that TMA reads as they are (the
+    persistent Triton form's :func:`~.triton_gen.tma_layout`: bands are consecutive columns of
+    one B, as Q, K and V joined; no computed A), products in float32, and one 16-bit row
+    output per band that TMA stores (a staging tile per consumer, shared by the bands: one
+    dtype). Epilogues may read row statistics (a normalization folded through the weights)
+    and a one-band GEMM may write row moments beside its row (the two phases of a folded
+    normalization's reduction)."""
     if match.family != "gemm":
         return "not a GEMM"
     why = gluon_version()
@@ -139,18 +153,19 @@ def ws_legality(match) -> str | None:
         return f"operands hold {sorted(dtypes)}, not one 16-bit float type"
     if match.acc_dtype != "float32":
         return f"{match.acc_dtype} accumulators"
-    if match.statistics:
-        return "row statistics"
     for si, seg in enumerate(match.segments):
-        if len(seg.outputs) != 1:
-            return f"{len(seg.outputs)} outputs of a band (one TMA staging tile per consumer)"
-        if seg.outputs[0].chunk:
-            return f"band {si} writes row moments"
+        rows = [o for o in seg.outputs if not o.chunk]
+        if len(rows) != 1:
+            return f"{len(rows)} outputs of a band (one TMA staging tile per consumer)"
+        if len(rows) != len(seg.outputs) and len(match.segments) > 1:
+            return f"band {si} of {len(match.segments)} writes row moments"
+        if any(WS_GEMM_MAX_N % o.chunk for o in seg.outputs if o.chunk):
+            return "row moments in pieces no column tile holds whole"
         # stores from the accumulator's registers took 1.4x the time (H200, 2026-11-26)
-        why = _tma_unreadable(match.views[f"out{si}.0"], _n_axis(match.views[f"b{si}.0"]), "m")
+        why = _tma_unreadable(_row_view(match, si), _n_axis(match.views[f"b{si}.0"]), "m")
         if why:
             return f"TMA cannot store band {si}'s output: it {why}"
-    dtypes = {match.views[f"out{si}.0"].dtype for si in range(len(match.segments))}
+    dtypes = {_row_view(match, si).dtype for si in range(len(match.segments))}
     if len(dtypes) != 1:
         return f"bands write {sorted(dtypes)} (one staging tile per consumer)"
     if dtypes - {"float16", "bfloat16"}:
@@ -159,37 +174,67 @@ def ws_legality(match) -> str | None:
     return None
 
 
+def _row(seg) -> int:
+    """The index of a band's row output (its others are row moments)."""
+    return next(oi for oi, o in enumerate(seg.outputs) if not o.chunk)
+
+
+def _row_view(match, si: int):
+    return match.views[f"out{si}.{_row(match.segments[si])}"]
+
+
 def staging_legality(match) -> str | None:
     """Why the consumers cannot hand ``match``'s products to an epilogue partition (``EW``)
-    as 16-bit tiles, or None: every band's output reads its product only cast to the
-    output's type (as a 16-bit model's GEMM computes it), so nothing is rounded twice."""
+    as 16-bit tiles, or None: every band's outputs read its product only inside one value
+    cast to the output's type (:func:`staged_product`; as a 16-bit model's GEMM computes
+    it), so the consumers stage exactly what the model rounds and nothing is rounded twice.
+    Bands (one staging tile for all) stage their product merely cast."""
     why = ws_legality(match)
     if why:
         return why
     for si, seg in enumerate(match.segments):
-        dtype = match.views[f"out{si}.0"].dtype
-        if not _staged(seg.outputs[0].elem, set(seg.accumulators), dtype):
-            return f"band {si} reads its product other than cast to {dtype}"
+        dtype = _row_view(match, si).dtype
+        product = staged_product(seg, dtype)
+        if product is None:
+            return f"band {si} reads its product other than inside one value cast to {dtype}"
+        if len(match.segments) > 1 and not isinstance(product.args[0], Leaf):
+            return f"band {si} of {len(match.segments)} computes on its product before the cast"
     return None
 
 
-def _staged(elem, accumulators: set, dtype: str) -> bool:
-    if isinstance(elem, Op) and elem.op == "cast" and elem.dtype == dtype \
-            and isinstance(elem.args[0], Leaf) and elem.args[0].tensor in accumulators:
-        return True
-    if isinstance(elem, Leaf):
-        return elem.tensor not in accumulators
-    return all(_staged(a, accumulators, dtype) for a in elem.children())
+def staged_product(seg, dtype: str):
+    """The value a consumer stages for a band's epilogue partition: the one subexpression
+    ``cast(dtype, E)`` (by structure; the innermost such cast, as the model rounds its
+    product) holding every read of the band's products, ``E`` what
+    the consumer computes beside them (a folded normalization's ``rstd · (P - mean · c) + d``
+    over row statistics and column sums; most often the product alone); None when the
+    products are read otherwise (in a wider type, or in two different values)."""
+    accumulators = set(seg.accumulators)
+    found = {}
 
+    def rounds(e) -> bool:  # a cast to dtype of a value reading the products
+        return isinstance(e, Op) and e.op == "cast" and e.dtype == dtype \
+            and _reads(e.args[0], accumulators)
 
-def _unstaged(elem, accumulators: set):
-    """``elem`` with its casts of the product to 16 bits read as the staged 16-bit tile."""
-    def swap(e):
-        if isinstance(e, Op) and e.op == "cast" and isinstance(e.args[0], Leaf) \
-                and e.args[0].tensor in accumulators:
-            return Leaf(e.args[0].tensor, e.args[0].index, e.dtype)
+    def inside(e) -> bool:
+        if rounds(e) and not any(rounds(x) for x in walk(e.args[0])):
+            found.setdefault(e.key(), e)
+            return True
+        if isinstance(e, Leaf):
+            return e.tensor not in accumulators
+        return all(inside(a) for a in e.children())
+
+    if not all(inside(o.elem) for o in seg.outputs) or len(found) != 1:
         return None
-    return replace(elem, swap)
+    return next(iter(found.values()))
+
+
+def _unstaged(elem, product, accumulators: set):
+    """``elem`` reading the staged 16-bit tile (as its product, cast) in place of the value
+    ``product``."""
+    read = next(x for x in leaves(product) if x.tensor in accumulators)
+    staged, key = Leaf(read.tensor, read.index, product.dtype), product.key()
+    return replace(elem, lambda e: staged if isinstance(e, Op) and e.key() == key else None)
 
 
 def tile_read(match):
@@ -203,9 +248,9 @@ def tile_read(match):
     out-projection and FFN-out read their residual so)."""
     if len(match.segments) != 1:
         return None
-    out = match.views["out0.0"]
+    out = _row_view(match, 0)
     n_axis = _n_axis(match.views["b0.0"])
-    elem = match.segments[0].outputs[0].elem
+    elem = match.segments[0].outputs[_row(match.segments[0])].elem
     reads = {}
     for leaf in leaves(elem):
         reads.setdefault(leaf.tensor, set()).add(leaf.key())
@@ -225,9 +270,9 @@ def ws_descriptors(match, a_desc: Descriptor, b_desc: Descriptor) -> tuple:
     m = match.frame.extents["m"]
     outs = []
     for si, seg in enumerate(match.segments):
-        view = match.views[f"out{si}.0"]
-        outs.append(Descriptor(f"o{si}_desc", seg.outputs[0].tensor, view.dtype, view.offset, m,
-                               seg.n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
+        view = _row_view(match, si)
+        outs.append(Descriptor(f"o{si}_desc", seg.outputs[_row(seg)].tensor, view.dtype,
+                               view.offset, m, seg.n, view.stride["m"], ("BLOCK_M", "BLOCK_N")))
     view = tile_read(match)
     if view is not None:  # brought by TMA into the consumers' staging tiles (tile_read)
         outs.append(Descriptor("r0_desc", view.tensor, view.dtype, view.offset, m,
@@ -310,7 +355,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
              CONSUMERS: gl.constexpr, EW: gl.constexpr):
     # consumer warpgroup C: rows C * BLOCK_M .. of each of the program's tiles
     ACC_L: gl.constexpr = _acc_layout(BLOCK_N)
-    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{stat_layout}    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
 {tiles_n}
     k_steps = gl.cdiv({k}, BLOCK_K)
     g = 0  # ring steps consumed
@@ -339,8 +384,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
         if EW:
             # the product as the output's type to the epilogue partition, which runs the
             # epilogue while this warpgroup goes on with the next tile's products
-            mbarrier.wait(c_empty.index(C), (n & 1) ^ 1)
-            c_smem.index(C).store(acc0.to(gl.{out_dtype}))
+{product_store}
             mbarrier.arrive(c_full.index(C), count=1)
         else:
 {epilogue_head}
@@ -374,7 +418,7 @@ def _epilogue({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M: gl.
     # the epilogue partition (EW warps): each consumer's 16-bit product from shared memory,
     # the epilogue, the output by TMA from a staging tile of its own per consumer
     ACC_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EW, 1], [1, 0])
-    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{staged_stat_layout}    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
 {tiles_n}
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ACC_L))
     n = 0
@@ -508,7 +552,25 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
     # printed twice: in the consumers, and in an epilogue partition reading staged products
     staging = staging_legality(match)
     tiled = tile_read(match)  # a residual TMA brings into the staging tile
+    pointers_x = _extra_views(match)
+    products = {si: staged_product(seg, _row_view(match, si).dtype)
+                for si, seg in enumerate(segments)} if not staging else {}
+    # row statistics (a normalization folded through the weights): their pieces loaded
+    # before the products, combined after them (in a partition's own layout, then the
+    # accumulator's), by each partition that reads them
+    consumer_stats = _row_statistics(match, reductions(*(o.elem for o in match.all_outputs)))
+    # what the consumers stage, if they compute more than the product's cast (one band)
+    product = products.get(0) if len(segments) == 1 else None
+    if product is not None and isinstance(product.args[0], Leaf):
+        product = None
+    product_stats = _row_statistics(match, reductions(product))
+    staged_elems = [_unstaged(o.elem, products[si], set(seg.accumulators))
+                    for si, seg in enumerate(segments) for o in seg.outputs] if products else []
+    staged_stats = _row_statistics(match, reductions(*staged_elems))
     pre, epilogue, staged_pre, staged_epilogue = [], [], [], []
+    product_pre, product_store = [], [
+        "mbarrier.wait(c_empty.index(C), (n & 1) ^ 1)",
+        f"c_smem.index(C).store(acc0.to(gl.{_row_view(match, 0).dtype}))"]
     for si, seg in enumerate(segments):
         local = f"(pid_n - ({firsts[si]}))" if si else "pid_n"
         n_axis = _n_axis(match.views[f"b{si}.0"])  # each band has its own column axis
@@ -516,7 +578,21 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         masks = {"m": f"(rm < {m})[:, None]"}
         if seg.n % WS_GEMM_MAX_N:
             masks[n_axis] = f"(rn < {seg.n})[None, :]"
-        view = match.views[f"out{si}.0"]
+        view = _row_view(match, si)
+        accumulators = set(seg.accumulators)
+        first = [f"rn = {local} * BLOCK_N + cols"]
+        if product is not None:
+            # the consumers compute the staged value (the product and what it reads beside)
+            acc = {t: (f"acc{i}", match.acc_dtype) for i, t in enumerate(seg.accumulators)}
+            printer = ElemPrinter(tiles, masks, pointers, pointers_x, acc, prefix="p_",
+                                  reduced=product_stats[2])
+            value = printer.expr(product)
+            reads, body = _hoisted(printer.lines, ("acc0", *product_stats[2].values()))
+            reads, late = _compact_columns(reads, local)
+            product_pre = [*product_stats[0], *first, *reads]
+            product_store = [*product_stats[1], *late, *body,
+                             "mbarrier.wait(c_empty.index(C), (n & 1) ^ 1)",
+                             f"c_smem.index(C).store(({value}).to(gl.{view.dtype}))"]
         for staged in (False, True):
             if staged and staging:
                 continue  # the epilogue partition is refused (staging says why)
@@ -524,15 +600,23 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
                    for i, t in enumerate(seg.accumulators)}
             if tiled is not None and not staged:  # read from the staging tile after the products
                 acc[tiled.tensor] = ("r0", tiled.dtype)
-            elem = seg.outputs[0].elem
-            if staged:  # its casts of the product read the staged 16-bit tile
-                elem = _unstaged(elem, set(seg.accumulators))
-            printer = ElemPrinter(tiles, masks, pointers, _extra_views(match), acc,
-                                  prefix=f"e{si}_")
-            value = printer.expr(elem)
-            body, first = printer.lines, [f"rn = {local} * BLOCK_N + cols"]
+            elems = [o.elem for o in seg.outputs]
+            if staged:  # the staged value read from the staged 16-bit tile
+                elems = [_unstaged(e, products[si], accumulators) for e in elems]
+            reduced = (staged_stats if staged else consumer_stats)[2]
+            printer = ElemPrinter(tiles, masks, pointers, pointers_x, acc, prefix=f"e{si}_",
+                                  reduced=reduced)
+            values = [printer.expr(e) for e in elems]
+            elem, value = elems[_row(seg)], values[_row(seg)]
+            body = printer.lines
             if hoist and len(segments) == 1:
-                reads, body = _hoisted(body, "acc16" if staged else ("acc0", "r0"))
+                # the consumers combine the statistics after the products: what reads them
+                # stays there too
+                after = "acc16" if staged else ("acc0", "r0", *reduced.values())
+                reads, body = _hoisted(body, after)
+                if not staged:  # held across the products: in few registers
+                    reads, late = _compact_columns(reads, local)
+                    body = [*late, *body]
                 (staged_pre if staged else pre)[:] = [*first, *reads]
             else:
                 body = [*first, *body]
@@ -542,6 +626,10 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
                 "fence_async_shared()",
                 f"_tma_store(o{si}_desc, [row0, {local} * BLOCK_N], {staging_tile})",
             ]
+            for oi, out in enumerate(seg.outputs):
+                if out.chunk:
+                    body += _moment_store(out, values[oi], pointers[out.tensor], m, seg.n,
+                                          f"mo{oi}")
             out = staged_epilogue if staged else epilogue
             out += [heads[si], *("    " + line for line in body)] if heads[si] else body
     out_descs = ", ".join([f"o{si}_desc" for si in range(len(segments))]
@@ -568,7 +656,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         pad = "    " * depth
         return "\n".join(pad + gluon_line(x, erf_abs=True) for x in lines) or pad + "pass"
 
-    out_dtype = match.views["out0.0"].dtype
+    out_dtype = _row_view(match, 0).dtype
     if staging:
         partition = f"        gl.static_assert(EW == 0, {staging!r})"
     else:
@@ -592,13 +680,114 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         b_box="[off_n, kk * BLOCK_K]" if b_nk else "[kk * BLOCK_K, off_n]",
         b_tile="BLOCK_N, BLOCK_K" if b_nk else "BLOCK_K, BLOCK_N",
         b_operand="b_smem.index(slot).permute((1, 0))" if b_nk else "b_smem.index(slot)",
-        hoisted=block(pre, 3), epilogue=block(epilogue, 3),
-        tile_load=block(tile_load, 3) if tile_load else "",
+        hoisted=block(consumer_stats[0] + pre, 3),
+        epilogue=block(consumer_stats[1] + epilogue, 3),
+        tile_load="\n".join(
+            [block(tile_load, 3)] * bool(tile_load)
+            + ["        else:  # EW: the staged value's reads\n" + block(product_pre, 3)]
+            * bool(product_pre)),
+        product_store=block(product_store, 3),
         epilogue_head=block(epilogue_head, 3), tile_barrier=block(tile_barrier, 1),
-        staged_hoisted=block(staged_pre, 3), staged_epilogue=block(staged_epilogue, 3),
+        staged_hoisted=block(staged_stats[0] + staged_stats[1] + staged_pre, 3),
+        staged_epilogue=block(staged_epilogue, 3),
         epilogue_partition=partition,
+        # a row statistic's pieces: a consumer's (4 warps) or the epilogue partition's (EW)
+        # rows of them (only where the kernel reads statistics: the text of a kernel without
+        # them, and so its tuning records' keys, stay as they were)
+        stat_layout=_STAT_LAYOUT.format(warps=4) if consumer_stats[0] else "",
+        staged_stat_layout=_STAT_LAYOUT.format(warps="EW") if staged_stats[0] else "",
         regs2=WS_GEMM_REGS[2][1], regs3=WS_GEMM_REGS[3][1], load_regs=WS_GEMM_LOAD_REGS,
     )
+
+
+_STAT_LAYOUT = ("    STAT_L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [{warps}, 1], [1, 0])"
+                "  # row statistics\n")
+
+
+#: the most pieces a row of a statistic whose loads stay in flight during the products
+LATE_PIECES = 16
+
+
+def _row_statistics(match, used) -> tuple[list, list, dict]:
+    """Lines loading (before the products) and combining (after them) the row statistics
+    of ``match`` that ``used`` (reductions) needs, and key -> name: each partition's own, in
+    its ``STAT_L`` layout, then its accumulator's (:func:`~.triton_gen.row_statistics`).
+    Statistics of more than :data:`LATE_PIECES` pieces a row (few rows, narrow pieces: 48 at
+    128 tokens of BERT-base) are combined before the products too: their loaded pieces would
+    hold 32 registers a thread across them."""
+    keys = {r.key() for r in used}
+    # a statistic reading another needs it too (the match lists inner ones first)
+    for r in reversed(match.statistics):
+        if r.key() in keys:
+            keys.update(x.key() for x in reductions(r.body))
+    needed = [r for r in match.statistics if r.key() in keys]
+    if not needed:
+        return [], [], {}
+    m = match.frame.extents["m"]
+    issue, combine, names = row_statistics(
+        needed, {"b": "0", "m": "rs[:, None]"}, {"m": f"(rs < {m})[:, None]"},
+        _pointers(match)[0], _extra_views(match),
+        arange="gl.arange(0, {n}, layout=gl.SliceLayout(0, STAT_L))",
+        full="gl.full([BLOCK_M], {value}, {dtype}, layout=gl.SliceLayout(1, STAT_L))")
+    issue = ["rs = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, STAT_L))", *issue]
+    combine += [f"{name} = gl.convert_layout({name}, gl.SliceLayout(1, ACC_L))"
+                for name in names.values()]
+    if any(r.extent > LATE_PIECES for r in needed):
+        return [*issue, *combine], [], names
+    return issue, combine, names
+
+
+#: a consumer's column vectors held across its products, one register a thread each (in the
+#: accumulator's layout a 128-column float32 vector takes 32)
+_COLUMN_LAYOUT = "gl.BlockedLayout([1], [32], [4], [0])"
+
+
+def _compact_columns(reads: list[str], local: str) -> tuple[list[str], list[str]]:
+    """Hoisted lines ``reads`` with their loads of column vectors (bias, column sums) in a
+    layout of one register a thread, and the lines that, after the products, bring them to
+    the accumulator's layout (through shared memory) and compute what depends on them --
+    where more than one such vector would be held across the products (one, a bias, stays
+    as loaded: the text, and so the tuning records' keys, of such kernels stay as they
+    were)."""
+    columns = [line for line in reads if ".load(" in line and "rn[None, :]" in line
+               and not re.search(r"\brm\b", line)]
+    if len(columns) <= 1:
+        return reads, []
+    moved = {line.split(" = ", 1)[0] for line in columns}
+    keep, late = [f"rc = {local} * BLOCK_N + gl.arange(0, BLOCK_N, layout={_COLUMN_LAYOUT})"], []
+    for line in reads:
+        name, expr = line.split(" = ", 1)
+        if line in columns:
+            expr = re.sub(r"\(rn < (\d+)\)\[None, :\]", r"(rc < \1)", expr)
+            keep.append(f"{name} = {expr.replace('rn[None, :]', 'rc')}")
+            late.append(f"{name} = gl.convert_layout({name}, gl.SliceLayout(0, ACC_L))[None, :]")
+        elif any(re.search(rf"\b{x}\b", expr) for x in moved):
+            moved.add(name)
+            late.append(line)
+        else:
+            keep.append(line)
+    return keep, late
+
+
+def _moment_store(out, value: str, pointer: str, m: int, n: int, name: str) -> list[str]:
+    """Lines storing the row moment ``out`` of a tile (the first phase of a folded
+    normalization's reduction; its readers add the pieces): ``value``'s sum over the tile's
+    columns in the first of the ``BLOCK_N // chunk`` pieces the tile owns, zeros in the
+    others (the Triton form's ``_moment_store``, in the rows' own layout)."""
+    c = out.chunk
+    chunks = -(-n // c)
+    v = f"{value}.to(gl.float32)"
+    if n % WS_GEMM_MAX_N:  # a tile may reach past the row: those columns add nothing
+        v = f"gl.where((rn < {n})[None, :], {v}, 0.0)"
+    first = f"pid_n * (BLOCK_N // {c})"
+    return [
+        f"{name} = gl.sum({v}, axis=1)",
+        f"{name}_at = {pointer} + rm * {chunks} + {first}",
+        f"gl.store({name}_at, {name}, mask=rm < {m})",
+        f"for piece in gl.static_range(1, BLOCK_N // {c}):",
+        f"    gl.store({name}_at + piece, gl.zeros_like({name}), "
+        f"mask=(rm < {m}) & ({first} + piece < {chunks}))",
+    ]
 
 
 def _broadcast(value: str, elem, accumulators) -> str:

@@ -475,7 +475,8 @@ _COMBINE = {"sum": "{acc} + tl.sum({v}, axis=1)", "max": "tl.maximum({acc}, tl.m
             "min": "tl.minimum({acc}, tl.min({v}, axis=1))"}
 
 
-def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], list[str], dict]:
+def row_statistics(reduces, tiles, masks, pointers, views, arange="tl.arange(0, {n})",
+                   full="tl.full([BLOCK_M], {value}, {dtype})") -> tuple[list, list, dict]:
     """Lines computing each row statistic over the tile's rows (``tiles``/``masks`` give the
     row coordinates), inner statistics first: the first phase of a two-phase reduction whose
     second is the kernel's use of them.  Returns the lines that issue the loads, the lines
@@ -486,7 +487,8 @@ def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], l
     lines and summed by the second, so a kernel can issue the loads before its product loop
     and combine them after it: the loads' latency hides behind the products. Longer ones, and
     those reading other statistics, loop over chunks of ``ROW_CHUNK`` columns in the first
-    lines, after the statistics before them are combined."""
+    lines, after the statistics before them are combined.  ``arange`` and ``full``: how a
+    range of columns and a row of initial values are printed (Gluon names their layouts)."""
     issue, combine, names = [], [], {}
     for i, r in enumerate(reduces):
         name, var = f"stat{i}", r.var.name
@@ -503,15 +505,15 @@ def row_statistics(reduces, tiles, masks, pointers, views) -> tuple[list[str], l
         value = f"{printer.expr(r.body)}.to({dtype})"
         if r.extent % width:
             value = f"tl.where({col_mask}, {value}, {_literal(r.init)})"
-        init = f"tl.full([BLOCK_M], {_literal(r.init)}, {dtype})"
+        init = full.format(value=_literal(r.init), dtype=dtype)
         if one:
-            issue += [f"{rr} = tl.arange(0, {width})", *printer.lines]
+            issue += [f"{rr} = {arange.format(n=width)}", *printer.lines]
             combine.append(f"{name} = " + _COMBINE[r.op].format(acc=init, v=value))
         else:  # it may read the statistics before it: those are combined first
             issue += combine
             combine = []
             issue += [f"{name} = {init}", f"for r0 in range(0, {r.extent}, {ROW_CHUNK}):",
-                      f"    {rr} = r0 + tl.arange(0, {ROW_CHUNK})",
+                      f"    {rr} = r0 + {arange.format(n=ROW_CHUNK)}",
                       *["    " + line for line in printer.lines],
                       f"    {name} = " + _COMBINE[r.op].format(acc=name, v=value)]
         names[r.key()] = name
