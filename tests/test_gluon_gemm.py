@@ -242,6 +242,18 @@ def test_folded_norms_keep_the_warp_specialized_form():
     assert "A is computed" in ws_legality(prologue[0]) and prologue[1].ws is None
 
 
+def test_moments_wider_than_a_column_tile_are_refused(monkeypatch):
+    """A tile sums its row into its first piece: pieces wider than the Gluon form's 128
+    columns would have every tile write the same piece; such a GEMM keeps the Triton forms."""
+    from tvm_stitch.analysis import recognize
+
+    monkeypatch.setattr(recognize, "MOMENT_CHUNKS", (256, 256))
+    gemms = _gemms("bert-base", batch=1, seq=200, layers=1, joined=True, fold_norms=True)
+    (match, source, _, _), = [g for g in gemms if any(o.chunk for o in g[0].all_outputs)]
+    assert {o.chunk for o in match.all_outputs if o.chunk} == {256}
+    assert "no column tile holds whole" in ws_legality(match) and source.ws is None
+
+
 @pytest.mark.parametrize(
     "name,dtype,params,shape,reason",
     [

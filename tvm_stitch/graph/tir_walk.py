@@ -79,3 +79,8 @@ def loads_in_index(index) -> list:
             for idx in node.indices:
                 out.extend(loads_in_index(idx))
     return out
+
+
+def is_one(extent) -> bool:
+    """Whether ``extent`` is the constant 1 (a unit loop, a unit region)."""
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1

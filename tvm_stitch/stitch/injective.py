@@ -17,6 +17,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
+from tvm_stitch.graph.tir_walk import is_one
+
 #: bytes a thread loads or stores at once (``ld.global.v4.b32``)
 VECTOR_BYTES = 16
 
@@ -78,7 +80,7 @@ def _vector(block, loops) -> int | None:
     # the output in row-major order of the loops: each of its indices one iterator, in order
     if not all(isinstance(e, tvm.tirx.IntImm) for e in extents) or len(out.region) != len(iters):
         return None
-    if any(not (r.min.same_as(v) and _is_one(r.extent)) for r, v in zip(out.region, iters)):
+    if any(not (r.min.same_as(v) and is_one(r.extent)) for r, v in zip(out.region, iters)):
         return None
     if [_int(d) for d in out.source.shape] != [int(e) for e in extents]:
         return None
@@ -90,7 +92,7 @@ def _vector(block, loops) -> int | None:
             return None  # the columns pick rows of the input: a transpose
         if not _uses(inner.min, last) and not _uses(inner.extent, last):
             continue  # the same value for every column of a row (a gathered row's index)
-        if not (inner.min.same_as(last) and _is_one(inner.extent)):
+        if not (inner.min.same_as(last) and is_one(inner.extent)):
             return None
         walking.append(read.source)
     dtypes = [str(b.dtype) for b in walking]
@@ -119,6 +121,3 @@ def _uses(expr, var) -> bool:
     """Whether ``expr`` reads ``var``, inside buffer indices too."""
     return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr))
 
-
-def _is_one(extent) -> bool:
-    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1

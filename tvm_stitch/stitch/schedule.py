@@ -24,7 +24,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from tvm_stitch.graph.tir_walk import buffer_loads, iter_exprs, iter_sblocks
+from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, iter_sblocks
 
 from .columns import apply_column_plan, column_plans, is_column_pattern
 from .plan import IllegalPatternError, KernelPlan, candidate_plans
@@ -274,7 +274,7 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
 def _unit_columns(sch, block) -> bool:
     """Whether ``block`` writes a tensor whose last axis has extent 1."""
     (write,) = sch.get(block).writes
-    return len(write.source.shape) > 1 and _is_one(write.source.shape[-1])
+    return len(write.source.shape) > 1 and is_one(write.source.shape[-1])
 
 
 def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
@@ -468,27 +468,24 @@ def _identity_loads(block, buf) -> bool:
 
     Unit axes do not count: an index 0 into an axis of extent 1 (a batch of one, which TVM's
     loop normalisation leaves out of the iterators) and an iterator of extent 1 are skipped."""
-    ivs = [iv.var for iv in block.iter_vars if not _is_one(iv.dom.extent)]
+    ivs = [iv.var for iv in block.iter_vars if not is_one(iv.dom.extent)]
     loads = _loads(block, buf)
 
     def own(ld) -> bool:
         idx = [
             i
             for i, d in zip(ld.indices, buf.shape)
-            if not (_is_one(d) and isinstance(i, tvm.tirx.IntImm) and int(i) == 0)
+            if not (is_one(d) and isinstance(i, tvm.tirx.IntImm) and int(i) == 0)
         ]
         idx = [
             i
             for i in idx
-            if not any(i.same_as(iv.var) and _is_one(iv.dom.extent) for iv in block.iter_vars)
+            if not any(i.same_as(iv.var) and is_one(iv.dom.extent) for iv in block.iter_vars)
         ]
         return len(idx) == len(ivs) and all(a.same_as(b) for a, b in zip(idx, ivs))
 
     return loads is not None and all(own(ld) for ld in loads)
 
-
-def _is_one(extent) -> bool:
-    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _loads(block, buf) -> list | None:
