@@ -66,9 +66,11 @@ class PipelineOptions:
         column factor (γ) and column sums of the weights (γ·W, β·W), made once in the
         transform, and finishes the normalization in its epilogue
         (:mod:`tvm_stitch.analysis.through_weights`); a normalization that cannot be folded so
-        stays a kernel.  Off by default: at large batch it is slower than the kernels it
-        saves (BERT-base 8×512 on an H200, 5 instead of 7 kernels per layer: 2045.9 vs
-        1939.2 µs; on an H100 with narrower moment pieces 2298.7 vs 1992.7), while at 1×128
+        stays a kernel.  Off by default: it is not faster than the kernels it saves
+        (BERT-base on an H100 with the warp-specialized Gluon GEMMs, 5 instead of 7 kernels
+        per layer, same run: 8×512 1719.2 vs 1706.4 µs, 1×128 349.6 vs 335.2 — launched
+        plainly, ``dependent_launch=False``; launched dependently the folded graph loses
+        another 108 and 30 µs; earlier, on an H200, 8×512 2045.9 vs 1939.2), while at 1×128
         through the weights with ``launch_dependents="exit"`` it is the fastest form
         measured (H200, same run: 337.7 µs against 358.1 by default, 345.9 with
         ``lift_params`` alone; earlier forms: re-reading 781 vs 460 µs, two-phase in ``A``'s
