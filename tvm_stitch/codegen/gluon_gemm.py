@@ -65,6 +65,7 @@ from tvm_stitch.codegen.triton_gen import (
     Descriptor,
     ElemPrinter,
     UnsupportedKernelError,
+    _cdiv,
     _extra_views,
     _n_axis,
     _pointers,
@@ -711,17 +712,14 @@ LATE_PIECES = 16
 
 def _row_statistics(match, used) -> tuple[list, list, dict]:
     """Lines loading (before the products) and combining (after them) the row statistics
-    of ``match`` that ``used`` (reductions) needs, and key -> name: each partition's own, in
+    of ``match`` in ``used`` (:func:`~tvm_stitch.analysis.elem.reductions` of what a
+    partition prints, inner statistics included), and key -> name: each partition's own, in
     its ``STAT_L`` layout, then its accumulator's (:func:`~.triton_gen.row_statistics`).
     Statistics of more than :data:`LATE_PIECES` pieces a row (few rows, narrow pieces: 48 at
     128 tokens of BERT-base) are combined before the products too: their loaded pieces would
     hold 32 registers a thread across them."""
     keys = {r.key() for r in used}
-    # a statistic reading another needs it too (the match lists inner ones first)
-    for r in reversed(match.statistics):
-        if r.key() in keys:
-            keys.update(x.key() for x in reductions(r.body))
-    needed = [r for r in match.statistics if r.key() in keys]
+    needed = [r for r in match.statistics if r.key() in keys]  # inner ones first
     if not needed:
         return [], [], {}
     m = match.frame.extents["m"]
@@ -777,7 +775,7 @@ def _moment_store(out, value: str, pointer: str, m: int, n: int, name: str) -> l
     columns in the first of the ``BLOCK_N // chunk`` pieces the tile owns, zeros in the
     others (the Triton form's ``_moment_store``, in the rows' own layout)."""
     c = out.chunk
-    chunks = -(-n // c)
+    chunks = _cdiv(n, c)
     v = f"{value}.to(gl.float32)"
     if n % WS_GEMM_MAX_N:  # a tile may reach past the row: those columns add nothing
         v = f"gl.where((rn < {n})[None, :], {v}, 0.0)"
