@@ -5,7 +5,7 @@
 #
 # STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
-#       profile:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
+#       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
@@ -95,6 +95,11 @@ for step in "$@"; do
             python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --cupti --top 20 \
                 ${OPTION:+--option "$OPTION"} \
                 2>&1 | tee -a "$out/profile.log" || status=1
+            ;;
+        timeline:*)  # what each kernel adds to a CUDA-graph replay, one build per VARIANT
+            workload_spec "$step"
+            python3 -m tvm_stitch.benchmarks.timeline "$name" "${params[@]}" \
+                ${variants[@]+"${variants[@]}"} 2>&1 | tee -a "$out/timeline.log" || status=1
             ;;
         ncu:*)  # Nsight Compute on the workload's kernels matching $NCU_KERNELS (and PyTorch's)
             workload_spec "$step"

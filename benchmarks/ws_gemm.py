@@ -3,7 +3,7 @@ form (:mod:`tvm_stitch.codegen.gluon_gemm`, every tiling the search seeds) and t
 persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python -m tvm_stitch.benchmarks.ws_gemm [--batch 8] [--seq 512] [--no-hoist] [--separate]
-        [--ptxas]
+        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW];...]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -99,7 +99,8 @@ def ptxas_report(ptx: str) -> str:
 
 
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
-        ptxas: bool = False, fold_norms: bool = False) -> list[dict]:
+        ptxas: bool = False, fold_norms: bool = False, only: str | None = None,
+        tiles: tuple | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -122,6 +123,8 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq,
                                                     layers=2 if fold_norms else 1,
                                                     joined=joined, fold_norms=fold_norms):
+        if only and only not in match.describe():
+            continue
         ext = match.frame.extents
         m, k = ext["m"], ext["k"]
         n = sum(s.n for s in match.segments)
@@ -147,8 +150,8 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         forms = [(dict(c), "triton") for c in TRITON_FORMS]
         if source.ws:
             staging = staging_legality(match) is None  # as the search seeds them
-            forms += [(ws_config(*tiles), "gluon") for tiles in WS_GEMM_TILES
-                      if staging or len(tiles) == 4]
+            forms += [(ws_config(*t), "gluon") for t in tiles or WS_GEMM_TILES
+                      if staging or len(t) == 4 or not t[4]]
         variants = [("", source)]
         if source.ws and hoist_variant:
             variants.append(("no-hoist", dataclasses.replace(
@@ -194,10 +197,16 @@ def main(argv=None) -> int:
     parser.add_argument("--fold-norms", action="store_true",
                         help="the LayerNorms folded through the weights (row statistics read, "
                         "row moments written)")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="only the GEMMs whose description holds TEXT (e.g. '3 bands')")
+    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW];...",
+                        help="the Gluon tilings to measure (default: the search's seeds)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
+    tiles = args.tiles and tuple(tuple(int(x) for x in t.split(",")) for t in
+                                 args.tiles.split(";"))
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
-               args.fold_norms)
+               args.fold_norms, args.only, tiles)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -20,6 +20,7 @@ import logging
 import tvm
 
 from tvm_stitch.codegen.embed import dependent_kernels
+from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS
 
 from .module import replace_functions
 
@@ -44,7 +45,8 @@ class LaunchDependently:
         The largest grid launched dependently (the pipeline: the device's SMs); None: any.
     """
 
-    def __init__(self, launch_dependents: str = "start", max_blocks: int | None = None):
+    def __init__(self, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
+                 max_blocks: int | None = None):
         self.launch_dependents = launch_dependents
         self.max_blocks = max_blocks
 

@@ -32,7 +32,7 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
-from tvm_stitch.config import check_launch_dependents
+from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 from tvm_stitch.graph import build_graph
 
 from .order import topological
@@ -105,7 +105,8 @@ def _smem_limit() -> int:
     return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}).smem_per_block
 
 
-def embed_builder(match, source, config, shapes, dependent=True, launch_dependents="start"):
+def embed_builder(match, source, config, shapes, dependent=True,
+                  launch_dependents=DEFAULT_LAUNCH_DEPENDENTS):
     """The launch PrimFunc of a generated kernel and its CUDA module (``dependent``: launched
     with programmatic dependent launch, releasing the next launch at ``launch_dependents``)."""
     launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent,
@@ -155,7 +156,8 @@ class FuseMBCI:
 
     def __init__(
         self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
-        fold_norms=False, join_weights=False, dependent_launch=True, launch_dependents="start",
+        fold_norms=False, join_weights=False, dependent_launch=True,
+        launch_dependents=DEFAULT_LAUNCH_DEPENDENTS,
     ):
         unknown = set(families) - set(FAMILIES)
         if unknown:

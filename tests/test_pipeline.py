@@ -92,8 +92,9 @@ def _kernels(source: str) -> dict:
 def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
     """On sm_90 TVM's own kernels (the embeddings' gathers, the LayerNorms, copies) of at most
     one block per SM are launched like the generated ones (programmatic dependent launch): each
-    one's first statements wait for the grid before it and release the next launch, before any
-    load or store (a kernel launched early that touched memory before its wait would race).
+    one's first statements wait for the grid before it (and with ``launch_dependents="start"``
+    release the next launch), before any load or store (a kernel launched early that touched
+    memory before its wait would race); by default (``"exit"``) nothing releases it early.
     Larger grids, ``dependent_launch=False`` and targets before sm_90 launch them plainly."""
     calls = {}
 
@@ -109,7 +110,7 @@ def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
 
     sm90 = {"kind": "cuda", "arch": "sm_90a"}
     small = get_workload("bert-tiny").instance("float16", batch=1, seq=32, layers=1)
-    kernels = build(small, sm90, tune="model")
+    kernels = build(small, sm90, tune="model", launch_dependents="start")
     assert len(kernels) >= 5 and any("layer_norm" in k for k in kernels)  # embeddings too
     for name, body in kernels.items():
         wait = body.index("tvm_builtin_ptx_griddepcontrol_wait();")
@@ -117,7 +118,8 @@ def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
         assert all(ln.startswith("alignas(") for ln in before), (name, before)  # declarations
         release = body[wait:].split(";")[1].strip()
         assert release == "tvm_builtin_ptx_griddepcontrol_launch_dependents()"
-    exit_ = build(small, sm90, tune="model", launch_dependents="exit")
+    exit_ = build(small, sm90, tune="model")  # the default: released at exit
+    assert exit_.keys() == kernels.keys()
     assert all(waits(b) and "launch_dependents" not in b for b in exit_.values())
     for target, options in ((sm90, {"dependent_launch": False}), ({**sm90, "arch": "sm_80"}, {})):
         plain = build(small, target, tune="model", **options)
@@ -202,18 +204,19 @@ def test_each_kernel_of_a_function_waits_at_its_start():
     ``max_blocks`` blocks is left alone (None)."""
     from tvm_stitch.codegen.embed import dependent_kernels
 
-    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels), _two_kernels_dependent)
-    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, max_blocks=2),
+    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, "start"),
+                                   _two_kernels_dependent)
+    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, "start", max_blocks=2),
                                    _two_kernels_dependent)
     assert dependent_kernels(_two_kernels, max_blocks=1) is None  # all kernels wait or none
-    exit_ = dependent_kernels(_two_kernels, "exit").script()
+    exit_ = dependent_kernels(_two_kernels).script()  # the default: released at exit
     assert exit_.count('griddepcontrol("wait"') == 2 and "launch_dependents" not in exit_
     assert dependent_kernels(_host_only) is None
     assert dependent_kernels(_two_kernels_dependent) is None
     with pytest.raises(ValueError, match="launch_dependents"):
         dependent_kernels(_two_kernels, "late")
     mod = tvm.IRModule({"k": _two_kernels, "h": _host_only})
-    out = tvm_stitch.passes.LaunchDependently()(mod)
+    out = tvm_stitch.passes.LaunchDependently("start")(mod)
     tvm.ir.assert_structural_equal(out["k"], _two_kernels_dependent)
     assert out["h"].same_as(mod["h"])
     # a host loop around a kernel keeps its step

@@ -223,7 +223,7 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
 
     from tvm_stitch.codegen import embed
 
-    source = _probe_launch("pdl_probe")
+    source = _probe_launch("pdl_probe", launch_dependents="start")
     body = source.ptx[source.ptx.index(".entry pdl_probe"):]
     body = body[body.index("{") + 1:]
     instructions = [ln.strip() for ln in body.splitlines()
@@ -251,7 +251,7 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
 def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
     """``dependent_launch=False``: the generated kernels neither wait for the grid before them
     nor carry the launch tag (profiles then time each kernel alone); by default they do, and
-    release the next launch at their start (``launch_dependents="exit"``: at their exit)."""
+    release the next launch at their exit (``launch_dependents="start"``: at their start)."""
     import tvm
 
     import tvm_stitch
@@ -282,13 +282,14 @@ def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
 
 
 def test_next_launch_released_at_exit():
-    """``launch_dependents="exit"``: the kernel still waits for the grid before it, first, but
-    gives no early trigger (the next launch begins once its blocks have exited); an unknown
-    placement is an error, in the pipeline's options too."""
+    """``launch_dependents="exit"`` (the default): the kernel still waits for the grid before
+    it, first, but gives no early trigger (the next launch begins once its blocks have
+    exited); an unknown placement is an error, in the pipeline's options too."""
     from tvm_stitch.codegen import embed
     from tvm_stitch.config import PipelineOptions
 
-    probe = _probe_launch("exit_probe", launch_dependents="exit")
+    assert PipelineOptions().launch_dependents == "exit"
+    probe = _probe_launch("exit_probe")
     assert embed.PDL_TAG in probe.tags
     body = probe.ptx[probe.ptx.index(".entry exit_probe"):]
     assert body.count("griddepcontrol.wait;") == 1

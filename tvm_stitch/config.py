@@ -10,6 +10,10 @@ import dataclasses
 
 #: where a dependently launched kernel releases the next launch (``launch_dependents``)
 LAUNCH_DEPENDENTS = ("start", "exit")
+#: the default: at its exit (BERT-base on an H100, same runs, 2026-11-26: 1×128 322.0 and
+#: 322.5 µs against 333.2 and 334.5 at the start, 32×128 1559.2 against 1582.2, 8×512 1741.9
+#: against 1741.2)
+DEFAULT_LAUNCH_DEPENDENTS = "exit"
 
 
 def check_launch_dependents(value) -> str:
@@ -69,12 +73,11 @@ class PipelineOptions:
         stays a kernel.  Off by default: it is not faster than the kernels it saves
         (BERT-base on an H100 with the warp-specialized Gluon GEMMs, 5 instead of 7 kernels
         per layer, same run: 8×512 1719.2 vs 1706.4 µs, 1×128 349.6 vs 335.2 — launched
-        plainly, ``dependent_launch=False``; launched dependently the folded graph loses
-        another 108 and 30 µs; earlier, on an H200, 8×512 2045.9 vs 1939.2), while at 1×128
-        through the weights with ``launch_dependents="exit"`` it is the fastest form
-        measured (H200, same run: 337.7 µs against 358.1 by default, 345.9 with
-        ``lift_params`` alone; earlier forms: re-reading 781 vs 460 µs, two-phase in ``A``'s
-        prologue 539 vs 434 on an H100).  Needs ``"gemm"``.
+        plainly, ``dependent_launch=False``; with the next launch released at a kernel's exit,
+        the default now, 1×128 330.9 vs 322.0 and 8×512 1791.1 vs 1741.9, same runs,
+        2026-11-26; earlier, on an H200, 8×512 2045.9 vs 1939.2; earlier forms: re-reading
+        781 vs 460 µs, two-phase in ``A``'s prologue 539 vs 434 on an H100).  Needs
+        ``"gemm"``.
     lift_params : bool
         Computations that depend on weights only — the parameters past the entry function's
         ``num_input`` — move into a function of their own, ``<entry>_transform_params``
@@ -101,11 +104,14 @@ class PipelineOptions:
     launch_dependents : {"start", "exit"}
         When a dependently launched kernel lets the next one be launched: ``"start"``, right
         after its wait, so the next kernel's blocks take whatever SM room this one leaves and
-        wait there; ``"exit"``, once all its blocks have exited. Which is faster depends on
-        the chain of kernels (BERT-base 1×128 on an H200, same run: 358.1 µs with ``"start"``
-        against 379.4 with ``"exit"``; with ``fold_norms`` and ``lift_params``, where every
-        kernel of a layer is a generated one, 382.3 against **337.7** — the fastest form
-        measured; at 8×512 ``"exit"`` costs 10–16 µs): ``"start"`` by default.
+        wait there; ``"exit"`` (the default), once all its blocks have exited. On the H100,
+        same runs, ``"exit"`` is faster or level: BERT-base ``lift_params`` 1×128 322.0 and
+        322.5 µs against 333.2 and 334.5, 32×128 1559.2 against 1582.2, 8×512 1741.9 against
+        1741.2; with ``fold_norms`` too, 1×128 330.9 against 375.9 (2026-11-26,
+        ``h100-launch-exit-2026-11-26.md``). A trigger at the start lets the next grid's
+        blocks wait on SMs the GEMM after a GEMM then starts from (2 µs more a GEMM-after-GEMM
+        edge at 8×512, ``benchmarks/timeline.py``). Earlier, on an H200, ``"start"`` was
+        faster by default (1×128 358.1 against 379.4).
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
@@ -123,7 +129,7 @@ class PipelineOptions:
     fold_norms: bool = False
     lift_params: bool = False
     dependent_launch: bool = True
-    launch_dependents: str = "start"
+    launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS
     tune: str = "measure"
 
     def __post_init__(self):

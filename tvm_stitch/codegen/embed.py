@@ -24,7 +24,7 @@ import math
 
 import tvm
 
-from tvm_stitch.config import check_launch_dependents
+from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 
 from .triton_kernels import kernel, precision
 
@@ -168,7 +168,7 @@ def plan_launch(
     smem_limit: int | None = None,
     descriptors: dict | None = None,
     dependent: bool = True,
-    launch_dependents: str = "start",
+    launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -324,7 +324,7 @@ def plan_launch(
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
 
 
-def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
+def dependent_launch(ptx: str, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> str:
     """``ptx`` whose kernel may be launched before the kernel before it has finished
     (programmatic dependent launch, sm_90): its first instructions wait for that grid to complete
     and its memory to be visible (``griddepcontrol.wait``: before any load or store, so neither
@@ -348,7 +348,8 @@ def dependent_launch(ptx: str, launch_dependents: str = "start") -> str:
     return "".join(lines)
 
 
-def dependent_kernels(func, launch_dependents: str = "start", max_blocks: int | None = None):
+def dependent_kernels(func, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
+                      max_blocks: int | None = None):
     """``func`` (a scheduled PrimFunc) whose kernels TVM launches dependently, or None when it
     launches none, says already how to (``tirx.kernel_launch_params``), or has a kernel of more
     than ``max_blocks`` blocks (or of a grid not known here): the TIR counterpart of
@@ -479,7 +480,8 @@ def _ast_source(fn):
 
 
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
-                     dependent: bool = True, launch_dependents: str = "start") -> Launch:
+                     dependent: bool = True,
+                     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> Launch:
     """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
 
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the

@@ -1,0 +1,104 @@
+"""What each kernel adds to a CUDA-graph replay of a compiled workload, per option set.
+
+    python -m tvm_stitch.benchmarks.timeline bert-base -p batch=8 -p seq=512 \
+        --variant lift_params=true,fold_norms=true \
+        --variant lift_params=true,fold_norms=true,dependent_launch=false
+
+Each variant is compiled with Relax's CUDA graph (as the bench times it) and called under
+CUPTI (``torch.profiler``). Kernels of one replay are ordered by start; a kernel *adds* the time
+from the latest end before it to its own end (zero if it ends inside an earlier one) and *waits*
+the time from that end to its own start (a launch gap; zero when launched early, as a dependent
+launch is). The span of a replay is the sum of both over its kernels. Per kernel name: launches
+per replay, mean CUPTI duration (which, for a dependently launched kernel, includes the time its
+blocks wait for the kernel before), and the adds and waits per replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+
+import tvm
+
+
+def replay_events(vm, func: str, args, replays: int = 5) -> list[list[tuple]]:
+    """``(name, start, end)`` of every kernel, µs, per call of ``vm[func](*args)`` (built with
+    Relax's CUDA graph, as the bench times it: each call replays that graph)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn = vm[func]
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(replays):  # one call per profile: calls never mix
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(*args)
+            torch.cuda.synchronize()
+        events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type.name == "CUDA" and e.device_time > 0]
+        runs.append(sorted(events, key=lambda e: e[1]))
+    return runs
+
+
+def attribute(events: list[tuple]) -> dict:
+    """Kernel name -> ``[launches, µs of duration, µs added, µs waited]`` of one replay."""
+    table: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    end = events[0][1] if events else 0.0
+    for name, start, stop in events:
+        row = table[name]
+        row[0] += 1
+        row[1] += stop - start
+        row[2] += max(0.0, stop - max(start, end))
+        row[3] += max(0.0, start - end)
+        end = max(end, stop)
+    return table
+
+
+def report(label: str, runs: list[list[tuple]], top: int) -> None:
+    tables = [attribute(r) for r in runs]
+    spans = [max(e[2] for e in r) - r[0][1] for r in runs]
+    names = {n for t in tables for n in t}
+    mean = {n: [statistics.mean(t[n][i] if n in t else 0.0 for t in tables) for i in range(4)]
+            for n in names}
+    added = sum(v[2] for v in mean.values())
+    waited = sum(v[3] for v in mean.values())
+    print(f"{label}: span {statistics.median(spans):.1f} us per replay (median of {len(runs)}; "
+          f"{' '.join(f'{s:.1f}' for s in spans)}), kernels add {added:.1f}, gaps {waited:.1f}, "
+          f"{sum(v[0] for v in mean.values()):.0f} launches")
+    print(f"  {'adds':>8s} {'waits':>7s} {'duration':>9s} {'launches':>8s}  kernel")
+    for name, (n, dur, add, wait) in sorted(mean.items(), key=lambda kv: -kv[1][2])[:top]:
+        print(f"  {add:8.1f} {wait:7.1f} {dur / max(n, 1):9.2f} {n:8.0f}  {name[:80]}")
+
+
+def main(argv=None) -> int:
+    from tvm_stitch.benchmarks.harness import compile_tvm, run_tvm, tvm_device
+
+    from tvm_stitch.cli import _options
+    from tvm_stitch.workloads import get_workload
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload")
+    parser.add_argument("-p", "--param", action="append", default=[])
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="stitch options of one build (repeat: one build each)")
+    parser.add_argument("--replays", type=int, default=5)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args(argv)
+    params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
+    inst = get_workload(args.workload).instance("float16", **params)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    dev = tvm_device(target)
+    for variant in args.variant or [""]:
+        vm, _, note = compile_tvm(inst, target, "stitch", options=_options(variant, "--variant"))
+        vm_args, _ = run_tvm(vm, inst, dev)
+        runs = replay_events(vm, inst.func, vm_args, args.replays)
+        report(f"{inst.name} [{variant or 'defaults'}]{' ' + note if note else ''}", runs,
+               args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
