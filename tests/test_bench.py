@@ -132,3 +132,19 @@ def test_numerics_tool_pairs_kernels_and_finds_the_worst_positions():
     assert calls[-1][0] == "<outputs>" and len(calls) >= 2
     np.testing.assert_allclose(calls[-1][1], inst.reference()[0], rtol=1e-5, atol=1e-6)
     assert all(rel == 0 for *_, rel in divergence(calls, kernel_outputs(inst, "llvm")))
+
+
+def test_timeline_attributes_a_replay_to_its_kernels():
+    """``benchmarks/timeline.py``: each kernel adds the time from the latest end before it to
+    its own end (nothing if it ends inside an earlier one) and waits from that end to its
+    start; together they make the replay's span, launches counted per name."""
+    from tvm_stitch.benchmarks.timeline import attribute
+
+    events = [("gemm", 0.0, 10.0), ("attn", 8.0, 15.0), ("norm", 17.0, 20.0),
+              ("gemm", 19.0, 19.5), ("gemm", 21.0, 30.0)]
+    table = attribute(events)
+    assert table["attn"] == [1, 7.0, 5.0, 0.0]  # launched early: adds 10 -> 15, no wait
+    assert table["norm"] == [1, 3.0, 3.0, 2.0]  # a gap of 2 after the attention
+    assert table["gemm"] == [3, 19.5, 19.0, 1.0]  # 10, 0 (inside the norm), 9; waits 1
+    span = max(e[2] for e in events) - events[0][1]
+    assert sum(r[2] + r[3] for r in table.values()) == span
