@@ -58,8 +58,9 @@ def attribute(events: list[tuple]) -> dict:
 
 
 def report(label: str, runs: list[list[tuple]], top: int) -> None:
+    runs = [r for r in runs if r] or [[]]  # a call CUPTI saw no kernel of adds nothing
     tables = [attribute(r) for r in runs]
-    spans = [max(e[2] for e in r) - r[0][1] for r in runs]
+    spans = [max(e[2] for e in r) - r[0][1] if r else 0.0 for r in runs]
     names = {n for t in tables for n in t}
     mean = {n: [statistics.mean(t[n][i] if n in t else 0.0 for t in tables) for i in range(4)]
             for n in names}

@@ -108,10 +108,9 @@ class PipelineOptions:
         same runs, ``"exit"`` is faster or level: BERT-base ``lift_params`` 1×128 322.0 and
         322.5 µs against 333.2 and 334.5, 32×128 1559.2 against 1582.2, 8×512 1741.9 against
         1741.2; with ``fold_norms`` too, 1×128 330.9 against 375.9 (2026-11-26,
-        ``h100-launch-exit-2026-11-26.md``). A trigger at the start lets the next grid's
-        blocks wait on SMs the GEMM after a GEMM then starts from (2 µs more a GEMM-after-GEMM
-        edge at 8×512, ``benchmarks/timeline.py``). Earlier, on an H200, ``"start"`` was
-        faster by default (1×128 358.1 against 379.4).
+        ``h100-launch-exit-2026-11-26.md``). Released at the start, a GEMM launched after a
+        GEMM ran ~2 µs longer at 8×512 (``benchmarks/timeline.py``; why was not found).
+        Earlier, on an H200, ``"start"`` was the faster (1×128 358.1 against 379.4).
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
