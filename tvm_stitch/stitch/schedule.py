@@ -487,7 +487,6 @@ def _identity_loads(block, buf) -> bool:
     return loads is not None and all(own(ld) for ld in loads)
 
 
-
 def _loads(block, buf) -> list | None:
     """The loads of ``buf`` in ``block``'s stored value (None: the body is not one store)."""
     if not isinstance(block.body, tvm.tirx.BufferStore):
