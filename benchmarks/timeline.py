@@ -11,12 +11,20 @@ the time from that end to its own start (a launch gap; zero when launched early,
 launch is). The span of a replay is the sum of both over its kernels. Per kernel name: launches
 per replay, mean CUPTI duration (which, for a dependently launched kernel, includes the time its
 blocks wait for the kernel before), and the adds and waits per replay.
+
+``--steady N`` also profiles N calls back to back (as the VM's ``time_evaluator`` makes them)
+beside the ``time_evaluator`` figure: a call's span there, the idle time between calls and what
+the largest kernels add. On the H100 (2026-11-26) BERT-base's calls follow each other with no
+idle time, and each kernel adds 5-9% more than in a lone call; ``nvidia-smi`` sampled the SM
+clock at 1740-1980 MHz during them, often with reason ``SwPowerCap`` (likely the cause; a lone
+call runs at 1980).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import statistics
 
 import tvm
@@ -41,6 +49,51 @@ def replay_events(vm, func: str, args, replays: int = 5) -> list[list[tuple]]:
                   if e.device_type.name == "CUDA" and e.device_time > 0]
         runs.append(sorted(events, key=lambda e: e[1]))
     return runs
+
+
+def steady_events(vm, func: str, args, calls: int) -> list[tuple]:
+    """``(name, start, end)`` of every kernel of ``calls`` back-to-back calls of
+    ``vm[func](*args)`` under one profile (no synchronization between them: as the VM's
+    ``time_evaluator`` calls it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn = vm[func]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+    events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+              if e.device_type.name == "CUDA" and e.device_time > 0]
+    return sorted(events, key=lambda e: e[1])
+
+
+def steady_report(events: list[tuple], names: list[str], calls: int) -> str:
+    """Per call of ``calls`` back-to-back calls' ``events``, each the kernels ``names`` of a
+    lone call in their order: its span (first start to last end) and the idle time before it
+    (from the previous call's last end). Events that are not ``calls`` such sequences (a
+    kernel more or less, a name CUPTI reported otherwise) are not split: only the period."""
+    n = len(names)
+    if not events:
+        return f"{calls} calls back to back: no kernel seen"
+    chunks = [events[i:i + n] for i in range(0, len(events), n)] if n else []
+    if len(events) != calls * n or any([e[0] for e in c] != names for c in chunks):
+        total = max(e[2] for e in events) - events[0][1]
+        return (f"{calls} calls back to back: {total / calls:.1f} us a call; not split "
+                f"({len(events)} kernels, not {calls} x the {n} of a lone call in its order)")
+    calls = chunks
+    spans = [max(e[2] for e in c) - c[0][1] for c in calls]
+    gaps = [b[0][1] - max(e[2] for e in a) for a, b in itertools.pairwise(calls)]
+    period = (calls[-1][0][1] - calls[0][0][1]) / max(len(calls) - 1, 1)
+    tables = [attribute(c) for c in calls]
+    waits = statistics.median(sum(r[3] for r in t.values()) for t in tables)
+    top = sorted(tables[0], key=lambda n: -tables[0][n][2])[:6]
+    adds = ", ".join(f"{n[:24]} {statistics.median(t[n][2] for t in tables):.1f}" for n in top)
+    return (f"{len(calls)} calls back to back: a call every {period:.1f} us; spans "
+            f"{statistics.median(spans):.1f} (median; {min(spans):.1f}-{max(spans):.1f}), idle "
+            f"between calls {statistics.median(gaps) if gaps else 0.0:.1f}, launch gaps inside "
+            f"a call {waits:.1f} (medians); adds per call: {adds}")
 
 
 def attribute(events: list[tuple]) -> dict:
@@ -87,6 +140,9 @@ def main(argv=None) -> int:
                         help="stitch options of one build (repeat: one build each)")
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--steady", type=int, default=0, metavar="N",
+                        help="also profile N calls back to back (spans, idle time between "
+                        "them) beside the VM's time_evaluator figure")
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
     inst = get_workload(args.workload).instance("float16", **params)
@@ -98,6 +154,13 @@ def main(argv=None) -> int:
         runs = replay_events(vm, inst.func, vm_args, args.replays)
         report(f"{inst.name} [{variant or 'defaults'}]{' ' + note if note else ''}", runs,
                args.top)
+        if args.steady:
+            from tvm_stitch.benchmarks.harness import time_tvm
+
+            names = [e[0] for e in runs[-1]]  # a lone call's kernels, in order
+            print(f"  time_evaluator {time_tvm(vm, inst.func, vm_args, dev):.1f} us; "
+                  + steady_report(steady_events(vm, inst.func, vm_args, args.steady), names,
+                                  args.steady))
     return 0
 
 

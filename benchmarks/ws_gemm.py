@@ -3,7 +3,7 @@ form (:mod:`tvm_stitch.codegen.gluon_gemm`, every tiling the search seeds) and t
 persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python -m tvm_stitch.benchmarks.ws_gemm [--batch 8] [--seq 512] [--no-hoist] [--separate]
-        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW];...]
+        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR]];...] [--no-triton]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -100,7 +100,7 @@ def ptxas_report(ptx: str) -> str:
 
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         ptxas: bool = False, fold_norms: bool = False, only: str | None = None,
-        tiles: tuple | None = None) -> list[dict]:
+        tiles: tuple | None = None, triton: bool = True) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -147,11 +147,15 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
               f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
               f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
               flush=True)
-        forms = [(dict(c), "triton") for c in TRITON_FORMS]
+        forms = [(dict(c), "triton") for c in TRITON_FORMS] if triton else []
         if source.ws:
             staging = staging_legality(match) is None  # as the search seeds them
-            forms += [(ws_config(*t), "gluon") for t in tiles or WS_GEMM_TILES
-                      if staging or len(t) == 4 or not t[4]]
+            for t in tiles or WS_GEMM_TILES:
+                if staging or len(t) == 4 or not t[4]:
+                    try:
+                        forms.append((ws_config(*t), "gluon"))
+                    except ValueError as e:
+                        print(f"  gluon {t}: {e}")
         variants = [("", source)]
         if source.ws and hoist_variant:
             variants.append(("no-hoist", dataclasses.replace(
@@ -199,14 +203,16 @@ def main(argv=None) -> int:
                         "row moments written)")
     parser.add_argument("--only", metavar="TEXT",
                         help="only the GEMMs whose description holds TEXT (e.g. '3 bands')")
-    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW];...",
+    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW[,PTR]];...",
                         help="the Gluon tilings to measure (default: the search's seeds)")
+    parser.add_argument("--no-triton", action="store_true",
+                        help="only the Gluon forms (one kernel name: e.g. for ncu)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     tiles = args.tiles and tuple(tuple(int(x) for x in t.split(",")) for t in
                                  args.tiles.split(";"))
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
-               args.fold_norms, args.only, tiles)
+               args.fold_norms, args.only, tiles, not args.no_triton)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

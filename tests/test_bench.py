@@ -148,3 +148,26 @@ def test_timeline_attributes_a_replay_to_its_kernels():
     assert table["gemm"] == [3, 19.5, 19.0, 1.0]  # 10, 0 (inside the norm), 9; waits 1
     span = max(e[2] for e in events) - events[0][1]
     assert sum(r[2] + r[3] for r in table.values()) == span
+
+
+def test_timeline_splits_back_to_back_calls():
+    """``timeline --steady``: kernels of calls launched back to back are split into calls of
+    a replay's launch count; per call the span (first start to last end), the idle time before
+    the next call and the launch gaps inside a call."""
+    from tvm_stitch.benchmarks.timeline import steady_report
+
+    events = [("copy", 0.0, 1.0), ("gemm", 1.0, 10.0),  # call 1: span 10
+              ("copy", 12.0, 13.0), ("gemm", 14.0, 24.0),  # call 2: 2 idle before, 1 gap
+              ("copy", 24.0, 25.0), ("gemm", 25.0, 35.0)]  # call 3: none
+    text = steady_report(events, ["copy", "gemm"], 3)
+    assert text.startswith("3 calls back to back: a call every 12.0 us")
+    assert "spans 11.0 (median; 10.0-12.0)" in text
+    # idle 2 before call 2, none before call 3: median 1; the gap inside call 2 is 1 (of 0, 1, 0)
+    assert "idle between calls 1.0" in text and "launch gaps inside a call 0.0" in text
+    assert "gemm 10.0" in text and "copy 1.0" in text
+    # a kernel more in one call (or one named otherwise) is not split into wrong calls
+    extra = [*events[:2], ("memset", 10.5, 11.0), *events[2:]]
+    assert "not split (7 kernels, not 3 x the 2" in steady_report(extra, ["copy", "gemm"], 3)
+    renamed = [("gemm", 0.0, 1.0), *events[1:]]
+    assert "not split" in steady_report(renamed, ["copy", "gemm"], 3)
+    assert "no kernel seen" in steady_report([], ["copy", "gemm"], 3)

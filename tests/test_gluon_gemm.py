@@ -51,7 +51,7 @@ def test_warp_specialized_gemm_compiles_for_hopper():
     read before the product loop; descriptors made by the host; a symbol per consumer count."""
     match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
     assert ws_legality(match) is None and "gl.warp_specialize" in source.ws
-    text = source.ws[source.ws.index("def _consume("):]
+    text = source.ws[source.ws.index("def _consume("):source.ws.index("def _consume1")]
     assert text.index("gl.load(I") < text.index("for kk in range(k_steps)")  # hoisted bias
     assert "(rm < 200)[:, None]" not in text  # the bias has no rows: no mask needed
     symbols = set()
@@ -136,6 +136,50 @@ def test_epilogue_partition_takes_the_staged_products():
     report = ptxas_report(embed.generated_launch(source, qkv, _ws(2, 128, 64, 5, 4),
                                                  shapes).ptx)
     assert "SERIALIZED" not in report and "spill stores 0" in report, report
+
+
+def test_epilogue_partition_stores_through_pointers():
+    """``PTR_STORE``: the epilogue partition stores each band's rows through pointers in
+    16-byte pieces (rows masked), with no output staging tile -- so three consumers and 4
+    ring slots fit where the TMA store's staging left room for 3; with TMA the same text
+    stores by descriptor. Only an epilogue partition stores so."""
+    gemms = _gemms("bert-base", batch=1, seq=200, layers=1, joined=True)
+    qkv, source, shapes, _ = _by_shape(gemms, "200x(768+768+768)x768")
+    part = source.ws[source.ws.index("def _epilogue("):source.ws.index("@gluon.jit\ndef stitch")]
+    stores = [line.strip() for line in part.splitlines() if "gl.store(O" in line]
+    assert len(stores) == 3 and all("(rm < 200)[:, None]" in line for line in stores)
+    assert (3, 128, 64, 4, 4, 1) in WS_GEMM_TILES
+    limit = 232448  # an H100's shared memory per block
+    pointer = embed.generated_launch(source, qkv, _ws(3, 128, 64, 4, 4, 1), shapes,
+                                     smem_limit=limit)
+    ptx = re.sub(r"\s+", " ", pointer.ptx)
+    assert "st.global.v4" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx
+    assert pointer.symbol.endswith("ws3e4g")
+    with pytest.raises(embed.SharedMemoryError):  # the output's staging tiles take a slot's
+        embed.generated_launch(source, qkv, _ws(3, 128, 64, 4, 4), shapes, smem_limit=limit)
+    tma = embed.generated_launch(source, qkv, _ws(3, 128, 64, 3, 4), shapes, smem_limit=limit)
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in tma.ptx
+    assert "st.global.v4" not in tma.ptx
+    with pytest.raises(ValueError, match="epilogue partition"):
+        ws_config(3, 128, 64, 4, 0, 1)
+
+
+def test_gluon_erf_is_the_triton_forms():
+    """The Gluon GEMM's GELU erf is the Triton form's ``_erf_abs``: the same coefficients,
+    the sign set by its bit and NaN kept by the minimum (``min.NaN``), no selects."""
+    import inspect
+
+    from tvm_stitch.codegen import triton_kernels
+
+    match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
+    text = source.ws[source.ws.index("def _erf_abs("):]
+    text = text[:text.index("@gluon.jit")]
+    triton_text = inspect.getsource(triton_kernels._erf_abs.fn)
+    coefficients = re.compile(r"\d\.\d{9}e[+-]\d\d")
+    assert coefficients.findall(text) == coefficients.findall(triton_text)
+    assert "0x80000000" in text and "where" not in text
+    ptx = embed.generated_launch(source, match, _ws(2, 128, 64, 5, 8), shapes).ptx
+    assert "min.NaN.f32" in ptx
 
 
 def test_staged_value_is_what_the_model_rounds():

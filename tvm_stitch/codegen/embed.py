@@ -564,6 +564,7 @@ def _tag(config: dict) -> str:
     ws = config.get("WS")
     tma = (f"ws{'' if ws is True else int(ws)}" if ws else "t" if config.get("TMA") else "")
     tma += f"e{config['EW']}" if ws and config.get("EW") else ""  # an epilogue partition
+    tma += "g" if ws and config.get("EW") and config.get("PTR_STORE") else ""  # by pointers
     split = f"k{config['SPLIT_K']}" if config.get("SPLIT_K", 1) > 1 else ""
     return (f"{tiles}_w{config.get('num_warps', 4)}s{config.get('num_stages', 3)}"
             f"{persistent}{tma}{split}")

@@ -37,10 +37,11 @@ Gluon states the program itself, so the form printed here is:
   with three): a consumer casts its product to the output's type, leaves it in shared
   memory and goes on with the next tile's products while the partition reads it, runs the
   epilogue and stores by TMA from staging tiles of its own (``c_full``/``c_empty``
-  mbarriers per consumer) — the tensor cores no longer wait for a GELU (BERT's FFN-in:
-  36.9 µs against the consumers' own epilogue's 44.9 and the Triton form's 40.7; H100,
-  2026-11-26).  The consumers stage the value the model rounds to the output's type
-  (:func:`staged_product`: the product cast, or a folded normalization's
+  mbarriers per consumer; or through pointers, launch option ``PTR_STORE``, which frees the
+  staging tiles' shared memory for a ring slot more) — the tensor cores no longer wait for a
+  GELU (BERT's FFN-in: 36.9 µs against the consumers' own epilogue's 44.9 and the Triton
+  form's 40.7; H100, 2026-11-26).  The consumers stage the value the model rounds to the
+  output's type (:func:`staged_product`: the product cast, or a folded normalization's
   ``rstd · (P - mean · c) + d`` computed beside it), so nothing is rounded twice
   (:func:`staging_legality`).
 
@@ -69,6 +70,7 @@ from tvm_stitch.codegen.triton_gen import (
     _extra_views,
     _n_axis,
     _pointers,
+    _store,
     _tma_unreadable,
     row_statistics,
     tma_layout,
@@ -81,7 +83,8 @@ WS_GEMM_ROWS = 64
 #: 384 threads (168 each at launch; 2 × 240 + 24 after) and 3 make 512 (128; 3 × 160 + 24)
 WS_GEMM_REGS = {2: (168, 240), 3: (128, 160)}
 WS_GEMM_LOAD_REGS = 24
-#: ``(consumers, BLOCK_N, BLOCK_K, ring slots[, epilogue warps])`` the search measures:
+#: ``(consumers, BLOCK_N, BLOCK_K, ring slots[, epilogue warps[, stores through pointers]])``
+#: the search measures:
 #: 192 × 128 (cuBLAS's tile; 4 slots and the output's staging tiles take 213 KB of shared
 #: memory), 128 × 128 (a tile of 128 tokens), 128 × 128 with an epilogue partition of 4 or 8
 #: warps (``EW``: 224 KB with the product's and the output's staging tiles; BERT's FFN-in with
@@ -89,13 +92,17 @@ WS_GEMM_LOAD_REGS = 24
 #: with one of 4 warps (3 slots, 216 KB; BERT's out-projection with its residual 12.7 µs
 #: against 13.2 without: the partition reads the residual in 16-byte pieces, the consumers in
 #: the accumulator's 4; FFN-in's GELU is too much for 4 warps behind three consumers, 44.7;
-#: H100, 2026-11-26). Not seeded, never the fastest of BERT's GEMMs at 4096 tokens:
+#: H100, 2026-11-26), and 192 × 128 with one of 4 warps storing through pointers
+#: (``PTR_STORE``: no output staging tile, so 4 slots fit in 208 KB; BERT's joined Q/K/V
+#: 25.5 µs against 26.2 by TMA, chosen by the search at 32 × 128 (25.2); no better on the
+#: other three; H100, session 27, ``h100-pointer-store-2026-11-26.md``). Not seeded, never
+#: the fastest of BERT's GEMMs at 4096 tokens:
 #: cooperative 128 × 256, ping-pong schedules (two consumers taking whole tiles in turns;
 #: BERT's FFN-in tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end),
 #: and each tile's epilogue behind the next tile's first products in the consumers themselves
 #: (a second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
 WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8),
-                 (3, 128, 64, 3, 4))
+                 (3, 128, 64, 3, 4), (3, 128, 64, 4, 4, 1))
 #: (consumers, an epilogue partition's warps ``EW``) -> (the launch's register limit, each
 #: further consumer's registers, the epilogue's): the consumers, the epilogue's warps and the
 #: loading warp's warpgroup make 512 threads (2 consumers, 4 warps), 640 (2 and 8, or 3 and
@@ -120,15 +127,21 @@ def default_registers(consumers: int, epilogue: int) -> int:
     return left // 8 * 8
 
 
-def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0) -> dict:
+def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0,
+              pointers: int = 0) -> dict:
     """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller);
-    ``epilogue``: the warps of an epilogue partition (``EW``; 0: the consumers run it)."""
+    ``epilogue``: the warps of an epilogue partition (``EW``; 0: the consumers run it);
+    ``pointers``: the partition stores through pointers (``PTR_STORE``), not by TMA."""
     if epilogue and (consumers, epilogue) not in WS_GEMM_EPILOGUE_REGS:
         raise ValueError(f"an epilogue partition of {epilogue} warps with {consumers} consumers:"
                          f" only (consumers, warps) in {sorted(WS_GEMM_EPILOGUE_REGS)}")
+    if pointers and not epilogue:
+        raise ValueError("stores through pointers are an epilogue partition's (EW)")
     config = {"BLOCK_M": WS_GEMM_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4,
               "num_stages": slots, "WS": consumers}
-    return {**config, "EW": epilogue} if epilogue else config
+    if epilogue:
+        config["EW"] = epilogue
+    return {**config, "PTR_STORE": 1} if pointers else config
 
 
 def ws_legality(match) -> str | None:
@@ -288,10 +301,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
+from triton.language import PropagateNan
 
 # TMA's copies (renamed after Triton 3.6): the text works with either
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_NAN_ALL = gl.constexpr(PropagateNan.ALL)  # Gluon's minimum takes Triton's enum
 
 
 @gluon.constexpr_function
@@ -306,8 +321,9 @@ def _sigmoid(x):
 
 @gluon.jit
 def _erf_abs(x):
-    # tvm_stitch.codegen.triton_kernels._erf_abs: erf to 1.1e-7 absolute, one ex2, 8 FMAs
-    t = gl.minimum(gl.abs(x), 3.92)
+    # tvm_stitch.codegen.triton_kernels._erf_abs: erf to 1.1e-7 absolute, one ex2, 8 FMAs;
+    # the sign by its bit, NaN kept by the minimum
+    t = gl.minimum(gl.abs(x), 3.92, propagate_nan=_NAN_ALL)
     p = -4.535461630e-05 * t + 4.454722512e-04
     p = p * t - 1.489320071e-03
     p = p * t - 7.748364005e-04
@@ -316,7 +332,8 @@ def _erf_abs(x):
     p = p * t - 9.184163809e-01
     p = p * t - 1.627908587e00
     r = 1.0 - gl.exp2(p * t)
-    return gl.where(x != x, x, gl.where(x < 0, -r, r))  # NaN stays NaN
+    sign = x.to(gl.uint32, bitcast=True) & 0x80000000
+    return (r.to(gl.uint32, bitcast=True) | sign).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -416,9 +433,10 @@ def _consume2({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full,
 @gluon.jit
 def _epilogue({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr,
-              EW: gl.constexpr):
+              EW: gl.constexpr, PTR_STORE: gl.constexpr):
     # the epilogue partition (EW warps): each consumer's 16-bit product from shared memory,
-    # the epilogue, the output by TMA from a staging tile of its own per consumer
+    # the epilogue, the output by TMA from a staging tile of its own per consumer (PTR_STORE:
+    # through pointers, 16 bytes a thread, no staging tile)
     ACC_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [EW, 1], [1, 0])
 {staged_stat_layout}    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
 {tiles_n}
@@ -442,7 +460,8 @@ def _epilogue({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M: gl.
 @gluon.jit
 def {name}({ptrs}, a_desc, b_desc, {out_descs}, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, NB: gl.constexpr,
-           CONSUMERS: gl.constexpr, NUM_SMS: gl.constexpr, EW: gl.constexpr):
+           CONSUMERS: gl.constexpr, NUM_SMS: gl.constexpr, EW: gl.constexpr,
+           PTR_STORE: gl.constexpr):
     # persistent (min(NUM_SMS, tiles) programs); A, B and the output as TMA descriptors made
     # on the host (rows past the ends read as zeros, stores clipped at them); EW: the warps
     # of an epilogue partition (0: the consumers run the epilogue)
@@ -491,8 +510,11 @@ _EPILOGUE_PARTITION = '''\
         for i in gl.static_range(CONSUMERS):
             mbarrier.init(c_full.index(i), count=1)
             mbarrier.init(c_empty.index(i), count=1)
-        o_smem = gl.allocate_shared_memory(gl.{out_dtype}, [CONSUMERS, BLOCK_M, BLOCK_N],
-                                           o0_desc.layout)
+        if PTR_STORE:
+            o_smem = c_smem  # unused: the partition stores through pointers
+        else:
+            o_smem = gl.allocate_shared_memory(gl.{out_dtype}, [CONSUMERS, BLOCK_M, BLOCK_N],
+                                               o0_desc.layout)
 {branches}'''
 
 _EPILOGUE_BRANCH = '''        {head}:
@@ -501,7 +523,7 @@ _EPILOGUE_BRANCH = '''        {head}:
                             c_empty, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NB, CONSUMERS, EW)),
 {consumers}\
                 (_epilogue, ({ptrs}, {out_descs}, c_smem, o_smem, c_full, c_empty, BLOCK_M,
-                             BLOCK_N, GROUP_M, CONSUMERS, EW)),
+                             BLOCK_N, GROUP_M, CONSUMERS, EW, PTR_STORE)),
                 (_load, (a_desc, b_desc, a_smem, b_smem, ready, empty, BLOCK_M, BLOCK_N,
                          BLOCK_K, GROUP_M, NB, CONSUMERS)),
             ], [{warps}, 1], [{regs}, {load_regs}])
@@ -520,8 +542,9 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
     Its arguments are the Triton form's pointers (inputs ``I0..``, outputs ``O0..``), the
     descriptors of :func:`ws_descriptors` and the constexprs ``BLOCK_M`` (64: a consumer's
     rows), ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``NB`` (ring slots), ``CONSUMERS`` (2 or 3),
-    ``NUM_SMS`` and ``EW`` (an epilogue partition's warps, 4 or 8, where
-    :func:`staging_legality` allows one; else 0); it launches with 4 warps and the register
+    ``NUM_SMS``, ``EW`` (an epilogue partition's warps, 4 or 8, where
+    :func:`staging_legality` allows one; else 0) and ``PTR_STORE`` (that partition stores
+    through pointers, not by TMA from a staging tile); it launches with 4 warps and the register
     limit of :data:`WS_GEMM_REGS` (:data:`WS_GEMM_EPILOGUE_REGS` with ``EW``), on
     ``min(NUM_SMS, tiles)`` programs.  ``hoist``: a one-band
     epilogue's reads that do not depend on the product are issued before the product loop.
@@ -623,11 +646,16 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
             else:
                 body = [*first, *body]
             staging_tile = "o_smem.index(C)" if staged else "c_smem.index(C)"
-            body += [
-                f"{staging_tile}.store(({_broadcast(value, elem, acc)}).to(gl.{view.dtype}))",
+            output = _broadcast(value, elem, acc)
+            tma_store = [
+                f"{staging_tile}.store(({output}).to(gl.{view.dtype}))",
                 "fence_async_shared()",
                 f"_tma_store(o{si}_desc, [row0, {local} * BLOCK_N], {staging_tile})",
             ]
+            if staged:  # the partition's rows of 16-byte pieces store through pointers too
+                tma_store = ["if PTR_STORE:", "    " + _store(printer, f"({output})", view),
+                             "else:", *("    " + line for line in tma_store)]
+            body += tma_store
             for oi, out in enumerate(seg.outputs):
                 if out.chunk:
                     body += _moment_store(out, values[oi], pointers[out.tensor], m, seg.n,

@@ -258,6 +258,7 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     consts.setdefault("NB", config.get("num_stages", 2))  # a Gluon kernel's ring slots
     consts["CONSUMERS"] = _consumers(config)  # the Gluon GEMM's consumer warpgroups
     consts["EW"] = int(config.get("EW") or 0)  # and its epilogue partition's warps
+    consts["PTR_STORE"] = int(config.get("PTR_STORE") or 0)  # storing through pointers
     if consts["PERSISTENT"]:
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out

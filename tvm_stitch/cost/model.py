@@ -133,8 +133,10 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         registers = bm * bn * acc / threads + BASE_REGISTERS
         if ieee:  # an FMA product holds both operand tiles in registers
             registers += (bm * bk + acc * bk * bn) / threads
-        # a Gluon GEMM stages its output tile (and with ``EW`` the product's) in shared memory
-        staged = bm * bn * b * (2 if launch.get("EW") else 1) if consumers else 0
+        # a Gluon GEMM stages its output tile (and with ``EW`` the product's, the output's
+        # none when the partition stores through pointers) in shared memory
+        staged = bm * bn * b * (2 if launch.get("EW") and not launch.get("PTR_STORE") else 1) \
+            if consumers else 0
         smem = stages * loaded + staged
         unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
         stored = bm * bn * b

@@ -83,7 +83,8 @@ def ws_seeds() -> list[dict]:
 def gemm_ws_seeds(staging: bool = True) -> list[dict]:
     """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.codegen.gluon_gemm`): a consumer
     warpgroup's 64 rows, the column and k tiles, ``WS`` consumers, the ring's slots and the
-    warps of an epilogue partition (``EW``; left out without ``staging``, see
+    warps of an epilogue partition (``EW``, with ``PTR_STORE`` where it stores through
+    pointers; left out without ``staging``, see
     :func:`~tvm_stitch.codegen.gluon_gemm.staging_legality`)."""
     from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config
 
