@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import time
 
 import tvm
@@ -108,11 +107,13 @@ def _busy(spans: list, runs: int) -> tuple:
     """µs per run the GPU ran at least one kernel (overlapping kernels counted once), and from
     the first kernel's start to the last one's end: their difference is the time between
     kernels (launch gaps, and whatever separates the runs)."""
-    busy, end = 0.0, -math.inf
-    for start, stop in sorted(spans):
-        busy += max(0.0, stop - max(start, end))
-        end = max(end, stop)
-    span = (end - min(s for s, _ in spans)) if spans else 0.0
+    from tvm_stitch.benchmarks.timeline import attribute
+
+    if not spans:
+        return 0.0, 0.0
+    events = [("", start, stop) for start, stop in sorted(spans)]
+    busy = sum(row[2] for row in attribute(events).values())  # what each kernel adds
+    span = max(stop for _, stop in spans) - events[0][1]
     return busy / runs, span / runs
 
 

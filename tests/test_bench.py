@@ -171,3 +171,13 @@ def test_timeline_splits_back_to_back_calls():
     renamed = [("gemm", 0.0, 1.0), *events[1:]]
     assert "not split" in steady_report(renamed, ["copy", "gemm"], 3)
     assert "no kernel seen" in steady_report([], ["copy", "gemm"], 3)
+
+
+def test_profile_busy_counts_overlapping_kernels_once():
+    """``profile_tvm._busy`` (through ``timeline.attribute``): the GPU's busy time per run is
+    the union of the kernels' intervals; the span runs from the first start to the last end."""
+    from tvm_stitch.benchmarks.profile_tvm import _busy
+
+    spans = [(8.0, 15.0), (0.0, 10.0), (17.0, 20.0), (19.0, 19.5)]
+    assert _busy(spans, 2) == (9.0, 10.0)  # busy 0-15 and 17-20 over two runs
+    assert _busy([], 3) == (0.0, 0.0)
