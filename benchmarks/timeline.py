@@ -30,43 +30,42 @@ import statistics
 import tvm
 
 
-def replay_events(vm, func: str, args, replays: int = 5) -> list[list[tuple]]:
-    """``(name, start, end)`` of every kernel, µs, per call of ``vm[func](*args)`` (built with
-    Relax's CUDA graph, as the bench times it: each call replays that graph)."""
+def _profiled(run) -> list[tuple]:
+    """``(name, start, end)`` of every kernel ``run()`` launches, µs, ordered by start (CUPTI,
+    through ``torch.profiler``; the device synchronized before and after)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+              if e.device_type.name == "CUDA" and e.device_time > 0]
+    return sorted(events, key=lambda e: e[1])
+
+
+def replay_events(vm, func: str, args, replays: int = 5) -> list[list[tuple]]:
+    """``(name, start, end)`` of every kernel, µs, per call of ``vm[func](*args)`` (built with
+    Relax's CUDA graph, as the bench times it: each call replays that graph)."""
     fn = vm[func]
     for _ in range(3):
         fn(*args)
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(replays):  # one call per profile: calls never mix
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn(*args)
-            torch.cuda.synchronize()
-        events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                  if e.device_type.name == "CUDA" and e.device_time > 0]
-        runs.append(sorted(events, key=lambda e: e[1]))
-    return runs
+    # one call per profile: calls never mix
+    return [_profiled(lambda: fn(*args)) for _ in range(replays)]
 
 
 def steady_events(vm, func: str, args, calls: int) -> list[tuple]:
     """``(name, start, end)`` of every kernel of ``calls`` back-to-back calls of
     ``vm[func](*args)`` under one profile (no synchronization between them: as the VM's
     ``time_evaluator`` calls it)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     fn = vm[func]
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def run():
         for _ in range(calls):
             fn(*args)
-        torch.cuda.synchronize()
-    events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-              if e.device_type.name == "CUDA" and e.device_time > 0]
-    return sorted(events, key=lambda e: e[1])
+
+    return _profiled(run)
 
 
 def steady_report(events: list[tuple], names: list[str], calls: int) -> str:
@@ -82,15 +81,15 @@ def steady_report(events: list[tuple], names: list[str], calls: int) -> str:
         total = max(e[2] for e in events) - events[0][1]
         return (f"{calls} calls back to back: {total / calls:.1f} us a call; not split "
                 f"({len(events)} kernels, not {calls} x the {n} of a lone call in its order)")
-    calls = chunks
-    spans = [max(e[2] for e in c) - c[0][1] for c in calls]
-    gaps = [b[0][1] - max(e[2] for e in a) for a, b in itertools.pairwise(calls)]
-    period = (calls[-1][0][1] - calls[0][0][1]) / max(len(calls) - 1, 1)
-    tables = [attribute(c) for c in calls]
+    spans = [max(e[2] for e in c) - c[0][1] for c in chunks]
+    gaps = [b[0][1] - max(e[2] for e in a) for a, b in itertools.pairwise(chunks)]
+    period = (chunks[-1][0][1] - chunks[0][0][1]) / max(calls - 1, 1)
+    tables = [attribute(c) for c in chunks]
     waits = statistics.median(sum(r[3] for r in t.values()) for t in tables)
-    top = sorted(tables[0], key=lambda n: -tables[0][n][2])[:6]
-    adds = ", ".join(f"{n[:24]} {statistics.median(t[n][2] for t in tables):.1f}" for n in top)
-    return (f"{len(calls)} calls back to back: a call every {period:.1f} us; spans "
+    top = sorted(tables[0], key=lambda name: -tables[0][name][2])[:6]
+    adds = ", ".join(f"{name[:24]} {statistics.median(t[name][2] for t in tables):.1f}"
+                     for name in top)
+    return (f"{calls} calls back to back: a call every {period:.1f} us; spans "
             f"{statistics.median(spans):.1f} (median; {min(spans):.1f}-{max(spans):.1f}), idle "
             f"between calls {statistics.median(gaps) if gaps else 0.0:.1f}, launch gaps inside "
             f"a call {waits:.1f} (medians); adds per call: {adds}")

@@ -187,10 +187,13 @@ def measured_search(
 
     timed = []  # (seconds, candidate, launch) of every timing
 
+    def time_once(cand, launch):
+        return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+
     def measure(cand, launch=None):
         launch = default_launch(cand) if launch is None else launch
         try:
-            t = time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+            t = time_once(cand, launch)
         except Exception as err:  # noqa: BLE001 - a candidate that fails to compile is skipped
             failures.append(f"{cand} {launch}: {type(err).__name__}")
             t = math.inf
@@ -245,10 +248,7 @@ def measured_search(
             if t < best_time:
                 best, launch, best_time = cand, dict(opt), t
     if on_device:
-        def again(cand, opt):
-            return time_torch(make_fn(cand, opt), [], "cuda", budget_ms=30) * 1e-6
-
-        best, launch, best_time = confirm(timed, again, (best, launch, best_time))
+        best, launch, best_time = confirm(timed, time_once, (best, launch, best_time))
     bar.close()
     result = dataclasses.replace(result, best=best, best_time=best_time)
     seconds = time.perf_counter() - start
