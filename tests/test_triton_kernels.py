@@ -356,6 +356,38 @@ def test_generated_attention_loads_through_tma_where_it_can():
     assert not source.tma and "TMA" not in source.text
 
 
+def test_attention_rounds_its_float16_logits_in_pairs():
+    """BERT's logits are the product rounded to float16 (``(q·kᵀ).half()``), every key block:
+    the generated attention rounds them two values an instruction (``cvt.rn.f16x2.f32``), no
+    float32 value is rounded alone in its sm_90a PTX; a GEMM's text does not import the
+    helper (its name, and so its tuning records, unchanged)."""
+    import re
+
+    import tvm
+
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.codegen.triton_gen import kernel_source
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+    from tvm_stitch.workloads import get_workload
+
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    inst = get_workload("bert-base").instance("float16", batch=1, seq=136)
+    graph = build_graph(run_until(inst.mod, cuda, "StitchFuseMBCI"), legalize=False)
+    found = recognize(graph, ("attention", "gemm")).matches
+    match = next(m for m in found if m.family == "attention")
+    source = kernel_source(match)
+    assert re.search(r"= _cvt_f16x2\(s\)", source.text), source.text
+    shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+              for t in [*source.inputs, *source.outputs]}
+    ptx = embed.generated_launch(source, match, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4,
+                                                 "num_stages": 3}, shapes).ptx
+    assert "cvt.rn.f16x2.f32" in ptx and not re.search(r"cvt\.rn\.f16\.f32", ptx)
+    gemm = next(m for m in found if m.family == "gemm")
+    assert "_cvt_" not in kernel_source(gemm).text
+
+
 def test_template_legality():
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
     tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
@@ -419,6 +451,35 @@ def test_erf_to_absolute_accuracy_on_the_gpu():
     y = torch.empty_like(x)
     _erf_kernel[(1,)](x, y, n=1 << 16)
     assert (y.double() - torch.erf(x.double())).abs().max().item() <= 2.5e-7
+
+
+@triton.jit
+def _pairs_kernel(x_ptr, y_ptr, z_ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    x = tl.load(x_ptr + i)
+    tl.store(y_ptr + i, tk._cvt_f16x2(x))
+    tl.store(z_ptr + i, tk._cvt_bf16x2(x))
+
+
+@pytest.mark.gpu
+def test_paired_roundings_are_the_casts_on_the_gpu():
+    """``cvt.rn.f16x2.f32`` and ``cvt.rn.bf16x2.f32`` two values at a time round each value as
+    PyTorch's casts do, bit for bit: halfway cases, subnormals, overflow, infinities, NaN."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([0.0, -0.0, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 65504.0, 65520.0,
+                            1e6, -1e6, 2.0**-25, 3 * 2.0**-26, 1e-8, float("inf"),
+                            float("-inf"), float("nan"), 1.0 + 2.0**-8, -(1.0 + 3 * 2.0**-8)])
+    x = torch.cat([special, torch.randn(4096 - 16, generator=g) * 100,
+                   torch.randn(4096, generator=g) * 1e-5]).cuda()
+    y = torch.empty(x.shape, dtype=torch.float16, device="cuda")
+    z = torch.empty(x.shape, dtype=torch.bfloat16, device="cuda")
+    _pairs_kernel[(1,)](x, y, z, n=x.numel())
+    keep = ~torch.isnan(x)  # NaN stays NaN (its payload aside)
+    for rounded, cast in ((y, x.half()), (z, x.bfloat16())):
+        assert torch.isnan(rounded).equal(~keep)
+        assert torch.equal(rounded[keep].view(torch.int16), cast[keep].view(torch.int16))
 
 
 def test_tma_stores_are_searched_beside_pointer_stores():

@@ -49,6 +49,40 @@ def _erf_abs(x):
     return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
+def interpreting() -> bool:
+    """Whether ``triton.jit`` makes interpreted functions (``TRITON_INTERPRET``, read as Triton
+    reads it), which run no inline PTX."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+if interpreting():
+    @triton.jit
+    def _cvt_f16x2(x):
+        return x.to(tl.float16)
+
+    @triton.jit
+    def _cvt_bf16x2(x):
+        return x.to(tl.bfloat16)
+else:
+    @triton.jit
+    def _cvt_f16x2(x):
+        """float32 ``x`` rounded to float16 (to nearest, even), two values an instruction
+        (``cvt.rn.f16x2.f32``): Triton 3.6 rounds a float32 tile one value at a time and
+        ptxas joins the halves with a ``PRMT`` each — 3 instructions a pair where this is 1
+        (an attention's float16 logits, every key block). Exactly ``x.to(tl.float16)``."""
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+
+    @triton.jit
+    def _cvt_bf16x2(x):
+        """:func:`_cvt_f16x2` for bfloat16 (``cvt.rn.bf16x2.f32``, sm_80 and newer)."""
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
 @triton.jit
 def _tile_product(
     acc,

@@ -364,7 +364,7 @@ def generated_gemm_legality(match, spec: ChainSpec, cand) -> str | None:
 def generated_runner(match, source, shapes, constants=None, hw=None):
     """``run(config) -> fn``: ``fn()`` launches the generated kernel with ``config`` (template
     parameters and launch options) on device tensors of the right shapes (constants with their
-    values, random data for the rest)."""
+    values, random data for the rest: ``run.inputs``, written to ``run.outputs``)."""
     import torch
 
     from tvm_stitch.codegen.embed import launch_options
@@ -402,6 +402,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         descs = torch_descriptors(source, config, consts, inputs, outputs)  # made here
         return lambda: fn[grid](*inputs, *outputs, **descs, **consts, **opts)
 
+    run.inputs, run.outputs = inputs, outputs
     return run
 
 
