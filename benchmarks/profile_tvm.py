@@ -87,20 +87,19 @@ def cupti_kernels(run, sync, runs: int = 5) -> tuple[dict, tuple]:
     """Kernel name -> ``[µs per run, launches in all runs]`` of ``run()`` called ``runs``
     times, as CUPTI sees them (TVM's, Triton's and PyTorch's kernels alike), and the µs per
     run the GPU was busy and spanned (:func:`_busy`)."""
-    from torch.profiler import ProfilerActivity, profile
+    from tvm_stitch.benchmarks.timeline import kernel_events
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def calls():
         for _ in range(runs):
             run()
         sync()
+
+    events = kernel_events(calls)
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    spans = []
-    for event in prof.events():
-        if event.device_type.name == "CUDA" and event.device_time > 0:
-            totals[event.name][0] += event.device_time / runs
-            totals[event.name][1] += 1
-            spans.append((event.time_range.start, event.time_range.end))
-    return totals, _busy(spans, runs)
+    for name, start, end in events:
+        totals[name][0] += (end - start) / runs
+        totals[name][1] += 1
+    return totals, _busy([(start, end) for _, start, end in events], runs)
 
 
 def _busy(spans: list, runs: int) -> tuple:

@@ -30,7 +30,7 @@ import statistics
 import tvm
 
 
-def _profiled(run) -> list[tuple]:
+def kernel_events(run) -> list[tuple]:
     """``(name, start, end)`` of every kernel ``run()`` launches, µs, ordered by start (CUPTI,
     through ``torch.profiler``; the device synchronized before and after)."""
     import torch
@@ -52,7 +52,7 @@ def replay_events(vm, func: str, args, replays: int = 5) -> list[list[tuple]]:
     for _ in range(3):
         fn(*args)
     # one call per profile: calls never mix
-    return [_profiled(lambda: fn(*args)) for _ in range(replays)]
+    return [kernel_events(lambda: fn(*args)) for _ in range(replays)]
 
 
 def steady_events(vm, func: str, args, calls: int) -> list[tuple]:
@@ -65,7 +65,7 @@ def steady_events(vm, func: str, args, calls: int) -> list[tuple]:
         for _ in range(calls):
             fn(*args)
 
-    return _profiled(run)
+    return kernel_events(run)
 
 
 def steady_report(events: list[tuple], names: list[str], calls: int) -> str:

@@ -107,6 +107,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import (
         WS_GEMM_TILES,
+        applicable_tiles,
         gemm_ws_source,
         staging_legality,
         ws_config,
@@ -150,12 +151,11 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         forms = [(dict(c), "triton") for c in TRITON_FORMS] if triton else []
         if source.ws:
             staging = staging_legality(match) is None  # as the search seeds them
-            for t in tiles or WS_GEMM_TILES:
-                if staging or len(t) == 4 or not t[4]:
-                    try:
-                        forms.append((ws_config(*t), "gluon"))
-                    except ValueError as e:
-                        print(f"  gluon {t}: {e}")
+            for t in applicable_tiles(staging, tiles or WS_GEMM_TILES):
+                try:
+                    forms.append((ws_config(*t), "gluon"))
+                except ValueError as e:
+                    print(f"  gluon {t}: {e}")
         variants = [("", source)]
         if source.ws and hoist_variant:
             variants.append(("no-hoist", dataclasses.replace(

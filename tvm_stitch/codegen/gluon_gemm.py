@@ -127,6 +127,13 @@ def default_registers(consumers: int, epilogue: int) -> int:
     return left // 8 * 8
 
 
+def applicable_tiles(staging: bool, tiles=WS_GEMM_TILES) -> list[tuple]:
+    """The tilings of ``tiles`` (as :data:`WS_GEMM_TILES`) a GEMM can take: those with an
+    epilogue partition only where its consumers can stage their products (``staging``:
+    :func:`staging_legality` is None)."""
+    return [t for t in tiles if staging or len(t) < 5 or not t[4]]
+
+
 def ws_config(consumers: int, bn: int, bk: int, slots: int, epilogue: int = 0,
               pointers: int = 0) -> dict:
     """The launch config of one of :data:`WS_GEMM_TILES` (``NUM_SMS`` added by the caller);

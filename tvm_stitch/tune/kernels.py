@@ -86,12 +86,10 @@ def gemm_ws_seeds(staging: bool = True) -> list[dict]:
     warps of an epilogue partition (``EW``, with ``PTR_STORE`` where it stores through
     pointers; left out without ``staging``, see
     :func:`~tvm_stitch.codegen.gluon_gemm.staging_legality`)."""
-    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_TILES, ws_config
+    from tvm_stitch.codegen.gluon_gemm import applicable_tiles, ws_config
 
     seeds = []
-    for tiles in WS_GEMM_TILES:
-        if len(tiles) > 4 and tiles[4] and not staging:
-            continue
+    for tiles in applicable_tiles(staging):
         config = ws_config(*tiles)
         seeds.append({"m": config.pop("BLOCK_M"), "n": config.pop("BLOCK_N"),
                       "k": config.pop("BLOCK_K"), "launch": config})
