@@ -388,6 +388,31 @@ def test_attention_rounds_its_float16_logits_in_pairs():
     assert "_cvt_" not in kernel_source(gemm).text
 
 
+def test_only_whole_tiles_round_in_pairs():
+    """Paired rounding takes two neighbouring values a thread: a value reading the product (a
+    whole tile) is rounded so; a key vector (a float32 mask) keeps ``.to()``; without
+    ``paired`` nothing changes."""
+    from tvm_stitch.analysis.elem import Const, Leaf, Op
+    from tvm_stitch.analysis.indexing import Strided
+    from tvm_stitch.codegen.triton_gen import ElemPrinter
+
+    s = Leaf("s", ("m", "n"), "float32")
+    mask = Leaf("mask", ("n",), "float32")
+    view = Strided("mask", (64,), "float32", 0, (("n", 1),))
+    logits = Op("cast", (Op("mul", (s, Const(0.125, "float32")), "float32"),), "float16")
+    key = Op("cast", (mask,), "float16")
+
+    def printed(paired):
+        p = ElemPrinter({"m": "rm[:, None]", "n": "rn[None, :]"}, {}, {"mask": "M"},
+                        {mask.key(): view}, {"s": ("s", "float32")}, paired=paired)
+        p.expr(Op("add", (logits, key), "float16"))
+        return "\n".join(p.lines)
+
+    text = printed(True)
+    assert text.count("_cvt_f16x2(") == 1 and ".to(tl.float16)" in text, text
+    assert "_cvt_" not in printed(False)
+
+
 def test_template_legality():
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
     tiles = {"m": 64, "n": 64, "k": 64, "h": 64}

@@ -34,6 +34,7 @@ from tvm_stitch.analysis.elem import (
     Leaf,
     Op,
     Reduce,
+    leaves,
     offset_erf,
     reductions,
     replace,
@@ -377,7 +378,7 @@ class ElemPrinter:
         if op in _INFIX:
             return f"({args[0]} {_INFIX[op]} {args[1]})"
         if op == "cast":
-            if self.paired and e.args[0].dtype == "float32" and e.dtype in PAIRED_CASTS:
+            if self._pairs(e):
                 return f"{PAIRED_CASTS[e.dtype]}({args[0]})"
             return f"{args[0]}.to({tl_dtype(e.dtype)})"
         if op == "not":
@@ -403,6 +404,13 @@ class ElemPrinter:
                 return f"{_CALLS[op]}({args[0]}.to(tl.float32)).to({tl_dtype(e.dtype)})"
             return f"{_CALLS[op]}({args[0]})"
         raise UnsupportedKernelError(f"operator {op}")
+
+    def _pairs(self, cast: Op) -> bool:
+        """Whether the cast ``cast`` rounds in pairs (``paired``): float32 to 16 bits, of a
+        value reading an accumulator — a whole tile in the product's layout, two neighbouring
+        values a thread (a row or column vector, or a scalar, keeps ``.to()``)."""
+        return (self.paired and cast.dtype in PAIRED_CASTS and cast.args[0].dtype == "float32"
+                and any(x.tensor in self.acc for x in leaves(cast.args[0])))
 
     def _pow(self, e: Op, args) -> str:
         base, exponent = e.args
