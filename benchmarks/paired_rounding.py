@@ -6,7 +6,7 @@ BERT rounds its logits to float16 (``(q·kᵀ).half() · 0.125 + mask``) every k
 3.6 rounds a float32 tile one value at a time (``cvt.rn.f16.f32``) and ptxas joins the halves
 with a ``PRMT`` each; the generated attention now rounds pairs (``cvt.rn.f16x2.f32``,
 :func:`tvm_stitch.codegen.triton_kernels._cvt_f16x2`).  This times both forms of the model's
-attention kernel, same inputs and process, at the tilings the search offers the model's shape,
+attention kernel, same inputs and process, at four of the tilings the search offers,
 CUDA-graph replays, and checks their outputs are the same bits.  For deciding the printer's
 form, not a benchmark of the pipeline (``tvm-stitch bench bert`` is).
 """
