@@ -359,11 +359,7 @@ class ElemPrinter:
         if isinstance(e, Leaf):
             if e.tensor in self.acc:
                 name, dtype = self.acc[e.tensor]
-                if dtype == e.dtype:
-                    return name
-                if self.paired and dtype == "float32" and e.dtype in PAIRED_CASTS:
-                    return f"{PAIRED_CASTS[e.dtype]}({name})"
-                return f"{name}.to({tl_dtype(e.dtype)})"
+                return name if dtype == e.dtype else self._cast(name, dtype, e.dtype, True)
             return self.load(e)
         if isinstance(e, Reduce):
             name = self.reduced.get(e.key())
@@ -378,9 +374,8 @@ class ElemPrinter:
         if op in _INFIX:
             return f"({args[0]} {_INFIX[op]} {args[1]})"
         if op == "cast":
-            if self._pairs(e):
-                return f"{PAIRED_CASTS[e.dtype]}({args[0]})"
-            return f"{args[0]}.to({tl_dtype(e.dtype)})"
+            whole = any(x.tensor in self.acc for x in leaves(e.args[0]))
+            return self._cast(args[0], e.args[0].dtype, e.dtype, whole)
         if op == "not":
             return f"(~{args[0]})"
         if op == "select":
@@ -405,12 +400,14 @@ class ElemPrinter:
             return f"{_CALLS[op]}({args[0]})"
         raise UnsupportedKernelError(f"operator {op}")
 
-    def _pairs(self, cast: Op) -> bool:
-        """Whether the cast ``cast`` rounds in pairs (``paired``): float32 to 16 bits, of a
-        value reading an accumulator — a whole tile in the product's layout, two neighbouring
-        values a thread (a row or column vector, or a scalar, keeps ``.to()``)."""
-        return (self.paired and cast.dtype in PAIRED_CASTS and cast.args[0].dtype == "float32"
-                and any(x.tensor in self.acc for x in leaves(cast.args[0])))
+    def _cast(self, text: str, src: str, dst: str, whole: bool) -> str:
+        """``text``, of type ``src``, cast to ``dst``: rounded in pairs (``paired``) where it
+        is float32 rounded to 16 bits and ``whole`` — it reads an accumulator, so it is a
+        whole tile in the product's layout, two neighbouring values a thread (a row or column
+        vector, or a scalar, keeps ``.to()``)."""
+        if self.paired and whole and src == "float32" and dst in PAIRED_CASTS:
+            return f"{PAIRED_CASTS[dst]}({text})"
+        return f"{text}.to({tl_dtype(dst)})"
 
     def _pow(self, e: Op, args) -> str:
         base, exponent = e.args
