@@ -12,11 +12,13 @@ from tvm_stitch.explore.tiling import (
     Candidate,
     ChainSpec,
     TilingExpr,
+    _rule3,
     build_search_space,
     placements,
     rule3_padding,
     smem_estimate,
     sub_expression,
+    tile_options,
     tiling_expressions,
 )
 from tvm_stitch.hardware import HardwareModel
@@ -71,6 +73,19 @@ def test_padding_rule():
     assert rule3_padding(1024, 256) and not rule3_padding(1024, 48)
     assert rule3_padding(781, 784 // 16 * 16)  # 784 pads 781 by 0.4%
     assert not rule3_padding(781, 512)  # 1024 pads 781 by 31%
+
+
+@pytest.mark.parametrize("extent", [200, 400, 781, 1536])
+def test_powers_of_two_that_fit_a_ragged_extent_stay(extent):
+    """Triton's tiles are powers of two (masks handle the edge): the padding rule alone left
+    400 rows only 16 and 32, which no warpgroup takes, so every BERT GEMM at 2 x 200 tokens
+    fell back to TVM. Each power of two up to the extent stays; the padding rule still prunes
+    the other multiples of 16."""
+    tiles = _rule3(extent, tile_options(extent))
+    assert [t for t in tiles if t & (t - 1) == 0] == [2**i for i in range(4, extent.bit_length())]
+    assert all(rule3_padding(extent, t) for t in tiles if t & (t - 1))
+    space = build_search_space(ChainSpec.gemm(extent, 768, 768), H100.smem_per_block)
+    assert {64, 128} <= set(space.tiles["m"])
 
 
 def test_placement_and_hoisting_on_extent_one():
