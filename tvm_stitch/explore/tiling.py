@@ -297,23 +297,20 @@ def rule3_padding(extent: int, tile: int) -> bool:
 
 
 def _rule3(extent: int, tiles: list[int]) -> list[int]:
-    """Rule 3 over one loop's tile sizes, keeping every power of two that fits the extent.
+    """Rule 3 over one loop's tile sizes, keeping every power of two among them.
 
     Powers of two are the only tiles Triton's code generator has (masks handle the ragged
-    edge), and the padding rule alone would leave a ragged extent only its smallest ones (400
-    rows: 16 and 32, which no warpgroup's ``wgmma`` takes, and 16-row attention tiles): so
-    those up to the extent stay, and the cost model and the measurement weigh their padding.
-    When every size pads too much (an extent such as 19 or 134), the sizes with the least
-    padding are kept rather than none, and so are the powers of two."""
-    kept = [t for t in tiles if rule3_padding(extent, t) or (_pow2(t) and t <= extent)]
-    if kept or not tiles:
-        return kept
-    pad = {t: math.ceil(extent / t) * t - extent for t in tiles}
-    return [t for t in tiles if pad[t] == min(pad.values()) or _pow2(t)]
-
-
-def _pow2(t: int) -> bool:
-    return t & (t - 1) == 0
+    edge), and the padding rule alone leaves a ragged extent only its smallest ones: 400 rows
+    kept 16 and 32, which no warpgroup's ``wgmma`` takes, and 16-row attention tiles. So they
+    all stay (up to the extent rounded up to 16: :func:`tile_options`), and the cost model,
+    which counts the padded tiles' work, and the measurement weigh their padding.  When every
+    size pads too much (an extent such as 19, 40 or 134), the sizes with the least padding
+    are kept too (48 covers a head dimension of 40 in one tile)."""
+    kept = [t for t in tiles if rule3_padding(extent, t)]
+    if not kept and tiles:
+        pad = {t: math.ceil(extent / t) * t - extent for t in tiles}
+        kept = [t for t in tiles if pad[t] == min(pad.values())]
+    return [t for t in tiles if t in kept or t & (t - 1) == 0]
 
 
 def smem_estimate(spec: ChainSpec, expr: TilingExpr, tiles: dict[str, int]) -> int:
