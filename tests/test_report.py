@@ -106,3 +106,16 @@ def test_main_job_shows_the_gpu_plan_on_a_cpu(capsys):
     default, stitch = (int(x) for x in re.search(r"=> (\d+) kernels become (\d+)", out).groups())
     assert stitch < default / 2
     assert "tvm-stitch" in out and " yes " in out  # the llvm build matches PyTorch
+
+
+def test_a_module_tvm_cannot_compile_still_gets_its_stitch_report(caplog):
+    """TVM 0.27's own pipeline fails to legalize the ``full`` of a causal mask built by
+    PyTorch's ``triu`` (a dtype given as a PrimType); the report says so and shows the stitch
+    pipeline's kernels instead of raising TVM's error."""
+    inst = get_workload("torch-attention").instance(
+        "float16", batch=1, heads=2, seq=40, dim=32, causal=1
+    )
+    with caplog.at_level("WARNING", logger="tvm_stitch.report"):
+        reports = compare_pipelines(inst.mod, "cuda")
+    assert list(reports) == ["stitch"] and "default pipeline failed" in caplog.text
+    assert reports["stitch"].kernels == 1

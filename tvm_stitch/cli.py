@@ -86,10 +86,15 @@ def cmd_run(args) -> int:
         reports = compare_pipelines(gpu.mod, "cuda")
         for report in reports.values():
             print(report.format())
-        before, after = reports["default"], reports["stitch"]
+        before, after = reports.get("default"), reports["stitch"]
+        summary = (
+            f"{before.kernels} kernels become {after.kernels}, {before.bytes / 1e6:.2f} MB of "
+            f"estimated traffic become {after.bytes / 1e6:.2f} MB"
+            if before
+            else f"{after.kernels} kernels (TVM's default pipeline failed: see the warning)"
+        )
         print(
-            f"=> {before.kernels} kernels become {after.kernels}, "
-            f"{before.bytes / 1e6:.2f} MB of estimated traffic become {after.bytes / 1e6:.2f} MB"
+            f"=> {summary}"
             "\n   (on a GPU host: tvm-stitch run --target cuda; or build the GPU executable "
             f"here: tvm-stitch build {args.workload} --target cuda -o DIR, then on the GPU "
             "host: tvm-stitch check DIR)\n"
