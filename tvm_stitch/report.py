@@ -208,8 +208,9 @@ def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionRepor
     try:
         reports["default"] = fusion_report(mod, target, "default")
     except Exception as err:  # noqa: BLE001 - TVM's pipeline, not ours: say so and go on
+        last = (str(err).strip().splitlines() or [""])[-1]
         logger.warning("TVM's default pipeline failed on this module: %s: %s",
-                       type(err).__name__, str(err).strip().splitlines()[-1][:200])
+                       type(err).__name__, last[:200])
     reports["stitch"] = fusion_report(mod, target, "stitch")
     return reports
 
