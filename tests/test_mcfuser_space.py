@@ -106,6 +106,14 @@ def test_powers_of_two_that_fit_a_ragged_extent_stay(extent, powers):
         assert {64, 128} <= set(space.tiles["m"])
 
 
+def test_every_row_count_keeps_a_warpgroup_tile():
+    """Before, 474 of the row counts from 64 to 4096 (77, 96, 160, 300, 400, 600, ...) kept no
+    power of two of 64 rows or more, and their GEMMs had no legal tiling at all."""
+    for rows in range(64, 4097):
+        tiles = _rule3(rows, tile_options(rows))
+        assert 64 in tiles and (rows < 128 or 128 in tiles), rows
+
+
 def test_placement_and_hoisting_on_extent_one():
     tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
     st = _by_kind(placements(PAPER, MHNK, tiles))
