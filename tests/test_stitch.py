@@ -683,3 +683,17 @@ def test_each_pattern_is_scheduled_once(monkeypatch, tmp_path):
     tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
     assert calls, "nothing was scheduled"
     assert len(calls) == len({tvm.ir.save_json(f) for f in calls})
+
+
+def test_a_barrier_is_never_planned_inside_a_guard(caplog, tmp_path, monkeypatch):
+    """GPT-2 at one token: the product of one-key attention probabilities with V (a reduction
+    over one element, its row kept in shared memory) and the softmax of one logit, over the
+    heads' rows. A warp plan of 8 rows a block guards the last block's rows, and the barrier
+    after the shared row would sit inside that guard, which TVM cannot lower (the build
+    raised). A plan TVM cannot lower is refused with the reason; the next plan, or TVM, takes
+    the pattern. (BERT at one token met it in its whole attention pattern.)"""
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    inst = get_workload("gpt2-tiny").instance("float16", batch=1, seq=1)
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
+    assert "TVM cannot place its barriers" in caplog.text

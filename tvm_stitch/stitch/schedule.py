@@ -17,20 +17,30 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import tvm
 import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 
 from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, iter_sblocks
 
 from .columns import apply_column_plan, column_plans, is_column_pattern
 from .plan import IllegalPatternError, KernelPlan, candidate_plans
 
+logger = logging.getLogger("tvm_stitch.stitch")
+
 #: Plans tried per pattern, cheapest first, before it is left to TVM.
 FALLBACK_PLANS = 4
+
+
+#: TVM's lowering of scheduled TIR for the GPU (``tvm.compile``'s, before code generation)
+_TIR_LOWERING = PIPELINE_MAP["s_tir"]
+#: what TVM's barrier placement (``ThreadSync``) says of a barrier inside a guard
+BARRIER_REFUSAL = "Cannot insert syncs inside condition"
 
 
 def schedule_pattern(
@@ -89,7 +99,10 @@ def _schedule_pattern(func, hw, gpu, thread_only):
     reasons, seen = [], set()
     for candidate in plans:
         try:
-            return apply(func, candidate, gpu=gpu), candidate, reasons
+            scheduled = apply(func, candidate, gpu=gpu)
+            if gpu:
+                _lowers(scheduled)
+            return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
             why = err if isinstance(err, IllegalPatternError) else repr(err)
             if column and str(why) in seen:
@@ -97,6 +110,30 @@ def _schedule_pattern(func, hw, gpu, thread_only):
             seen.add(str(why))
             reasons.append(f"plan refused ({candidate.describe()}): {why}")
     return None, None, reasons
+
+
+def _lowers(func: tvm.tirx.PrimFunc) -> None:
+    """Raise :class:`IllegalPatternError` where TVM cannot place the barriers of ``func``: its
+    GPU lowering (TIR passes, then the shared-memory barriers: a few ms) is run ahead of the
+    build, so that plan gives way to the next instead of failing the build. Seen on BERT and
+    GPT-2 at one token: patterns over the heads' rows read a reduction over one element from
+    shared memory, and a warp plan's guard (the last block's rows, or the lanes past a
+    one-column row, hoisted around the row by ``HoistIfThenElse``) enclosed the barrier after
+    it. Only that refusal refuses the plan: the dry run lacks the build's later passes, and
+    any other error it meets (some contexts want ``MakePackedAPI`` first) says nothing of the
+    plan."""
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or target.kind.name != "cuda":
+        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    func = func.with_attr("global_symbol", "main").with_attr("target", target)
+    try:
+        with target:
+            s_tir.transform.ThreadSync("shared")(_TIR_LOWERING()[0](tvm.IRModule({"main": func})))
+    except Exception as err:  # only TVM's refusal of the barriers refuses the plan
+        if BARRIER_REFUSAL not in str(err):
+            logger.debug("dry lowering not conclusive: %s", type(err).__name__)
+            return
+        raise IllegalPatternError(f"TVM cannot place its barriers: {BARRIER_REFUSAL}") from err
 
 
 def _is_column_pattern(func) -> bool:
