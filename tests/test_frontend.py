@@ -59,6 +59,25 @@ def test_from_torch_decoder_with_a_causal_mask():
     torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_a_decoder_as_transformers_builds_it():
+    """GPT-2 with transformers' defaults — ``scaled_dot_product_attention`` and ``use_cache``
+    on — in one line: no KV cache is exported (a cache object is no tensor ``torch.export``
+    returns), and the heads' ``view`` after PyTorch's decomposition of the attention, which
+    lays its output out otherwise than the export saw, still imports."""
+    import transformers
+
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=500,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    net = transformers.GPT2Model(cfg).eval()
+    assert net.config._attn_implementation == "sdpa" and net.config.use_cache
+    ids = torch.randint(0, 500, (2, 11))
+    fn = tvm_stitch.from_torch(net, (ids,), target="llvm")
+    with torch.no_grad():
+        ref = net(ids).last_hidden_state
+    torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_half_precision_export_returns_its_dtypes():
     """A module exported in float16 (``convert=False``) returns float16, as PyTorch does (TVM's
     importer leaves its products' float32 accumulators up to the output): the cast joins the

@@ -72,7 +72,8 @@ def test_only_accesses_contiguous_along_the_last_axis_are_vectorized():
     Left to TVM's rules: a transpose (columns pick the input's rows), a column gather
     (``x[i, idx[j]]``: the column index inside a buffer load), columns of a wider row
     (``x[i, j]`` of a 28-wide ``x``: not aligned), a last axis of 20 (not a multiple of 8), a
-    boolean output and a reduction."""
+    boolean output and a reduction.  A scalar operand (a zero-dimensional buffer) is the same
+    value for every lane."""
     f16, f32 = "float16", "float32"
     vectorized = [
         (8, _elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
@@ -81,6 +82,8 @@ def test_only_accesses_contiguous_along_the_last_axis_are_vectorized():
                          [((5, 37, 24), f32)])),
         (8, _elementwise((4, 32), lambda x, i, j: x[i, j].astype("int8"), [((4, 32), f16)])),
         (2, _elementwise((4, 16), lambda x, i, j: x[i, j].astype(f16), [((4, 16), "float64")])),
+        # a zero-dimensional operand (BLOOM's scalar factor): one value for every lane
+        (8, _elementwise((3, 40), lambda x, s, i, j: x[i, j] * s[()], [((3, 40), f16), ((), f16)])),
     ]
     for lanes, func in vectorized:
         scheduled = _schedule(func).with_attr("global_symbol", "main")
@@ -116,7 +119,7 @@ def test_the_stitch_pipeline_gathers_embeddings_in_vectors():
 @pytest.mark.gpu
 def test_vectorized_kernels_compute_what_numpy_does():
     """Irregular shapes on the GPU: a gather with a masked last block, a broadcast add, a
-    three-axis cast."""
+    three-axis cast, a product with a scalar."""
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 40)).astype("float16")
@@ -130,6 +133,9 @@ def test_vectorized_kernels_compute_what_numpy_does():
                       [((37, 24), "float16"), ((24,), "float16")]), [x, b], x + b),
         (_elementwise((5, 37, 24), lambda x, a, i, j: x[a, i, j].astype("float16"),
                       [((5, 37, 24), "float32")]), [x3], x3.astype("float16")),
+        (_elementwise((37, 24), lambda x, s, i, j: x[i, j] * s[()],
+                      [((37, 24), "float16"), ((), "float16")]),
+         [x, np.array(1.5, "float16")], x * np.float16(1.5)),
     ]
     for func, inputs, expected in cases:
         scheduled = _schedule(func).with_attr("global_symbol", "main")

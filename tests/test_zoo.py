@@ -172,6 +172,54 @@ def test_more_models_mean_what_they_mean(tmp_path, name):
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
 
 
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "vit-tiny"])
+def test_pytorchs_attention_kernel_is_recognized_like_eager_attention(tmp_path, name):
+    """The zoo built with transformers' default attention, ``scaled_dot_product_attention``,
+    which PyTorch decomposes to Q and K each scaled by √scale and a safe softmax (a second
+    reduction over the logits zeroes rows with no visible key): as many kernels as the eager
+    spelling, one attention kernel a layer, and those kernels replaced by their TE references
+    give PyTorch's numbers."""
+    params, layers = ZOO[name]
+    sdpa = get_workload(name).instance("float16", sdpa=1, **params)
+    eager = instance(name, "float16")
+    assert "sdpa" in sdpa.name
+    assert (tvm_stitch.fusion_report(sdpa.mod, CUDA).kernels
+            == tvm_stitch.fusion_report(eager.mod, CUDA).kernels)
+    calls = []
+
+    def build(match, source, config, shapes):
+        calls.append((match.family, match.zero_empty_rows))
+        return reference_func(match, source, shapes), []
+
+    with CUDA:
+        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build)(legalized(sdpa.mod))
+    assert ("attention", True) in calls
+    assert mod.script().count("R.call_tir(cls.stitch_attention") == layers
+    np.testing.assert_allclose(run_llvm(mod, sdpa), sdpa.reference()[0], *sdpa.tolerance)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_a_sequence_with_no_visible_key_gives_zeros(tmp_path, causal):
+    """``scaled_dot_product_attention`` with a boolean key mask (joined with a causal one by
+    ``&``), one sequence all padding: its rows have no finite logit, and PyTorch's safe softmax
+    gives them zeros where a plain softmax gives NaN.  The recognized kernel (its TE reference)
+    gives PyTorch's numbers, zeros included."""
+    inst = get_workload("torch-attention").instance(
+        "float32", batch=3, heads=2, seq=21, dim=40, causal=causal, mask=1)
+    matches = []
+
+    def build(match, source, config, shapes):
+        matches.append(match)
+        return reference_func(match, source, shapes), []
+
+    with CUDA:
+        mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build)(legalized(inst.mod))
+    assert [(m.family, m.zero_empty_rows) for m in matches] == [("attention", True)]
+    ref = inst.reference()[0]
+    assert not ref[-1].any() and np.isfinite(ref).all()  # the padded sequence: zeros
+    np.testing.assert_allclose(run_llvm(mod, inst), ref, *inst.tolerance)
+
+
 @pytest.mark.parametrize("name", list(ZOO))
 def test_cuda_fusion_report_on_a_cpu(name, tmp_path, monkeypatch):
     """The kernels the GPU host will build, listed on this machine: per layer one attention
@@ -220,10 +268,13 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
     # the last two: sequences a multiple of 128 and power-of-two heads, and GEMMs of 256 rows and
     # 512 columns, printed without bounds checks along those axes
     # (fold=1: also the GEMMs with the LayerNorm / RMSNorm before them folded in; programs=1:
-    # only those writing or reading moments, in pieces of whole 128-column rows)
+    # only those writing or reading moments, in pieces of whole 128-column rows; sdpa=1:
+    # transformers' default attention; mask=1: a boolean key mask, whose first sequence the
+    # cases' inputs hide entirely)
     specs = ["bert-tiny:float32:batch=2,seq=19,fold=1", "llama-tiny:float16:seq=33,fold=1",
              "bert-tiny:float16:batch=2,seq=19,fold=1,programs=1",
-             "gpt2-tiny:float16:seq=33",
+             "gpt2-tiny:float16:seq=33,sdpa=1",
+             "torch-attention:float32:batch=2,heads=2,seq=33,dim=48,causal=1,mask=1",
              "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1",
              "bert-tiny:float16:batch=2,seq=128"]
     res = subprocess.run([sys.executable, str(script), *specs], capture_output=True, text=True,
@@ -240,9 +291,11 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
 @pytest.mark.parametrize(("name", "params"), [
     ("hf-bert-tiny", {"batch": 2, "seq": 67}),
     ("gpt2-tiny", {"seq": 45}),
+    ("gpt2-tiny", {"seq": 45, "sdpa": 1}),
     ("llama-tiny", {"seq": 45}),
     ("vit-tiny", {}),
     ("torch-attention", {"batch": 2, "heads": 3, "seq": 77, "dim": 80, "causal": 1}),
+    ("torch-attention", {"batch": 3, "heads": 2, "seq": 50, "dim": 64, "causal": 1, "mask": 1}),
 ])
 def test_zoo_on_the_gpu(tmp_path, monkeypatch, name, params):
     """Every model through the stitch pipeline on CUDA (tiles from the analytical model):

@@ -59,7 +59,9 @@ def import_torch(
     ----------
     module : torch.nn.Module
         Put in eval mode and float32 for the export (a copy is not made: the module's dtype is
-        changed in place when it is not float32).
+        changed in place when it is not float32).  A ``forward`` taking ``use_cache`` (a
+        ``transformers`` decoder) is exported with ``use_cache=False`` unless
+        ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
         Inputs of the static shapes the compiled model will take.
     dtype : {"float32", "float16"}
@@ -84,11 +86,12 @@ def import_torch(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     export_dtype = torch.float32 if convert else getattr(torch, dtype)
-    module = _bind_constants(module.to(export_dtype).eval(), example_kwargs or {})
+    example_kwargs = _without_cache(module, example_kwargs or {})
+    module = _bind_constants(module.to(export_dtype).eval(), example_kwargs)
     args = tuple(a.to(export_dtype) if a.is_floating_point() else a for a in example_args)
-    tensors = {k: v for k, v in (example_kwargs or {}).items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
     with torch.no_grad():
-        exported = torch.export.export(module, args, kwargs=tensors)
+        exported = _views_as_reshapes(torch.export.export(module, args, kwargs=tensors))
     try:
         mod = from_exported_program(
             exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
@@ -96,8 +99,8 @@ def import_torch(
     except Exception as err:
         raise RuntimeError(
             "TVM's from_exported_program could not import the exported model "
-            f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}). Models that keep a "
-            "KV cache must be exported without it (e.g. use_cache=False)."
+            f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); a model TVM cannot "
+            "import is not compiled by tvm-stitch either"
         ) from err
     mod, params = detach_params(mod)
     weights = [p.numpy() for p in params["main"]]
@@ -160,6 +163,45 @@ def _exported_output_dtypes(mod, exported):
         func.params, relax.SeqExpr(blocks, body), body.ty, func.is_pure, func.attrs
     )
     return mod
+
+
+def _views_as_reshapes(exported):
+    """``exported`` with every ``aten.view`` a ``aten.reshape``.
+
+    ``from_exported_program`` re-traces the program through PyTorch's decompositions, which
+    may give a tensor other strides than the export saw: ``scaled_dot_product_attention``
+    (``transformers``' default attention) decomposes to a product whose output is laid out
+    unlike the fused kernel's, and GPT-2's ``view`` of its transposed heads then fails.  The
+    imported module is functional, so a reshape means the same as a view, and a reshape is
+    valid whatever the strides.
+    """
+    import torch
+
+    view = torch.ops.aten.view.default
+    nodes = [n for n in exported.graph_module.graph.nodes
+             if n.op == "call_function" and n.target is view]
+    for node in nodes:
+        node.target = torch.ops.aten.reshape.default
+    if nodes:
+        exported.graph_module.recompile()
+    return exported
+
+
+def _without_cache(module, kwargs: dict) -> dict:
+    """``kwargs`` with ``use_cache=False`` where ``module.forward`` takes ``use_cache`` and the
+    caller left it unset: a compiled model of static shapes keeps no KV cache, and a
+    ``transformers`` cache object is no tensor ``torch.export`` can return."""
+    import inspect
+
+    try:
+        takes = "use_cache" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes or "use_cache" in kwargs:
+        return kwargs
+    logger.info("%s: use_cache=False (the compiled model keeps no KV cache)",
+                type(module).__name__)
+    return {**kwargs, "use_cache": False}
 
 
 def _bind_constants(module, kwargs: dict):
@@ -250,7 +292,7 @@ def from_torch(
     Parameters
     ----------
     module : torch.nn.Module
-        A model (Hugging Face or not) without a KV cache in its forward pass.
+        A model (Hugging Face or not); a `transformers` decoder runs without its KV cache.
     example_args : tuple of torch.Tensor
         Inputs with the static shapes to compile for.
     target : str or dict or tvm.target.Target

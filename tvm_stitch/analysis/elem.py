@@ -47,6 +47,8 @@ _BINARY = {
     P.And: "and",
     P.Or: "or",
 }
+#: Bitwise operators on booleans, as the logical operators they are there (``mask & causal``)
+_LOGICAL_BITWISE = {P.BitwiseAnd: "and", P.BitwiseOr: "or", P.BitwiseXor: "ne"}
 #: TIR intrinsics element expressions keep (by their name without ``tirx.``)
 INTRINSICS = frozenset(
     [
@@ -436,6 +438,13 @@ class Composer:
                     self._convert(expr.b, vmap, node, policy),
                 )
                 return Op(name, args, dtype_of(expr))
+        logical = _LOGICAL_BITWISE.get(type(expr)) if dtype_of(expr) == "bool" else None
+        if logical is not None:  # on booleans, bitwise and/or/xor are the logical ones
+            args = (
+                self._convert(expr.a, vmap, node, policy),
+                self._convert(expr.b, vmap, node, policy),
+            )
+            return Op(logical, args, "bool")
         if isinstance(expr, P.Cast):
             return Op("cast", (self._convert(expr.value, vmap, node, policy),), dtype_of(expr))
         if isinstance(expr, P.Not):

@@ -297,6 +297,9 @@ class Match:
     derived : tuple of DerivedWeight
         ``gemm``: tensors computed from weights that the kernel reads (a normalization folded
         through its weights, :mod:`.through_weights`); the pass binds them before the kernel.
+    zero_empty_rows : bool
+        ``attention``: a row whose logits are all ``-inf`` (every key masked) gives zeros, not
+        NaN (PyTorch's safe softmax, which ``scaled_dot_product_attention`` computes).
     """
 
     family: str
@@ -315,6 +318,7 @@ class Match:
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
     prologue: Elem | None = None
     derived: tuple = ()
+    zero_empty_rows: bool = False
 
     @property
     def statistics(self) -> list[Reduce]:
@@ -467,16 +471,48 @@ def norm_region(graph: TensorDependencyGraph, tensor: str, stop=frozenset()) -> 
     return frozenset(region) if reduces else None
 
 
-def _region_policy(graph, stop=frozenset()) -> Policy:
-    """Between two products: like the epilogue, and row reductions (a softmax) too."""
+def _region_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
+    """Between two products: like the epilogue, and row reductions (a softmax) too; tensors
+    ``inside`` the region (read by nothing else) are recomputed however many of its nodes read
+    them."""
     base = _epilogue_policy(graph, stop)
 
     def inline(node):
+        if node.output in stop:
+            return False
+        if node.output in inside:
+            return node.kind is OpKind.ROW_REDUCE or elementwise(node) or data_movement(node)
         if node.kind is OpKind.ROW_REDUCE:
             return not _materialized(graph, node.output)
         return base.inline(node)
 
     return Policy(inline=inline, reductions=True)
+
+
+def _between_products(graph, c2, contractions) -> frozenset:
+    """The tensors computed on the way to ``c2``'s ``A`` from earlier products (or inputs) that
+    nothing but that way reads: walking back from ``A`` through producers that are not
+    products, the tensors whose every reader is ``c2`` or writes such a tensor.  PyTorch's safe
+    softmax reads the logits twice — for the softmax and for its test of rows every key of
+    which is masked — from kernels of their own; a mask every layer reads is not inside."""
+    tensors, stack = set(), [c2.a[0]]
+    while stack:
+        t = stack.pop()
+        node = graph.nodes.get(graph.tensors[t].producer or "")
+        if t in tensors or node is None or node.name in contractions or node.block is None:
+            continue
+        tensors.add(t)
+        stack.extend(m.tensor for m in node.inputs)
+    inside, grown = set(), True
+    while grown:
+        grown = False
+        for t in tensors - inside:
+            if t not in graph.pinned and all(
+                n.name == c2.node.name or n.output in inside for n in graph.consumers(t)
+            ):
+                inside.add(t)
+                grown = True
+    return frozenset(inside)
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -576,6 +612,38 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
     if not isinstance(elem, Leaf):
         raise NotRecognizedError(f"{what} is not a view of a tensor: {format_elem(elem)}")
     return Access(elem.tensor, elem.index)
+
+
+def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop) -> tuple:
+    """``(Access, factor)``: an operand read in place through data movement and products with
+    scalar constants, and the product of those constants (``scaled_dot_product_attention``
+    decomposes to ``Q·√c`` and ``K·√c``)."""
+    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
+
+    def inline(node):
+        return node.output not in stop and (data_movement(node) or _scalar_product(node))
+
+    elem = composer.element(tensor, idx, Policy(inline=inline))
+    factor = 1.0
+    while isinstance(elem, Op) and elem.op == "mul":
+        consts = [a for a in elem.args if isinstance(a, Const)]
+        if len(consts) != 1:
+            break
+        factor *= consts[0].value
+        elem = next(a for a in elem.args if a is not consts[0])
+    if not isinstance(elem, Leaf):
+        raise NotRecognizedError(f"{what} is not a view of a tensor: {format_elem(elem)}")
+    return Access(elem.tensor, elem.index), factor
+
+
+def _scalar_product(node) -> bool:
+    """A block that only multiplies one element by a constant of its own type."""
+    value = node.block.body.value if elementwise(node) else None
+    if not isinstance(value, P.Mul):
+        return False
+    args = (value.a, value.b)
+    return (sum(isinstance(x, ir.expr.TensorLoad) for x in args) == 1
+            and sum(isinstance(x, P.FloatImm) for x in args) == 1)
 
 
 def _a_operand(graph, frame, composer, tensor, index, vmap, stop, fold) -> tuple:
@@ -1257,7 +1325,8 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
             vmap[iv.var] = tirx.const(0, dtype_of(iv.var))
     composer = Composer(graph, frame.analyzer)
     a_index = tuple(frame.simplify(substitute(i, vmap)) for i in c2.a[1])
-    region = composer.element(c2.a[0], a_index, _region_policy(graph, stop))
+    inside = _between_products(graph, c2, contractions)
+    region = composer.element(c2.a[0], a_index, _region_policy(graph, stop, inside))
     firsts = {
         leaf.tensor
         for leaf in leaves(region)
@@ -1270,7 +1339,7 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
     c1 = contractions[graph.tensors[firsts.pop()].producer]
     if c1 is c2:
         return None
-    score = _match_softmax(region, frame.vars["n"])
+    score = _match_softmax(region, frame.vars["n"], graph)
     family = "attention" if score is not None else "chain"
     if family not in families:
         return None
@@ -1287,10 +1356,12 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
             region_t = composer.element(
                 c2.a[0],
                 tuple(sub.simplify(substitute(i, vmap_t)) for i in c2.a[1]),
-                _region_policy(graph, stop),
+                _region_policy(graph, stop, inside),
             )
-            inner = _match_softmax(region_t, sub.vars["n"]) if score is not None else region_t
+            inner = (_match_softmax(region_t, sub.vars["n"], graph) if score is not None
+                     else region_t)
             match = build(graph, sub, composer, c1, c2, inner, vmap_t, region, stop)
+            match.zero_empty_rows = _zeroes_empty_rows(region_t, sub.vars["n"], graph)
             finalize(graph, match)
             return match
         except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
@@ -1323,13 +1394,15 @@ def _strip_casts(e: Elem) -> Elem:
     return e
 
 
-def _match_softmax(e: Elem, n_var) -> Elem | None:
+def _match_softmax(e: Elem, n_var, graph=None) -> Elem | None:
     """``g`` when ``e == softmax_n(g)`` (any casts around it; max-subtracted or not), else None.
 
     ``softmax_n(g) = exp(g - max_r g[n:=r]) / Σ_r exp(g - max_r g[n:=r])``; a division by the sum
-    or a product with its reciprocal.
+    or a product with its reciprocal.  A softmax whose rows of ``-inf`` logits give zeros
+    instead of NaN (PyTorch's safe softmax, :func:`_safe_softmax`) is one too.
     """
-    e = _strip_casts(e)
+    safe = _safe_softmax(e, n_var, graph)
+    e = _strip_casts(safe if safe is not None else e)
     if not isinstance(e, Op):
         return None
     if e.op == "div":
@@ -1366,6 +1439,92 @@ def _match_softmax(e: Elem, n_var) -> Elem | None:
     return num.args[0]
 
 
+def _safe_softmax(e: Elem, n_var, graph=None) -> Elem | None:
+    """``s`` when ``e`` is ``select(all_n(g == -inf), 0, s)`` (or the select the other way round
+    on the negated test) and ``s == softmax_n(g)``: the softmax with rows that have no finite
+    logit set to zero — what ``scaled_dot_product_attention`` decomposes to since PyTorch 2.5.
+    None otherwise (the zero may be a constant tensor of zeros of ``graph``)."""
+    e = _strip_casts(e)
+    if not (isinstance(e, Op) and e.op == "select"):
+        return None
+    cond, yes, no = e.args
+    for zero, s, empty in ((yes, no, True), (no, yes, False)):
+        if not _zero(graph, _strip_casts(zero)):
+            continue
+        g = _match_softmax(s, n_var, graph)
+        if g is not None and _all_minus_inf(cond, g, n_var) is empty:
+            return s
+    return None
+
+
+def _zeroes_empty_rows(e: Elem, n_var, graph) -> bool:
+    """Whether the probabilities ``e`` are a safe softmax (see :func:`_safe_softmax`)."""
+    return _safe_softmax(e, n_var, graph) is not None
+
+
+def _zero(graph, e: Elem) -> bool:
+    """``e`` is zero: a constant, or a read of a constant tensor of zeros."""
+    if isinstance(e, Const):
+        return e.value == 0
+    value = graph.values.get(e.tensor) if graph is not None and isinstance(e, Leaf) else None
+    if not isinstance(value, ir.expr.Constant):
+        return False
+    return not value.value.numpy().any()
+
+
+def _boolean(e: Elem) -> tuple[Elem, bool]:
+    """``(x, positive)``: ``e`` is ``x`` (``positive``) or ``not x``, through logical nots and
+    casts between booleans and integers (which keep a truth value)."""
+    positive = True
+    while isinstance(e, Op):
+        if e.op == "cast" and _integral(e.dtype) and _integral(e.args[0].dtype):
+            e = e.args[0]
+        elif e.op == "not":
+            positive, e = not positive, e.args[0]
+        elif e.op in ("lt", "ne") and _is_zero_const(e.args[0]) and _integral(e.args[1].dtype):
+            e = e.args[1]  # 0 < x, 0 != x: x's truth (TVM's select on a boolean cast)
+        elif e.op in ("gt", "ne") and _is_zero_const(e.args[1]) and _integral(e.args[0].dtype):
+            e = e.args[0]
+        else:
+            break
+    return e, positive
+
+
+def _is_zero_const(e: Elem) -> bool:
+    return isinstance(e, Const) and e.value == 0
+
+
+def _integral(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def _all_minus_inf(cond: Elem, g: Elem, n_var) -> bool | None:
+    """True where ``cond`` is ``all_n(g == -inf)`` (a row of the logits ``g`` with no finite
+    value), False where it is the negation, None where it is neither (or not recognized).
+
+    The test is a ``max`` (any) or ``min`` (all) over the key axis of ``g == -inf`` or
+    ``g != -inf``, with nots and boolean casts anywhere; ``g`` may be widened first."""
+    red, outer = _boolean(cond)
+    if not (isinstance(red, Reduce) and red.op in ("max", "min")):
+        return None
+    test, inner = _boolean(red.body)
+    if not (isinstance(test, Op) and test.op in ("eq", "ne")):
+        return None
+    a, b = (_strip_casts(x) for x in test.args)
+    if isinstance(a, Const):
+        a, b = b, a
+    if not (isinstance(b, Const) and b.value == float("-inf")):
+        return None
+    if not _same_over(_strip_casts(g), n_var, a, red.var):
+        return None
+    is_inf = (test.op == "eq") == inner  # the reduced predicate is "g == -inf"
+    if red.op == "min" and is_inf:  # all(g == -inf)
+        return outer
+    if red.op == "max" and not is_inf:  # any(g != -inf) = not all(g == -inf)
+        return not outer
+    return None
+
+
 def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
     """``a`` (over ``a_var``) and ``b`` (over ``b_var``) compute the same function."""
     return a.key({a_var.name: "_j"}) == b.key({b_var.name: "_j"})
@@ -1394,8 +1553,13 @@ def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Ma
         raise NotRecognizedError("the softmax does not run along Q·Kᵀ's key axis")
     dk = int(c1.k.dom.extent)
     vmap1[c1.k.var] = frame.axis("k", dk)
-    q = _operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
-    k = _operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
+    q, q_scale = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
+    k, k_scale = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
+    if q_scale * k_scale != 1:
+        # (c·Q)·(c'·K)ᵀ = c·c'·(Q·Kᵀ): the constants join the logits, Q and K are read in place
+        score = replace(score, lambda e: (
+            Op("mul", (e, Const(q_scale * k_scale, e.dtype)), e.dtype)
+            if isinstance(e, Leaf) and e.tensor == c1.out else None))
     if widened:
         # P·V in float32 on a widened copy of V (TVM's import of a float16 attention): V is read
         # at its own precision and the product runs in it, as FlashAttention does

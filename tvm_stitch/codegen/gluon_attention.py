@@ -330,7 +330,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
         mbarrier.arrive(v_empty.index(last), count=1)
         g += n_blocks
         i += 1
-        o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, O_L)), 1)
+        o = acc / gl.expand_dims(gl.convert_layout({den}, gl.SliceLayout(1, O_L)), 1)
         # stored in 16-byte pieces, rows whole per warp (through shared memory): straight from
         # the accumulator's layout, 4-byte pieces, the kernel takes 30% longer (H100, d128)
         ST_L: gl.constexpr = _row_layout(BLOCK_H)
@@ -418,6 +418,13 @@ def _hoisted(lines: list[str], product: str | tuple = "s") -> tuple[list, list]:
 
 def _indent(lines, depth=1) -> str:
     return "\n".join("    " * depth + gluon_line(x) for x in lines)
+
+
+def empty_rows_denominator(match, lang: str = "tl") -> str:
+    """The softmax denominator ``l_i`` the output is divided by; where the model gives rows with
+    every key masked zeros (``match.zero_empty_rows``), 1 for those rows, whose sums and
+    accumulators are 0 (their exponentials ``exp2(-inf - 0)``)."""
+    return f"{lang}.where(l_i == 0.0, 1.0, l_i)" if match.zero_empty_rows else "l_i"
 
 
 def attention_ws_source(match, name: str) -> str:
@@ -516,7 +523,7 @@ def attention_ws_source(match, name: str) -> str:
     return header + _CONSUMER.format(
         name=name, ptrs=ptrs, dtype=dtype, logits=logits_text,
         exp2_z=exp2_z.format(m="gl.expand_dims(m_safe, 1)"), exp2_m=exp2_m,
-        store=_indent(store_lines, 2),
+        store=_indent(store_lines, 2), den=empty_rows_denominator(match, "gl"),
         inputs=_indent(pre) if pre else "    pass", input_names=input_names,
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,

@@ -271,6 +271,11 @@ def _attention(match, tensors, shapes) -> dict:
     g = te.compute((batch, heads, m, n), logits, name="g")
     r1 = te.reduce_axis((0, n), "r1")
     mx = te.compute((batch, heads, m), lambda bb, hh, i: te.max(g[bb, hh, i, r1], axis=r1))
+    if match.zero_empty_rows:
+        # a row of -inf logits: exponentials of 0 and a sum of 0 (divided by 1), zeros out
+        minus_inf = tirx.const(float("-inf"), _F32)
+        mx = te.compute((batch, heads, m), lambda bb, hh, i: tirx.Select(
+            mx[bb, hh, i] == minus_inf, tirx.const(0.0, _F32), mx[bb, hh, i]), name="mx_safe")
     r2 = te.reduce_axis((0, n), "r2")
     den = te.compute(
         (batch, heads, m),
@@ -291,7 +296,10 @@ def _attention(match, tensors, shapes) -> dict:
     def value_at(coords):
         def acc(c):
             bb, hh = as_int64(c.get("b", _ZERO)), as_int64(c.get("h", _ZERO))
-            return o[bb, hh, c["m"], c["d"]] / den[bb, hh, c["m"]]
+            total = den[bb, hh, c["m"]]
+            if match.zero_empty_rows:
+                total = tirx.Select(total == tirx.const(0.0, _F32), tirx.const(1.0, _F32), total)
+            return o[bb, hh, c["m"], c["d"]] / total
 
         ev = _Evaluator(match, tensors, extras, coords, {t: acc for t in out.accumulators})
         return ev(out.elem)

@@ -1389,7 +1389,9 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(logits, 0, "hi")
     else:
         lines += loop(logits, 0, n)
-    lines.append("o = acc / l_i[:, None]")
+    from .gluon_attention import empty_rows_denominator
+
+    lines.append(f"o = acc / {empty_rows_denominator(match)}[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
     out_masks = {a: x for a, x in (("m", rows.get("m")), ("d", cols.get("d"))) if x}
     lines += _write_output(match, pointers, tiles, out_masks, "o")

@@ -87,6 +87,8 @@ def _vector(block, loops) -> int | None:
     last = iters[-1]
     walking = [out.source]  # the buffers accessed a piece at a time
     for read in block.reads:
+        if not read.region:
+            continue  # a zero-dimensional buffer (a scalar): one value for every element
         *rest, inner = read.region
         if any(_uses(r.min, last) or _uses(r.extent, last) for r in rest):
             return None  # the columns pick rows of the input: a transpose

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
+
 from .base import Instance, Workload, layers_suffix
 
 
@@ -236,7 +238,7 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
 
         return getattr(transformers, model.config_class)(**_config_kwargs(model, size, layers))
 
-    def build(dtype, rng, batch, seq=None, layers=0):
+    def build(dtype, rng, batch, seq=None, layers=0, sdpa=0):
         import torch
 
         from tvm_stitch.frontend import import_torch
@@ -244,9 +246,11 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
         seed = int(rng.integers(0, 2**31))
         cfg = _config(layers)
         inputs = model.inputs(cfg, batch, seq, rng)
-        net = last_hidden(make_model(model, size, "eager", seed, layers), model.kwargs)
+        impl = "sdpa" if sdpa else "eager"
+        net = last_hidden(make_model(model, size, impl, seed, layers), model.kwargs)
         imported = import_torch(net, tuple(torch.from_numpy(a) for a in inputs), dtype)
         name = f"{model.name}-{size}{layers_suffix(layers)} {batch}x{seq or ''} {dtype}"
+        name += " sdpa" if sdpa else ""
         return Instance(
             name.replace("x ", " "),
             imported.mod,
@@ -262,8 +266,9 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
     return Workload(
         f"{model.name}-{size}",
         "zoo",
-        f"transformers {model.model_class} ({cfg_text}; layers=N keeps N layers)",
-        {**model.defaults, "layers": 0},
+        f"transformers {model.model_class} ({cfg_text}; layers=N keeps N layers; sdpa=1: "
+        "built with transformers' default attention, scaled_dot_product_attention)",
+        {**model.defaults, "layers": 0, "sdpa": 0},
         build,
     )
 
@@ -288,10 +293,37 @@ def plain_attention(causal: bool):
     return Attention()
 
 
-def plain_attention_workload() -> Workload:
-    """``torch-attention``: :func:`plain_attention` imported like a user's model."""
+def masked_attention(causal: bool):
+    """``scaled_dot_product_attention`` with a boolean key mask ``[batch, keys]`` (and a causal
+    one): a sequence with no key visible gives zeros, as PyTorch's safe softmax does."""
+    import torch
+    import torch.nn.functional as F
 
-    def build(dtype, rng, batch, heads, seq, dim, causal):
+    class MaskedAttention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            visible = mask[:, None, None, :]
+            if causal:
+                n = q.shape[-2]
+                visible = visible & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+    return MaskedAttention()
+
+
+def key_mask(batch: int, seq: int) -> np.ndarray:
+    """A key mask: the first sequence's last quarter padded, the last sequence all padding."""
+    mask = np.ones((batch, seq), bool)
+    mask[0, seq - seq // 4:] = False
+    if batch > 1:
+        mask[-1] = False
+    return mask
+
+
+def plain_attention_workload() -> Workload:
+    """``torch-attention``: :func:`plain_attention` imported like a user's model (``mask=1``:
+    :func:`masked_attention`)."""
+
+    def build(dtype, rng, batch, heads, seq, dim, causal, mask=0):
         import torch
         import torch.nn.functional as F
 
@@ -299,26 +331,31 @@ def plain_attention_workload() -> Workload:
 
         shape = (batch, heads, seq, dim)
         qkv = [rng.standard_normal(shape).astype("float32") for _ in range(3)]
+        module = masked_attention(bool(causal)) if mask else plain_attention(bool(causal))
+        inputs = qkv + ([key_mask(batch, seq)] if mask else [])
         imported = import_torch(  # exported in the compute dtype, as written
-            plain_attention(bool(causal)),
-            tuple(torch.from_numpy(a) for a in qkv),
+            module,
+            tuple(torch.from_numpy(a) for a in inputs),
             dtype,
             convert=False,
         )
 
         def eager(device, tdtype):
-            return plain_attention(bool(causal)).to(device)
+            return module.to(device)
 
         def sdpa(device, tdtype):
+            if mask:
+                return module.to(device)
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
         flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
         io = 4 * batch * heads * seq * dim * (2 if dtype == "float16" else 4)
         return Instance(
-            f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''} {dtype}",
+            f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''}"
+            f"{' masked' if mask else ''} {dtype}",
             imported.mod,
             "main",
-            [a.astype(dtype) for a in qkv],
+            [a.astype(dtype) for a in qkv] + inputs[3:],
             {"eager": eager, "sdpa": sdpa},
             flops,
             io,
@@ -328,8 +365,9 @@ def plain_attention_workload() -> Workload:
     return Workload(
         "torch-attention",
         "zoo",
-        "attention written in plain PyTorch (optionally causal), imported like a user's model",
-        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0},
+        "attention written in plain PyTorch (optionally causal), imported like a user's model; "
+        "mask=1: scaled_dot_product_attention with a boolean key mask (one sequence all padding)",
+        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0},
         build,
     )
 
