@@ -13,7 +13,9 @@ comparisons of ``bool`` tensors compare them as ``int8`` (its ``llvm`` backend e
 compares and adds for ``bool``), ``full`` with an infinite value becomes a ``broadcast_to``
 of that constant (its legalization fails on infinities), and a power by a small integer constant
 becomes multiplications (TVM's CUDA ``power`` returns NaN for negative bases: RMSNorm's ``x²``,
-GELU's ``x³``).
+GELU's ``x³``), and a concatenation leaves out its empty parts (Phi-3's rotary embedding joins
+the rotated head to its empty pass-through part; TVM's GPU schedules fail on loops of no
+iteration).
 
 A cast of a table that is then gathered is applied to the gathered rows instead:
 ``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
@@ -154,10 +157,34 @@ def _is_bool(expr) -> bool:
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "bool"
 
 
+def _empty(expr) -> bool:
+    """A tensor of a static shape with no element (the pass-through part of a rotary embedding
+    over the whole head: ``q[..., rotary_dim:]``)."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return False
+    return any(getattr(d, "value", None) == 0 for d in ty.shape.values)
+
+
+def _counted_from_the_start(index, table, take):
+    """Constant gather indices with the negative ones counted from the end, as PyTorch counts
+    them (``x[..., [-2], :]``, Falcon's K of its fused Q/K/V): TVM's ``take`` reads outside the
+    table for them in ``fast`` mode and clamps them to row 0 in ``clip`` mode."""
+    if not isinstance(index, tvm.ir.expr.Constant):
+        return index
+    values = index.value.numpy()
+    extent = table.ty.shape.values[int(take.attrs.axis) % len(table.ty.shape.values)]
+    if not (values < 0).any() or getattr(extent, "value", None) is None:
+        return index
+    logger.info("canonicalize: negative gather indices counted from the end")
+    return relax.const(np.where(values < 0, values + int(extent.value), values), values.dtype)
+
+
 def _rewrites(func):
     """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
     ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications, a cast
-    table is gathered before it is cast, and clamps its indices."""
+    table is gathered before it is cast, and clamps its indices; empty tensors are left out of
+    concatenations (TVM's GPU schedules fail on loops of no iteration)."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -201,17 +228,27 @@ def _rewrites(func):
         return out
 
     def gather_first(expr, matches):
-        table = matches[x]
+        table, index = matches[x], _counted_from_the_start(matches[y], matches[x], expr)
         mode = "clip" if expr.attrs.mode == "fast" else expr.attrs.mode
         if isinstance(table, relax.Call) and table.op.name == "relax.astype":
-            rows = relax.op.take(table.args[0], matches[y], axis=expr.attrs.axis, mode=mode)
+            rows = relax.op.take(table.args[0], index, axis=expr.attrs.axis, mode=mode)
             return relax.op.astype(rows, str(expr.ty.dtype))
-        if mode != expr.attrs.mode:
-            return relax.op.take(table, matches[y], axis=expr.attrs.axis, mode=mode)
+        if mode != expr.attrs.mode or not index.same_as(matches[y]):
+            return relax.op.take(table, index, axis=expr.attrs.axis, mode=mode)
         return expr
+
+    def concat(expr, matches):
+        fields = list(getattr(matches[x], "fields", None) or [])  # a tuple written in place
+        kept = [p for p in fields if not _empty(p)]
+        if not kept or len(kept) == len(fields):
+            return expr
+        logger.info("canonicalize: %d empty tensors left out of a concat",
+                    len(fields) - len(kept))
+        return kept[0] if len(kept) == 1 else relax.op.concat(kept, axis=expr.attrs.axis)
 
     for name in ("relax.cumsum", "relax.cumprod"):
         func = rewrite_call(is_op(name)(x), scan, func)
+    func = rewrite_call(is_op("relax.concat")(x), concat, func)
     func = rewrite_call(is_op("relax.take")(x, y), gather_first, func)
     func = rewrite_call(is_op("relax.full")(x, y), full, func)
     func = rewrite_call(is_op("relax.power")(x, y), power, func)

@@ -181,3 +181,15 @@ def test_profile_busy_counts_overlapping_kernels_once():
     spans = [(8.0, 15.0), (0.0, 10.0), (17.0, 20.0), (19.0, 19.5)]
     assert _busy(spans, 2) == (9.0, 10.0)  # busy 0-15 and 17-20 over two runs
     assert _busy([], 3) == (0.0, 0.0)
+
+
+def test_hf_families_sweep_reports_each_family(capsys):
+    """The families sweep on the CPU: Falcon (negative gather indices, multi-query attention)
+    and Phi-3 (an empty rotary part) import, build for sm_90a and match PyTorch, their
+    attention recognized; a wrong answer would make it exit 1."""
+    from tvm_stitch.benchmarks.hf_families import main as sweep
+
+    assert sweep(["--only", "falcon", "phi3"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["falcon", "phi3"]
+    assert all(r[2] == "ok," and "built" in r and "attention," in r for r in rows)

@@ -82,6 +82,50 @@ def test_input_independent_values_are_folded(caplog):
     assert text.count("R.matmul") == inst.mod["main"].script().count("R.matmul")
 
 
+def _rotary_join(empty: bool):
+    """``concat((rotated, q[..., 8:]))`` of a head of 8 (Phi-3's rotary embedding over the
+    whole head: the pass-through part is empty); without ``empty``, the concat left out."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", R.Tensor((2, 5, 8), "float32"))
+    with bb.function("main", [q]):
+        with bb.dataflow():
+            rotated = bb.emit(relax.op.multiply(q, relax.const(2.0, "float32")))
+            if empty:
+                rest = bb.emit(relax.op.strided_slice(q, axes=[2], begin=[8], end=[8]))
+                rotated = bb.emit(relax.op.concat([rotated, rest], axis=-1))
+            out = bb.emit_output(relax.op.add(rotated, q))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_empty_parts_are_left_out_of_a_concat():
+    """A concat of an empty tensor (a slice of no element) is its other part: TVM's GPU
+    schedules fail on the empty slice's loops ("Divide by zero"), which Phi-3 hit."""
+    folded = tvm_stitch.passes.FoldStaticShapes()(_rotary_join(True))
+    tvm.ir.assert_structural_equal(folded, _rotary_join(False))
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    tvm.compile(_rotary_join(True), cuda, relax_pipeline=tvm_stitch.pipeline(cuda))
+
+
+def test_negative_indices_count_from_the_end():
+    """``x[..., [-2], :]`` (Falcon picks its K and V heads so from the fused Q/K/V): imported as
+    a gather of the constant index -2, which TVM's ``take`` reads outside the tensor; counted
+    from the end, the stitch pipeline computes what PyTorch does."""
+    import torch
+
+    from tvm_stitch.frontend import import_torch
+
+    class Heads(torch.nn.Module):
+        def forward(self, x):
+            return x[..., [-2], :] * 2 + x[..., [-1], :]
+
+    x = torch.randn(2, 3, 4, 5)
+    imported = import_torch(Heads(), (x,), "float32")
+    ex = tvm.compile(imported.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    np.testing.assert_array_equal(got, Heads()(x).numpy())
+
+
 def test_gathers_clamp_their_indices():
     """``nn.Embedding``'s gather (``take`` in ``fast`` mode: no bounds check) clamps its indices:
     a token id past the table reads its last row, not memory after it; the ids in range read

@@ -1,0 +1,200 @@
+"""Hugging Face model families as users bring them, through ``from_torch`` on a CPU machine.
+
+    python -m tvm_stitch.benchmarks.hf_families [--attn sdpa|eager] [--only NAME ...]
+
+Each family is built by ``transformers`` from a small config with random weights (two layers,
+a head dimension of 48, grouped K/V heads where the family has them), in the attention
+implementation ``transformers`` picks by default (``sdpa``) unless ``--attn`` says otherwise,
+and called with token ids, pixels or audio features of batch 2.  For each:
+
+- ``llvm``: ``tvm_stitch.from_torch(model, inputs, target="llvm")`` against PyTorch (float32);
+- ``cuda``: the float16 import compiled for ``sm_90a`` (no GPU needed): the kernels generated in
+  Triton by family, and what the passes left to TVM (their log lines).
+
+Nothing is timed: this is the generality check (which models import, build, compute what
+PyTorch computes, and get their attention and GEMMs recognized).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import io
+import logging
+import time
+
+import numpy as np
+
+_LAYERS = dict(num_hidden_layers=2)
+_ENC = dict(hidden_size=96, num_attention_heads=2, intermediate_size=200, vocab_size=500,
+            max_position_embeddings=128, **_LAYERS)
+_DEC = dict(_ENC, num_key_value_heads=1)
+_SEQ2SEQ = dict(d_model=96, encoder_attention_heads=2, decoder_attention_heads=2,
+                encoder_ffn_dim=200, decoder_ffn_dim=200, encoder_layers=2, decoder_layers=2,
+                vocab_size=500)
+
+#: name -> (config class, model class, config, inputs); inputs: "ids", "pixels:SIZE", "mel";
+#: a model class ending in ".encoder" is the encoder of an encoder-decoder model
+FAMILIES = {
+    "distilbert": ("DistilBertConfig", "DistilBertModel",
+                   dict(dim=96, n_heads=2, hidden_dim=200, n_layers=2, vocab_size=500), "ids"),
+    "roberta": ("RobertaConfig", "RobertaModel", _ENC, "ids"),
+    "albert": ("AlbertConfig", "AlbertModel", dict(_ENC, embedding_size=64), "ids"),
+    "electra": ("ElectraConfig", "ElectraModel", dict(_ENC, embedding_size=64), "ids"),
+    "deberta-v2": ("DebertaV2Config", "DebertaV2Model", _ENC, "ids"),
+    "mpnet": ("MPNetConfig", "MPNetModel", _ENC, "ids"),
+    "t5-encoder": ("T5Config", "T5EncoderModel",
+                   dict(d_model=96, d_kv=48, d_ff=200, num_layers=2, num_heads=2,
+                        vocab_size=500), "ids"),
+    "gpt2": ("GPT2Config", "GPT2Model",
+             dict(n_embd=96, n_head=2, n_layer=2, vocab_size=500, bos_token_id=0,
+                  eos_token_id=0), "ids"),
+    "llama": ("LlamaConfig", "LlamaModel", _DEC, "ids"),
+    "mistral": ("MistralConfig", "MistralModel", _DEC, "ids"),
+    "qwen2": ("Qwen2Config", "Qwen2Model", _DEC, "ids"),
+    "qwen3": ("Qwen3Config", "Qwen3Model", dict(_DEC, head_dim=48), "ids"),
+    "gemma": ("GemmaConfig", "GemmaModel", dict(_DEC, head_dim=48), "ids"),
+    "gemma2": ("Gemma2Config", "Gemma2Model", dict(_DEC, head_dim=48), "ids"),
+    "phi": ("PhiConfig", "PhiModel", _ENC, "ids"),
+    "phi3": ("Phi3Config", "Phi3Model", dict(_DEC, pad_token_id=0), "ids"),
+    "gpt-neox": ("GPTNeoXConfig", "GPTNeoXModel", _ENC, "ids"),
+    "opt": ("OPTConfig", "OPTModel",
+            dict(hidden_size=96, num_attention_heads=2, ffn_dim=200, vocab_size=500,
+                 word_embed_proj_dim=96, **_LAYERS), "ids"),
+    "falcon": ("FalconConfig", "FalconModel",
+               dict(hidden_size=96, num_attention_heads=2, vocab_size=500, **_LAYERS), "ids"),
+    "bloom": ("BloomConfig", "BloomModel",
+              dict(hidden_size=96, n_head=2, n_layer=2, vocab_size=500), "ids"),
+    "gptj": ("GPTJConfig", "GPTJModel",
+             dict(n_embd=96, n_head=2, n_layer=2, n_inner=200, vocab_size=500, rotary_dim=16,
+                  n_positions=128), "ids"),
+    "clip-text": ("CLIPTextConfig", "CLIPTextModel", _ENC, "ids"),
+    "bart-encoder": ("BartConfig", "BartModel.encoder",
+                     dict(_SEQ2SEQ, max_position_embeddings=128), "ids"),
+    "vit": ("ViTConfig", "ViTModel", dict(_ENC, image_size=48, patch_size=8), "pixels:48"),
+    "clip-vision": ("CLIPVisionConfig", "CLIPVisionModel",
+                    dict(_ENC, image_size=48, patch_size=8), "pixels:48"),
+    "dinov2": ("Dinov2Config", "Dinov2Model", dict(_ENC, image_size=48, patch_size=8),
+               "pixels:48"),
+    "swin": ("SwinConfig", "SwinModel",
+             dict(image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                  window_size=4), "pixels:64"),
+    "whisper-encoder": ("WhisperConfig", "WhisperModel.encoder",
+                        dict(_SEQ2SEQ, pad_token_id=0, num_mel_bins=16,
+                             max_source_positions=20), "mel"),
+    "mixtral": ("MixtralConfig", "MixtralModel",
+                dict(_DEC, num_local_experts=4, num_experts_per_tok=2), "ids"),
+}
+
+
+def build(name: str, attn: str | None, seq: int = 37):
+    """``(module, inputs)``: the family's model (random weights, 1-D parameters perturbed so a
+    lost bias shows) returning its last hidden state, and inputs of batch 2."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls, config, kind = FAMILIES[name]
+    extra = {"attn_implementation": attn} if attn else {}
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_cls)(**config, **extra)
+    cls, _, part = model_cls.partition(".")
+    net = getattr(transformers, cls)(cfg)
+    net = getattr(net, part) if part else net
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 1:
+                p.add_(0.02 * torch.randn(p.shape))
+    gen = torch.Generator().manual_seed(1)
+    if kind == "ids":
+        inputs = (torch.randint(0, 500, (2, seq), generator=gen),)
+    elif kind == "mel":
+        inputs = (torch.randn(2, config["num_mel_bins"], 40, generator=gen),)
+    else:
+        size = int(kind.partition(":")[2])
+        inputs = (torch.randn(2, 3, size, size, generator=gen),)
+    uncached = {"use_cache": False} if "use_cache" in inspect.signature(net.forward).parameters \
+        else {}
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = net
+
+        def forward(self, x):
+            return self.inner(x, **uncached).last_hidden_state
+
+    return LastHidden().eval(), inputs
+
+
+def check(name: str, attn: str | None) -> dict:
+    """One family through ``from_torch`` on llvm (numerics) and a CUDA build (kernels)."""
+    import torch
+    import tvm
+
+    import tvm_stitch
+    from tvm_stitch.frontend import import_torch
+    from tvm_stitch.pipeline import as_target
+
+    row = {"model": name}
+    try:
+        model, inputs = build(name, attn)
+    except Exception as err:  # noqa: BLE001 - a config this transformers does not take
+        row["llvm"] = row["cuda"] = f"not built: {type(err).__name__}: {err}"[:160]
+        return row
+    row["attn"] = getattr(getattr(model.inner, "config", None), "_attn_implementation", "")
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    start = time.time()
+    try:
+        out = tvm_stitch.from_torch(model, inputs, target="llvm")(*inputs).numpy()
+        err = float(np.abs(out - ref).max())
+        ok = err <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+        row["llvm"] = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
+    except Exception as err:  # noqa: BLE001 - the row says what failed
+        row["llvm"] = f"failed: {str(err).strip().splitlines()[-1]}"[:160]
+    row["llvm_s"] = time.time() - start
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logger = logging.getLogger("tvm_stitch")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    start = time.time()
+    try:
+        imported = import_torch(model, inputs, "float16")
+        target = as_target({"kind": "cuda", "arch": "sm_90a"})
+        tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
+        row["cuda"] = "built"
+    except Exception as err:  # noqa: BLE001
+        row["cuda"] = f"failed: {str(err).strip().splitlines()[-1]}"[:160]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    row["cuda_s"] = time.time() - start
+    lines = log.getvalue().splitlines()
+    row["kernels"] = next((x.split(": ", 1)[1] for x in lines
+                           if x.startswith("Triton kernels:")), "")
+    row["left"] = [x for x in lines if "left to TVM" in x or "not used" in x]
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attn", choices=["sdpa", "eager"], default=None,
+                        help="attention implementation (default: what transformers picks)")
+    parser.add_argument("--only", nargs="*", choices=sorted(FAMILIES), default=None)
+    args = parser.parse_args(argv)
+    bad = 0
+    print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")
+    for name in args.only or FAMILIES:
+        row = check(name, args.attn)
+        print(f"{name:16s} {row.get('attn', ''):6s} {row['llvm']:28s} {row['cuda']:10s} "
+              f"{row.get('kernels', '')}", flush=True)
+        for line in row.get("left", []):
+            print(f"{'':16s} {line[:200]}")
+        bad += "WRONG" in row["llvm"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
