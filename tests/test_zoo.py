@@ -172,9 +172,9 @@ def test_more_models_mean_what_they_mean(tmp_path, name):
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
 
 
-@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "vit-tiny"])
+@pytest.mark.parametrize("name", list(ZOO))
 def test_pytorchs_attention_kernel_is_recognized_like_eager_attention(tmp_path, name):
-    """The zoo built with transformers' default attention, ``scaled_dot_product_attention``,
+    """The zoo (and HF BERT) built with transformers' default attention, SDPA,
     which PyTorch decomposes to Q and K each scaled by √scale and a safe softmax (a second
     reduction over the logits zeroes rows with no visible key): as many kernels as the eager
     spelling, one attention kernel a layer, and those kernels replaced by their TE references

@@ -63,10 +63,11 @@ def import_hf_bert(model, batch: int, seq: int, dtype: str = "float32"):
 
 
 def hf_bert_workload(size: str) -> Workload:
-    """The ``hf-bert-<size>`` workload: HF ``BertModel`` (eager attention) with random weights."""
-    def build(dtype, rng, batch, seq, layers=0):
+    """The ``hf-bert-<size>`` workload: HF ``BertModel`` (eager attention; ``sdpa=1``:
+    ``transformers``' default, ``scaled_dot_product_attention``) with random weights."""
+    def build(dtype, rng, batch, seq, layers=0, sdpa=0):
         cfg = with_layers(BERT_CONFIGS[size], layers)
-        model = make_hf_bert(cfg, "eager")
+        model = make_hf_bert(cfg, "sdpa" if sdpa else "eager")
         state = {
             name: init_weight(name, p.shape, "float32", rng) for name, p in model.named_parameters()
         }
@@ -74,7 +75,7 @@ def hf_bert_workload(size: str) -> Workload:
         mod, weights = import_hf_bert(model, batch, seq, dtype)
         ids, mask = bert_inputs(cfg, batch, seq, rng, "int64")
         return Instance(
-            f"hf-bert-{size}{layers_suffix(layers)} {batch}x{seq} {dtype}",
+            f"hf-bert-{size}{layers_suffix(layers)} {batch}x{seq} {dtype}{' sdpa' if sdpa else ''}",
             mod,
             "main",
             [ids, mask, *weights],
@@ -88,7 +89,7 @@ def hf_bert_workload(size: str) -> Workload:
         f"hf-bert-{size}",
         "bert",
         f"Hugging Face BertModel ({size}) imported with torch.export + from_exported_program; "
-        "layers=N keeps N layers",
-        {"batch": 1, "seq": 128, "layers": 0},
+        "layers=N keeps N layers; sdpa=1: transformers' default attention",
+        {"batch": 1, "seq": 128, "layers": 0, "sdpa": 0},
         build,
     )
