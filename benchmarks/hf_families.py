@@ -18,7 +18,6 @@ PyTorch computes, and get their attention and GEMMs recognized).
 from __future__ import annotations
 
 import argparse
-import inspect
 import io
 import logging
 import time
@@ -93,6 +92,9 @@ def build(name: str, attn: str | None, seq: int = 37):
     import torch
     import transformers
 
+    from tvm_stitch.frontend import _without_cache
+    from tvm_stitch.workloads.zoo import last_hidden, perturb_vectors
+
     cfg_cls, model_cls, config, kind = FAMILIES[name]
     extra = {"attn_implementation": attn} if attn else {}
     torch.manual_seed(0)
@@ -100,10 +102,7 @@ def build(name: str, attn: str | None, seq: int = 37):
     cls, _, part = model_cls.partition(".")
     net = getattr(transformers, cls)(cfg)
     net = getattr(net, part) if part else net
-    with torch.no_grad():
-        for p in net.parameters():
-            if p.dim() == 1:
-                p.add_(0.02 * torch.randn(p.shape))
+    perturb_vectors(net)
     gen = torch.Generator().manual_seed(1)
     if kind == "ids":
         inputs = (torch.randint(0, 500, (2, seq), generator=gen),)
@@ -112,18 +111,8 @@ def build(name: str, attn: str | None, seq: int = 37):
     else:
         size = int(kind.partition(":")[2])
         inputs = (torch.randn(2, 3, size, size, generator=gen),)
-    uncached = {"use_cache": False} if "use_cache" in inspect.signature(net.forward).parameters \
-        else {}
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = net
-
-        def forward(self, x):
-            return self.inner(x, **uncached).last_hidden_state
-
-    return LastHidden().eval(), inputs
+    # the wrapper's own forward takes no use_cache: the model's is set here
+    return last_hidden(net, _without_cache(net, {})).eval(), inputs
 
 
 def check(name: str, attn: str | None) -> dict:

@@ -1361,7 +1361,7 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
             inner = (_match_softmax(region_t, sub.vars["n"], graph) if score is not None
                      else region_t)
             match = build(graph, sub, composer, c1, c2, inner, vmap_t, region, stop)
-            match.zero_empty_rows = _zeroes_empty_rows(region_t, sub.vars["n"], graph)
+            match.zero_empty_rows = _safe_softmax(region_t, sub.vars["n"], graph) is not None
             finalize(graph, match)
             return match
         except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
@@ -1457,11 +1457,6 @@ def _safe_softmax(e: Elem, n_var, graph=None) -> Elem | None:
     return None
 
 
-def _zeroes_empty_rows(e: Elem, n_var, graph) -> bool:
-    """Whether the probabilities ``e`` are a safe softmax (see :func:`_safe_softmax`)."""
-    return _safe_softmax(e, n_var, graph) is not None
-
-
 def _zero(graph, e: Elem) -> bool:
     """``e`` is zero: a constant, or a read of a constant tensor of zeros."""
     if isinstance(e, Const):
@@ -1481,17 +1476,14 @@ def _boolean(e: Elem) -> tuple[Elem, bool]:
             e = e.args[0]
         elif e.op == "not":
             positive, e = not positive, e.args[0]
-        elif e.op in ("lt", "ne") and _is_zero_const(e.args[0]) and _integral(e.args[1].dtype):
+        elif e.op in ("lt", "ne") and _zero(None, e.args[0]) and _integral(e.args[1].dtype):
             e = e.args[1]  # 0 < x, 0 != x: x's truth (TVM's select on a boolean cast)
-        elif e.op in ("gt", "ne") and _is_zero_const(e.args[1]) and _integral(e.args[0].dtype):
+        elif e.op in ("gt", "ne") and _zero(None, e.args[1]) and _integral(e.args[0].dtype):
             e = e.args[0]
         else:
             break
     return e, positive
 
-
-def _is_zero_const(e: Elem) -> bool:
-    return isinstance(e, Const) and e.value == 0
 
 
 def _integral(dtype: str) -> bool:

@@ -1389,7 +1389,12 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(logits, 0, "hi")
     else:
         lines += loop(logits, 0, n)
-    from .gluon_attention import empty_rows_denominator
+    from .gluon_attention import (
+        attention_ws_source,
+        empty_rows_denominator,
+        ws_descriptors,
+        ws_legality,
+    )
 
     lines.append(f"o = acc / {empty_rows_denominator(match)}[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
@@ -1397,7 +1402,6 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
     lines += _write_output(match, pointers, tiles, out_masks, "o")
     constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC", *(["TMA"] if tma else [])]
     text = _function(match, name, inputs, outputs, constexprs, lines)
-    from .gluon_attention import attention_ws_source, ws_descriptors, ws_legality
 
     why = ws_legality(match)
     if why:

@@ -185,12 +185,20 @@ def make_model(
     torch.manual_seed(seed)
     cls = getattr(transformers, model.model_class)
     net = cls(cfg, add_pooling_layer=False) if model.name == "vit" else cls(cfg)
-    gen = torch.Generator().manual_seed(seed + 1)
+    perturb_vectors(net, torch.Generator().manual_seed(seed + 1))
+    return net.eval()
+
+
+def perturb_vectors(net, generator=None) -> None:
+    """Add 0.02·N(0, 1) noise to every one-dimensional parameter of ``net`` (biases, norm
+    scales), so that a lost bias or scale shows in the numerics (``generator``: torch's global
+    one when None)."""
+    import torch
+
     with torch.no_grad():
         for p in net.parameters():
             if p.dim() == 1:
-                p.add_(0.02 * torch.randn(p.shape, generator=gen))
-    return net.eval()
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
 
 
 def last_hidden(inner, kwargs: dict):
