@@ -1,6 +1,7 @@
-"""Hugging Face model families as users bring them, through ``from_torch`` on a CPU machine.
+"""Hugging Face model families as users bring them, through ``from_torch``.
 
-    python -m tvm_stitch.benchmarks.hf_families [--attn sdpa|eager] [--only NAME ...]
+    python -m tvm_stitch.benchmarks.hf_families [--attn sdpa|eager] [--mask] [--gpu]
+                                                [--only NAME ...]
 
 Each family is built by ``transformers`` from a small config with random weights (two layers,
 a head dimension of 48, grouped K/V heads where the family has them), in the attention
@@ -10,6 +11,11 @@ and called with token ids, pixels or audio features of batch 2.  For each:
 - ``llvm``: ``tvm_stitch.from_torch(model, inputs, target="llvm")`` against PyTorch (float32);
 - ``cuda``: the float16 import compiled for ``sm_90a`` (no GPU needed): the kernels generated in
   Triton by family, and what the passes left to TVM (their log lines).
+
+With ``--mask`` token models also take an ``attention_mask`` (the second sequence left-padded:
+in a causal model its first rows see no key).  With ``--gpu`` (a GPU host) the ``cuda`` column
+runs ``from_torch(..., target="cuda", tune="model")`` on the GPU against the float32 reference
+instead (float16 tolerances; PyTorch's own float16 error beside it) and llvm is skipped.
 
 Nothing is timed: this is the generality check (which models import, build, compute what
 PyTorch computes, and get their attention and GEMMs recognized).
@@ -86,9 +92,11 @@ FAMILIES = {
 }
 
 
-def build(name: str, attn: str | None, seq: int = 37):
+def build(name: str, attn: str | None, seq: int = 37, mask: bool = False):
     """``(module, inputs)``: the family's model (random weights, 1-D parameters perturbed so a
-    lost bias shows) returning its last hidden state, and inputs of batch 2."""
+    lost bias shows) returning its last hidden state, and inputs of batch 2; with ``mask``, a
+    token family also takes an ``attention_mask`` whose second sequence starts with 11 padding
+    tokens (left padding, as batched generation pads)."""
     import torch
     import transformers
 
@@ -106,6 +114,10 @@ def build(name: str, attn: str | None, seq: int = 37):
     gen = torch.Generator().manual_seed(1)
     if kind == "ids":
         inputs = (torch.randint(0, 500, (2, seq), generator=gen),)
+        if mask:
+            pad = torch.ones(2, seq, dtype=torch.int64)
+            pad[1, :11] = 0
+            return _with_mask(net), (*inputs, pad)
     elif kind == "mel":
         inputs = (torch.randn(2, config["num_mel_bins"], 40, generator=gen),)
     else:
@@ -115,33 +127,106 @@ def build(name: str, attn: str | None, seq: int = 37):
     return last_hidden(net, _without_cache(net, {})).eval(), inputs
 
 
-def check(name: str, attn: str | None) -> dict:
-    """One family through ``from_torch`` on llvm (numerics) and a CUDA build (kernels)."""
+def _with_mask(inner):
+    """A torch module ``forward(ids, mask)`` returning ``inner``'s last hidden state."""
     import torch
+
+    from tvm_stitch.frontend import _without_cache
+
+    kwargs = _without_cache(inner, {})
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, mask):
+            return self.inner(input_ids=ids, attention_mask=mask, **kwargs).last_hidden_state
+
+    return Masked().eval()
+
+
+def _verdict(out, ref, rtol: float, atol: float, padded, theirs=None) -> str:
+    """``ok``/``WRONG`` and the largest error of ``out`` against ``ref`` over the rows of real
+    tokens; rows of padding tokens (``padded``: a boolean ``(batch, seq)`` array, or None) are
+    reported apart: a left-padded causal row sees no key, and what it holds is not defined —
+    PyTorch's own attention implementations disagree there (``theirs``: PyTorch's float16
+    output on the same device, to compare with)."""
+    real = ~padded if padded is not None else np.ones(out.shape[:2], dtype=bool)
+    err = float(np.abs(out[real] - ref[real]).max())
+    ok = np.allclose(out[real], ref[real], rtol, atol)
+    text = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
+    if theirs is not None:
+        text += f" (PyTorch fp16 {float(np.abs(theirs[real] - ref[real]).max()):.1e})"
+    if padded is not None and padded.any():
+        text += f"; padding rows {float(np.abs(out[padded] - ref[padded]).max()):.1e}"
+        if theirs is not None:
+            text += (f", PyTorch fp16 {float(np.abs(theirs[padded] - ref[padded]).max()):.1e}"
+                     f", ours vs it {float(np.abs(out[padded] - theirs[padded]).max()):.1e}")
+    return text
+
+
+def _on_llvm(model, inputs, ref, padded) -> str:
+    """``from_torch`` on the CPU (float32) against the reference ``ref``."""
+    import tvm_stitch
+
+    try:
+        out = tvm_stitch.from_torch(model, inputs, target="llvm")(*inputs).numpy()
+    except Exception as err:  # noqa: BLE001 - the row says what failed
+        return f"failed: {str(err).strip().splitlines()[-1]}"[:160]
+    return _verdict(out, ref, 1e-4, 1e-4 * max(1.0, float(np.abs(ref).max())), padded)
+
+
+def _built(model, inputs) -> str:
+    """The float16 import compiled for sm_90a (no GPU needed)."""
     import tvm
 
     import tvm_stitch
     from tvm_stitch.frontend import import_torch
     from tvm_stitch.pipeline import as_target
 
+    imported = import_torch(model, inputs, "float16")
+    target = as_target({"kind": "cuda", "arch": "sm_90a"})
+    tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
+    return "built"
+
+
+def _on_gpu(model, inputs, ref, padded) -> str:
+    """``from_torch`` on the GPU (float16, the cost model's tiles) against the float32
+    reference ``ref``, beside PyTorch's own float16 error on the same GPU."""
+    import copy
+
+    import torch
+
+    import tvm_stitch
+    from tvm_stitch.workloads.base import TOLERANCES
+
+    args = [x.cuda() for x in inputs]
+    out = tvm_stitch.from_torch(model, inputs, target="cuda", tune="model")(*args)
+    out = out.float().cpu().numpy()
+    half = copy.deepcopy(model).half().cuda()
+    with torch.no_grad():
+        theirs = half(*[x.half() if x.is_floating_point() else x for x in args])
+    return _verdict(out, ref, *TOLERANCES["float16"], padded, theirs.float().cpu().numpy())
+
+
+def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False) -> dict:
+    """One family through ``from_torch`` on llvm (numerics) and a CUDA build (kernels); with
+    ``gpu``, through ``from_torch`` on the GPU instead (numerics)."""
+    import torch
+
     row = {"model": name}
     try:
-        model, inputs = build(name, attn)
+        model, inputs = build(name, attn, mask=mask)
     except Exception as err:  # noqa: BLE001 - a config this transformers does not take
         row["llvm"] = row["cuda"] = f"not built: {type(err).__name__}: {err}"[:160]
         return row
     row["attn"] = getattr(getattr(model.inner, "config", None), "_attn_implementation", "")
     with torch.no_grad():
         ref = model(*inputs).numpy()
-    start = time.time()
-    try:
-        out = tvm_stitch.from_torch(model, inputs, target="llvm")(*inputs).numpy()
-        err = float(np.abs(out - ref).max())
-        ok = err <= 1e-4 * max(1.0, float(np.abs(ref).max()))
-        row["llvm"] = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
-    except Exception as err:  # noqa: BLE001 - the row says what failed
-        row["llvm"] = f"failed: {str(err).strip().splitlines()[-1]}"[:160]
-    row["llvm_s"] = time.time() - start
+    # rows of padding tokens: the mask's zeros (token models with --mask)
+    padded = (inputs[1] == 0).numpy() if len(inputs) == 2 and ref.ndim == 3 else None
+    row["llvm"] = "-" if gpu else _on_llvm(model, inputs, ref, padded)
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logger = logging.getLogger("tvm_stitch")
@@ -150,10 +235,7 @@ def check(name: str, attn: str | None) -> dict:
     logger.setLevel(logging.INFO)
     start = time.time()
     try:
-        imported = import_torch(model, inputs, "float16")
-        target = as_target({"kind": "cuda", "arch": "sm_90a"})
-        tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
-        row["cuda"] = "built"
+        row["cuda"] = _on_gpu(model, inputs, ref, padded) if gpu else _built(model, inputs)
     except Exception as err:  # noqa: BLE001
         row["cuda"] = f"failed: {str(err).strip().splitlines()[-1]}"[:160]
     finally:
@@ -172,16 +254,21 @@ def main(argv=None) -> int:
     parser.add_argument("--attn", choices=["sdpa", "eager"], default=None,
                         help="attention implementation (default: what transformers picks)")
     parser.add_argument("--only", nargs="*", choices=sorted(FAMILIES), default=None)
+    parser.add_argument("--mask", action="store_true",
+                        help="token models also take an attention mask (left padding)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="on a GPU host: run the compiled float16 model on the GPU (the "
+                        "cost model's tiles) against PyTorch float32, instead of llvm + a build")
     args = parser.parse_args(argv)
     bad = 0
     print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")
     for name in args.only or FAMILIES:
-        row = check(name, args.attn)
+        row = check(name, args.attn, args.mask, args.gpu)
         print(f"{name:16s} {row.get('attn', ''):6s} {row['llvm']:28s} {row['cuda']:10s} "
               f"{row.get('kernels', '')}", flush=True)
         for line in row.get("left", []):
             print(f"{'':16s} {line[:200]}")
-        bad += "WRONG" in row["llvm"]
+        bad += "WRONG" in row["llvm"] or "WRONG" in row["cuda"]
     return 1 if bad else 0
 
 

@@ -6,7 +6,8 @@
 # STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
-#       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`)
+#       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
+#       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
@@ -115,6 +116,18 @@ for step in "$@"; do
             workload_spec "$step"
             python3 -m tvm_stitch.benchmarks.numerics "$name" "${params[@]}" \
                 ${OPTION:+--option "$OPTION"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
+            ;;
+        families|families:mask)  # hf_families --gpu, one process a family, JOBS (default 4) at once
+            flags="--gpu"; [[ "$step" == *:mask ]] && flags="--gpu --mask"
+            tag=${step/:/-}
+            mkdir -p "$out/$tag"
+            names=$(python3 -c "from tvm_stitch.benchmarks.hf_families import FAMILIES; print(*FAMILIES)")
+            printf '%s\n' $names | xargs -P "${JOBS:-4}" -I{} sh -c "python3 -m \
+                tvm_stitch.benchmarks.hf_families $flags --only {} > $out/$tag/{}.log 2> $out/$tag/{}.err \
+                || echo {} >> $out/$tag-failed.txt"
+            for n in $names; do tail -n +2 "$out/$tag/$n.log"; done | tee "$out/$tag.txt"
+            tar -C "$out" -czf "$out/$tag-logs.tgz" "$tag" && rm -r "${out:?}/$tag"
+            [[ -e "$out/$tag-failed.txt" ]] && status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

@@ -185,11 +185,26 @@ def test_profile_busy_counts_overlapping_kernels_once():
 
 def test_hf_families_sweep_reports_each_family(capsys):
     """The families sweep on the CPU: Falcon (negative gather indices, multi-query attention)
-    and Phi-3 (an empty rotary part) import, build for sm_90a and match PyTorch, their
-    attention recognized; a wrong answer would make it exit 1."""
+    and Phi-3 (an empty rotary part), called with a left-padded attention mask, import, build
+    for sm_90a and match PyTorch, their attention recognized; a wrong answer would make it
+    exit 1."""
     from tvm_stitch.benchmarks.hf_families import main as sweep
 
-    assert sweep(["--only", "falcon", "phi3"]) == 0
+    assert sweep(["--mask", "--only", "falcon", "phi3"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows] == ["falcon", "phi3"]
     assert all(r[2] == "ok," and "built" in r and "attention," in r for r in rows)
+
+
+@pytest.mark.gpu
+def test_hf_families_on_the_gpu(capsys):
+    """Families through ``from_torch`` on the GPU with a left-padded attention mask: the rows
+    of real tokens match PyTorch in float32 within float16's tolerance (decoders, a
+    multi-query one with negative gather indices, a relative-position encoder)."""
+    from tvm_stitch.benchmarks.hf_families import main as sweep
+
+    names = ["gpt2", "llama", "falcon", "t5-encoder"]
+    assert sweep(["--gpu", "--mask", "--only", *names]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows if r[0] in names] == names
+    assert all(r[3] == "ok," for r in rows if r[0] in names)

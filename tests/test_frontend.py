@@ -47,6 +47,36 @@ def test_from_torch_checks_its_inputs(bert):
         fn(ids.float(), torch.ones_like(ids))
 
 
+def test_the_module_is_given_back_as_it_was():
+    """Compiling does not change the user's model: a float16 model in training mode stays so
+    (it is exported in float32 and eval mode), and a float32 one exported in float16 keeps its
+    float32 values bit for bit."""
+    import transformers
+
+    from tvm_stitch.frontend import import_torch
+
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=40, vocab_size=100)
+    torch.manual_seed(0)
+    net = transformers.BertModel(cfg, add_pooling_layer=False)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    ids = torch.randint(0, 100, (1, 7))
+    net.half().train()
+    tvm_stitch.from_torch(net, (ids,), target="llvm")
+    assert net.training and net.encoder.layer[0].training
+    assert all(v.dtype == (torch.float16 if before[k].is_floating_point() else before[k].dtype)
+               for k, v in net.state_dict().items())
+    # exported in float16 directly, a float32 model keeps its values: rounding them to
+    # float16 and back would change most of them
+    net = torch.nn.Sequential(torch.nn.LayerNorm(24), torch.nn.GELU())
+    with torch.no_grad():
+        net[0].weight.normal_()
+    before = net[0].weight.detach().clone()
+    assert not torch.equal(before.half().float(), before)
+    import_torch(net, (torch.randn(3, 24),), "float16", convert=False)
+    assert torch.equal(net[0].weight, before) and net[0].weight.dtype == torch.float32
+
+
 def test_from_torch_decoder_with_a_causal_mask():
     """LLaMA (grouped K/V heads, rotary embeddings, a causal mask built from indices): its mask
     is folded at compile time and the model runs on llvm, which TVM's default pipeline cannot."""
@@ -102,3 +132,22 @@ def test_half_precision_export_returns_its_dtypes():
         ref = plain_attention(True)(q, k, v).numpy()
     assert out.dtype == np.float16
     np.testing.assert_allclose(out.astype("float32"), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_from_torch_on_the_gpu(bert):
+    """One line on CUDA: computed in float16 by default, inputs and outputs torch tensors on
+    the GPU (outputs in the module's dtype), the padding mask honoured; the kernels' tiles from
+    the cost model (no search)."""
+    ids = torch.randint(0, 500, (3, 45))
+    mask = torch.ones(3, 45, dtype=torch.int64)
+    mask[1, 30:] = 0
+    mask[2, :7] = 0
+    fn = tvm_stitch.from_torch(bert, (ids, mask), target="cuda", tune="model")
+    out = fn(ids.cuda(), mask.cuda()).last_hidden_state
+    with torch.no_grad():
+        ref = bert(ids, mask).last_hidden_state
+    assert out.device.type == "cuda" and out.dtype == ref.dtype
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="is on cpu"):
+        fn(ids, mask)

@@ -14,6 +14,7 @@ TVM through DLPack, without copies, on PyTorch's current CUDA stream.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -58,8 +59,9 @@ def import_torch(
     Parameters
     ----------
     module : torch.nn.Module
-        Put in eval mode and float32 for the export (a copy is not made: the module's dtype is
-        changed in place when it is not float32).  A ``forward`` taking ``use_cache`` (a
+        Put in eval mode and float32 for the export, and given back as it was (its
+        parameters' and buffers' dtypes, its training flags; no copy is made).  A ``forward``
+        taking ``use_cache`` (a
         ``transformers`` decoder) is exported with ``use_cache=False`` unless
         ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
@@ -87,21 +89,23 @@ def import_torch(
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     export_dtype = torch.float32 if convert else getattr(torch, dtype)
     example_kwargs = _without_cache(module, example_kwargs or {})
-    module = _bind_constants(module.to(export_dtype).eval(), example_kwargs)
-    args = tuple(a.to(export_dtype) if a.is_floating_point() else a for a in example_args)
-    tensors = {k: v for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
-    with torch.no_grad():
-        exported = _views_as_reshapes(torch.export.export(module, args, kwargs=tensors))
-    try:
-        mod = from_exported_program(
-            exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
-        )
-    except Exception as err:
-        raise RuntimeError(
-            "TVM's from_exported_program could not import the exported model "
-            f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); a model TVM cannot "
-            "import is not compiled by tvm-stitch either"
-        ) from err
+    with _for_export(module, export_dtype):
+        args = tuple(a.to(export_dtype) if a.is_floating_point() else a for a in example_args)
+        tensors = {k: v for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
+        with torch.no_grad():
+            exported = _views_as_reshapes(
+                torch.export.export(_bind_constants(module, example_kwargs), args, kwargs=tensors)
+            )
+        try:
+            mod = from_exported_program(
+                exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
+            )
+        except Exception as err:
+            raise RuntimeError(
+                "TVM's from_exported_program could not import the exported model "
+                f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); a model TVM "
+                "cannot import is not compiled by tvm-stitch either"
+            ) from err
     mod, params = detach_params(mod)
     weights = [p.numpy() for p in params["main"]]
     num_inputs = len(mod["main"].params) - len(weights)
@@ -202,6 +206,28 @@ def _without_cache(module, kwargs: dict) -> dict:
     logger.info("%s: use_cache=False (the compiled model keeps no KV cache)",
                 type(module).__name__)
     return {**kwargs, "use_cache": False}
+
+
+@contextlib.contextmanager
+def _for_export(module, dtype):
+    """``module`` in eval mode with floating parameters and buffers in ``dtype`` inside the
+    block, given back as it was after it: each tensor's own data (``Module.to`` makes new
+    tensors; the old ones are kept, so nothing is rounded) and each submodule's training flag."""
+    import torch
+
+    kept = {("p", n): t.data for n, t in module.named_parameters()}
+    kept.update({("b", n): t.data for n, t in module.named_buffers()})
+    modes = [(m, m.training) for m in module.modules()]
+    module.to(dtype).eval()
+    try:
+        yield module
+    finally:
+        with torch.no_grad():
+            for (kind, name), data in kept.items():
+                t = module.get_parameter(name) if kind == "p" else module.get_buffer(name)
+                t.data = data
+        for m, training in modes:
+            m.training = training
 
 
 def _bind_constants(module, kwargs: dict):
