@@ -121,6 +121,7 @@ for step in "$@"; do
             flags="--gpu"; [[ "$step" == *:mask ]] && flags="--gpu --mask"
             tag=${step/:/-}
             mkdir -p "$out/$tag"
+            rm -f "$out/$tag-failed.txt"
             names=$(python3 -c "from tvm_stitch.benchmarks.hf_families import FAMILIES; print(*FAMILIES)")
             printf '%s\n' $names | xargs -P "${JOBS:-4}" -I{} sh -c "python3 -m \
                 tvm_stitch.benchmarks.hf_families $flags --only {} > $out/$tag/{}.log 2> $out/$tag/{}.err \

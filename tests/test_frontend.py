@@ -49,23 +49,34 @@ def test_from_torch_checks_its_inputs(bert):
 
 def test_the_module_is_given_back_as_it_was():
     """Compiling does not change the user's model: a float16 model in training mode stays so
-    (it is exported in float32 and eval mode), and a float32 one exported in float16 keeps its
-    float32 values bit for bit."""
+    (it is exported in float32 and eval mode) with the same tensor objects (weights, buffers,
+    gradients), also when the import fails; a float32 one exported in float16 keeps its float32
+    values bit for bit."""
     import transformers
 
     from tvm_stitch.frontend import import_torch
 
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=40, vocab_size=100)
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
+        vocab_size=100,
+    )
     torch.manual_seed(0)
-    net = transformers.BertModel(cfg, add_pooling_layer=False)
+    net = transformers.BertModel(cfg, add_pooling_layer=False).half().train()
+    weight = net.embeddings.word_embeddings.weight
+    weight.grad = torch.ones_like(weight)
+    buffers = dict(net.named_buffers())
     before = {k: v.clone() for k, v in net.state_dict().items()}
     ids = torch.randint(0, 100, (1, 7))
-    net.half().train()
     tvm_stitch.from_torch(net, (ids,), target="llvm")
     assert net.training and net.encoder.layer[0].training
-    assert all(v.dtype == (torch.float16 if before[k].is_floating_point() else before[k].dtype)
-               for k, v in net.state_dict().items())
+    assert net.embeddings.word_embeddings.weight is weight and weight.dtype == torch.float16
+    assert weight.grad.dtype == torch.float16
+    assert all(b is buffers[k] for k, b in net.named_buffers())
+    state = net.state_dict()
+    assert all(state[k].dtype == v.dtype and torch.equal(state[k], v) for k, v in before.items())
+    with pytest.raises(RuntimeError):  # the export fails: a float where token ids go
+        import_torch(net, (ids.half(),), "float32")
+    assert net.training and weight.dtype == torch.float16
     # exported in float16 directly, a float32 model keeps its values: rounding them to
     # float16 and back would change most of them
     net = torch.nn.Sequential(torch.nn.LayerNorm(24), torch.nn.GELU())

@@ -697,3 +697,44 @@ def test_a_barrier_is_never_planned_inside_a_guard(caplog, tmp_path, monkeypatch
     with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
         tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
     assert "TVM cannot place its barriers" in caplog.text
+
+
+@pytest.mark.parametrize("seq, rows_per_block", [(37, 2), (38, 4)])
+def test_rows_over_three_loops_take_a_grouping_that_nests(seq, rows_per_block, caplog):
+    """A per-head RMSNorm written heads first (Qwen3's Q/K norm) over rows
+    ``(batch, seq, heads)`` of 48 elements.
+    Blocks of 16 or 8 rows do not nest in ``(2, 37, 2)``: the sub-root's row index is then no
+    iterator map TVM expresses and it refuses to bind its threads, and the four cheapest plans
+    all group rows so (the pattern was left to TVM). The cheapest plan of another grouping is
+    tried too and takes it: 2 rows a block of ``(2, 37, 2)``, 4 of ``(2, 38, 2)``; built for
+    sm_90a, and the same plan on llvm computes what numpy does."""
+    import torch
+
+    from tvm_stitch.frontend import import_torch
+
+    class HeadNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 48))
+
+        def forward(self, x):
+            q = x.view(2, seq, 2, 48)
+            v = q.pow(2).mean(-1, keepdim=True)
+            return ((q * torch.rsqrt(v + 1e-6)) * self.w).transpose(1, 2)  # heads first
+
+    x = np.random.default_rng(0).standard_normal((2, seq, 96)).astype("float32")
+    imported = import_torch(HeadNorm(), (torch.from_numpy(x),), "float32")
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        tvm.compile(imported.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    planned = [m for m in (r.getMessage() for r in caplog.records) if "composition" in m
+               and not any(w in m for w in ("not formed", "left to TVM", "plan refused"))]
+    assert any(f"32 threads/row x {rows_per_block} rows/block" in m for m in planned), planned
+    assert "plan refused (warp composition, 16 threads/row x 16 rows/block" in caplog.text
+    llvm = tvm.target.Target("llvm")
+    ex = tvm.compile(imported.mod, llvm, relax_pipeline=tvm_stitch.pipeline(llvm))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(imported.weights[0])).numpy()
+    q = x.reshape(2, seq, 2, 48)
+    ref = q / np.sqrt((q * q).mean(-1, keepdims=True) + 1e-6) * np.linspace(0.5, 1.5, 48)
+    ref = ref.transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

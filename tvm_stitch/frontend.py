@@ -59,10 +59,10 @@ def import_torch(
     Parameters
     ----------
     module : torch.nn.Module
-        Put in eval mode and float32 for the export, and given back as it was (its
-        parameters' and buffers' dtypes, its training flags; no copy is made).  A ``forward``
-        taking ``use_cache`` (a
-        ``transformers`` decoder) is exported with ``use_cache=False`` unless
+        Put in eval mode and float32 for the export, and given back as it was (its tensors,
+        their dtypes, its training flags): while it is exported a float16 or bfloat16 model
+        has a float32 copy of its weights beside its own.  A ``forward`` taking ``use_cache``
+        (a ``transformers`` decoder) is exported with ``use_cache=False`` unless
         ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
         Inputs of the static shapes the compiled model will take.
@@ -211,21 +211,26 @@ def _without_cache(module, kwargs: dict) -> dict:
 @contextlib.contextmanager
 def _for_export(module, dtype):
     """``module`` in eval mode with floating parameters and buffers in ``dtype`` inside the
-    block, given back as it was after it: each tensor's own data (``Module.to`` makes new
-    tensors; the old ones are kept, so nothing is rounded) and each submodule's training flag."""
+    block, given back as it was after it, raised or not: ``Module.to`` gives parameters (and
+    their gradients) new data and every module new buffer objects; the old ones are kept and
+    put back, so nothing is rounded, and each submodule gets its training flag back."""
     import torch
 
-    kept = {("p", n): t.data for n, t in module.named_parameters()}
-    kept.update({("b", n): t.data for n, t in module.named_buffers()})
+    params = [(p, p.data, p.grad, p.grad.data if p.grad is not None else None)
+              for p in module.parameters()]
+    buffers = [(m, name, b) for m in module.modules() for name, b in m._buffers.items()]
     modes = [(m, m.training) for m in module.modules()]
-    module.to(dtype).eval()
     try:
-        yield module
+        yield module.to(dtype).eval()
     finally:
         with torch.no_grad():
-            for (kind, name), data in kept.items():
-                t = module.get_parameter(name) if kind == "p" else module.get_buffer(name)
-                t.data = data
+            for p, data, grad, grad_data in params:
+                p.data = data
+                if grad is not None:
+                    grad.data = grad_data
+                    p.grad = grad
+        for m, name, b in buffers:
+            m._buffers[name] = b
         for m, training in modes:
             m.training = training
 

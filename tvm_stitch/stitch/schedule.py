@@ -33,7 +33,8 @@ from .plan import IllegalPatternError, KernelPlan, candidate_plans
 
 logger = logging.getLogger("tvm_stitch.stitch")
 
-#: Plans tried per pattern, cheapest first, before it is left to TVM.
+#: Plans tried per pattern, cheapest first, before it is left to TVM; beyond them, the cheapest
+#: plan of each grouping of rows not tried yet (composition and rows per block).
 FALLBACK_PLANS = 4
 
 
@@ -48,8 +49,13 @@ def schedule_pattern(
 ):
     """``func`` scheduled by the cheapest of its candidate plans that TVM accepts.
 
-    The plans are tried cheapest first (up to :data:`FALLBACK_PLANS`): a plan whose schedule TVM
-    refuses gives way to the next.  Nothing raises: every refusal is a reason.
+    The plans are tried cheapest first (up to :data:`FALLBACK_PLANS`, then the cheapest of each
+    grouping of rows not tried yet): a plan whose schedule TVM refuses gives way to the next.
+    A refusal can be the grouping's: rows over three or more loops (``(batch, seq, heads)`` of
+    a per-head norm) split into blocks of rows that do not nest with the inner loops' extents
+    (16 rows of ``(2, 37, 2)``) leave a sub-root's index outside what TVM's iterator maps
+    express, and TVM will not bind its threads; 2 rows a block nest.  Nothing raises: every
+    refusal is a reason.
 
     Parameters
     ----------
@@ -93,11 +99,16 @@ def _schedule_pattern(func, hw, gpu, thread_only):
         return None, None, [repr(err)]
     if thread_only and plans[0].composition != "thread":
         return None, None, ["a row pattern the former did not form"]
-    plans = [p for p in plans[:FALLBACK_PLANS] if math.isfinite(p.latency_us)]
+    # a column pattern's refusals are the pattern's (below): its four cheapest plans only
+    plans = [p for p in plans[: FALLBACK_PLANS if column else None] if math.isfinite(p.latency_us)]
     if not plans:
         return None, None, ["no plan fits the SM"]
-    reasons, seen = [], set()
-    for candidate in plans:
+    reasons, seen, groupings = [], set(), set()
+    for i, candidate in enumerate(plans):
+        grouping = (candidate.composition, getattr(candidate, "rows_per_block", 1))
+        if i >= FALLBACK_PLANS and grouping in groupings:
+            continue
+        groupings.add(grouping)
         try:
             scheduled = apply(func, candidate, gpu=gpu)
             if gpu:

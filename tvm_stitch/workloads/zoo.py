@@ -201,8 +201,10 @@ def perturb_vectors(net, generator=None) -> None:
                 p.add_(0.02 * torch.randn(p.shape, generator=generator))
 
 
-def last_hidden(inner, kwargs: dict):
-    """A torch module ``forward(*inputs) -> inner(*inputs, **kwargs).last_hidden_state``."""
+def last_hidden(inner, kwargs: dict, names: tuple = ()):
+    """A torch module ``forward(*inputs) -> inner(*inputs, **kwargs).last_hidden_state``; with
+    ``names``, the inputs are passed by those keywords (GPT-2's second positional parameter is
+    its KV cache, not the attention mask)."""
     import torch
 
     class LastHidden(torch.nn.Module):
@@ -211,6 +213,8 @@ def last_hidden(inner, kwargs: dict):
             self.inner = inner
 
         def forward(self, *inputs):
+            if names:
+                return self.inner(**dict(zip(names, inputs)), **kwargs).last_hidden_state
             return self.inner(*inputs, **kwargs).last_hidden_state
 
     return LastHidden()
