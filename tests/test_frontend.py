@@ -47,6 +47,25 @@ def test_from_torch_checks_its_inputs(bert):
         fn(ids.float(), torch.ones_like(ids))
 
 
+def test_inputs_by_name(bert):
+    """A model compiled from keyword inputs, as a tokenizer returns them, is called the same
+    way; a name that is not an input, or a missing one, is an error that lists the inputs."""
+    ids = torch.randint(0, 500, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.int64)
+    mask[0, 6:] = 0
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    fn = tvm_stitch.from_torch(bert, (), target="llvm", example_kwargs=tokens)
+    with torch.no_grad():
+        ref = bert(**tokens).last_hidden_state
+    torch.testing.assert_close(fn(**tokens).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    out = fn(ids, token_type_ids=tokens["token_type_ids"], attention_mask=mask)
+    torch.testing.assert_close(out.last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match=r"not compiled.*compiled for"):
+        fn(**tokens, position_ids=ids)
+    with pytest.raises(TypeError, match="missing"):
+        fn(input_ids=ids, attention_mask=mask)
+
+
 def test_the_module_is_given_back_as_it_was():
     """Compiling does not change the user's model: a float16 model in training mode stays so
     (it is exported in float32 and eval mode) with the same tensor objects (weights, buffers,

@@ -2,6 +2,8 @@
 
 >>> fn = tvm_stitch.from_torch(model, (input_ids,), target="cuda", dtype="float16")
 >>> out = fn(input_ids)            # torch tensors in, the model's output structure out
+>>> fn = tvm_stitch.from_torch(model, (), example_kwargs=dict(tokens))
+>>> out = fn(**tokens)             # inputs by name
 
 The model is exported with ``torch.export`` in float32 and imported with TVM's
 ``from_exported_program``.  For ``float16``, ``relax.transform.ToMixedPrecision`` converts the
@@ -218,7 +220,11 @@ def _for_export(module, dtype):
 
     params = [(p, p.data, p.grad, p.grad.data if p.grad is not None else None)
               for p in module.parameters()]
-    buffers = [(m, name, b) for m in module.modules() for name, b in m._buffers.items()]
+    # the slots too: with torch.__future__'s overwrite flag ``Module.to`` puts new Parameters
+    # there, and it always puts new buffers
+    slots = [(m._parameters, name, t) for m in module.modules()
+             for name, t in m._parameters.items()]
+    slots += [(m._buffers, name, t) for m in module.modules() for name, t in m._buffers.items()]
     modes = [(m, m.training) for m in module.modules()]
     try:
         yield module.to(dtype).eval()
@@ -229,8 +235,8 @@ def _for_export(module, dtype):
                 if grad is not None:
                     grad.data = grad_data
                     p.grad = grad
-        for m, name, b in buffers:
-            m._buffers[name] = b
+        for slot, name, t in slots:
+            slot[name] = t
         for m, training in modes:
             m.training = training
 
@@ -258,8 +264,10 @@ class StitchModule:
     """A compiled model called like the PyTorch module it came from.
 
     Built by :func:`from_torch`.  Calling it takes torch tensors of the example inputs' shapes
-    (floating ones are cast to the compiled dtype when they differ) on the target's device and
-    returns the module's output structure with torch tensors that share TVM's memory.
+    (floating ones are cast to the compiled dtype when they differ) on the target's device,
+    positionally or by the names in :attr:`inputs` (``fn(**tokenizer_output)`` for a model
+    compiled from keyword inputs), and returns the module's output structure with torch
+    tensors that share TVM's memory.
 
     Attributes
     ----------
@@ -285,11 +293,13 @@ class StitchModule:
             for p in main.params[: imported.num_inputs]
         ]
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         import torch
         import tvm_ffi
         from torch.utils import _pytree
 
+        if kwargs:
+            args = self._by_name(args, kwargs)
         if len(args) != len(self.inputs):
             raise TypeError(f"expected {len(self.inputs)} inputs {self.inputs}, got {len(args)}")
         tensors = []
@@ -313,6 +323,18 @@ class StitchModule:
             return _pytree.tree_unflatten(flat, self.imported.out_spec)
         except (ValueError, TypeError):
             return flat[0] if len(flat) == 1 else tuple(flat)
+
+    def _by_name(self, args: tuple, kwargs: dict) -> tuple:
+        """``args`` followed by the remaining inputs taken from ``kwargs`` by name."""
+        rest = [name for name, _, _ in self.inputs[len(args):]]
+        unknown = sorted(set(kwargs) - set(rest))
+        missing = [name for name in rest if name not in kwargs]
+        if unknown or missing:
+            raise TypeError(
+                f"inputs {unknown or missing} {'not compiled' if unknown else 'missing'}; "
+                f"compiled for {[name for name, _, _ in self.inputs]}"
+            )
+        return (*args, *(kwargs[name] for name in rest))
 
 
 def from_torch(
