@@ -275,7 +275,8 @@ class StitchSchedule:
 
     When TVM's schedule rejects a step of the cheapest plan, the next plans are tried
     (:func:`~tvm_stitch.stitch.schedule.schedule_pattern`, up to
-    :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`); a pattern no plan covers is left to
+    :data:`~tvm_stitch.stitch.schedule.FALLBACK_PLANS`, then the cheapest of each grouping of
+    rows not tried yet); a pattern no plan covers is left to
     TVM's default schedule (with the pipeline's passes, stitched patterns are not:
     :class:`StitchFusion` forms only patterns a plan schedules for the same target).  Every
     refusal is logged with its reason.  The chosen plans are kept in :attr:`plans` (name ->
