@@ -1485,7 +1485,6 @@ def _boolean(e: Elem) -> tuple[Elem, bool]:
     return e, positive
 
 
-
 def _integral(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("int", "uint"))
 

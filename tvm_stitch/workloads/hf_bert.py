@@ -50,15 +50,8 @@ def import_hf_bert(model, batch: int, seq: int, dtype: str = "float32"):
         torch.ones((batch, seq), dtype=torch.int64),
     )
 
-    class _Keywords(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
-    imported = import_torch(last_hidden(_Keywords(), {}), example, dtype)
+    net = last_hidden(model, {}, ("input_ids", "attention_mask"))
+    imported = import_torch(net, example, dtype)
     return imported.mod, imported.weights
 
 
