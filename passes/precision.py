@@ -173,8 +173,7 @@ class _Narrower(relax.PyExprMutator):
         if isinstance(arg, relax.Var) and arg in self.independent:
             # an input-independent table (rotary cos/sin, a mask) meets the activations: cast
             # there, as ``cos.to(x.dtype)`` does, its extremes saturated (-inf would make NaN)
-            clipped = self.builder_.emit(relax.op.clip(new, -_F16_MAX, _F16_MAX))
-            return self.builder_.emit(relax.op.astype(clipped, "float16"))
+            return self.builder_.emit(relax.op.astype(self._saturate(new), "float16"))
         return self.builder_.emit(relax.op.astype(new, "float16"))
 
     def visit_var_binding_(self, binding):
@@ -241,8 +240,13 @@ class _Narrower(relax.PyExprMutator):
             self._rebind(binding, wide)
             return
         self.wide[binding.var] = wide = self.builder_.emit(wide)
-        clipped = self.builder_.emit(relax.op.clip(wide, -_F16_MAX, _F16_MAX))
-        self._rebind(binding, relax.op.astype(clipped, str(binding.var.ty.dtype)))
+        self._rebind(binding, relax.op.astype(self._saturate(wide), str(binding.var.ty.dtype)))
+
+    def _saturate(self, value):
+        """``value`` (float32) with its finite values clipped to float16's range; infinities
+        stay (a mask of ``-inf`` hides its keys, and a row of them is a row with no key)."""
+        clipped = self.builder_.emit(relax.op.clip(value, -_F16_MAX, _F16_MAX))
+        return self.builder_.emit(relax.op.where(relax.op.isinf(value), value, clipped))
 
     def _wide(self, arg):
         """``arg`` (an original var or expression) in float32 where it was rounded (a float16
@@ -297,10 +301,12 @@ class _Narrower(relax.PyExprMutator):
 
 
 def _saturated(const):
-    """A float32 constant as float16, its extremes saturated: ``finfo(float32).min``, which
-    masks are made of, becomes float16's lowest finite value (as in a float16 model), not -inf
-    (``0 * -inf`` is NaN)."""
-    value = np.clip(const.value.numpy(), -_F16_MAX, _F16_MAX).astype("float16")
+    """A float32 constant as float16, its finite extremes saturated: ``finfo(float32).min``,
+    which masks are made of, becomes float16's lowest finite value (as in a float16 model), not
+    -inf (``0 * -inf`` is NaN).  Infinities stay: ``-inf`` is what a boolean mask becomes
+    (``scaled_dot_product_attention``'s), and a row of it has no key to attend to."""
+    value = const.value.numpy()
+    value = np.where(np.isinf(value), value, np.clip(value, -_F16_MAX, _F16_MAX)).astype("float16")
     return relax.const(value, "float16")
 
 

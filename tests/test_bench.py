@@ -196,16 +196,33 @@ def test_hf_families_sweep_reports_each_family(capsys):
     assert all(r[2] == "ok," and "built" in r and "attention," in r for r in rows)
 
 
+def test_hf_families_judge_every_row_on_the_gpu():
+    """The GPU sweep's verdict: every row is judged against float32 — also a padding row where
+    PyTorch's own float16 departs from its float32 (counted apart, beside our error)."""
+    from tvm_stitch.benchmarks.hf_families import _verdict
+
+    ref = np.zeros((2, 5, 4), "float32")
+    theirs = ref.copy()
+    theirs[1, 0] = 0.9  # PyTorch float16's value for a row that sees no key
+    padded = np.zeros((2, 5), bool)
+    padded[1, :2] = True
+    assert _verdict(ref + 1e-3, ref, 1e-2, 1e-2, padded, theirs) == (
+        "ok, max err 1.0e-03 (PyTorch fp16 0.0e+00; in 1 padding rows, which see no key, "
+        "9.0e-01)")
+    ours = theirs.copy()  # the same value there: wrong against float32
+    assert _verdict(ours, ref, 1e-2, 1e-2, padded, theirs).startswith("WRONG, max err 9.0e-01")
+
+
 @pytest.mark.gpu
 def test_hf_families_on_the_gpu(capsys):
     """Families through ``from_torch`` on the GPU with a left-padded attention mask match
-    PyTorch in float32 within float16's tolerance: every row but the padding rows whose value
-    PyTorch's own float16 and float32 do not agree on (decoders' rows that see no key; an
-    encoder's padding rows are judged). Falcon is left out: its rows that see no key differ
-    from PyTorch's (see ``benchmarks/results/h100-families-bert-large-2026-11-27.md``)."""
+    PyTorch in float32 within float16's tolerance in every row, also a decoder's padding rows,
+    which see no key (zeros, where PyTorch's own float16 kernels give other values).  Falcon's
+    boolean mask becomes ``-inf``, which the float16 conversion once saturated to -65504: its
+    rows that see no key averaged V."""
     from tvm_stitch.benchmarks.hf_families import main as sweep
 
-    names = ["gpt2", "llama", "phi3", "t5-encoder"]
+    names = ["gpt2", "llama", "falcon", "phi3", "t5-encoder"]
     assert sweep(["--gpu", "--mask", "--only", *names]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows if r[0] in names] == names

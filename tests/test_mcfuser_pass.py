@@ -125,6 +125,55 @@ def test_attention_and_chain_subgraphs_numerics(database):
         np.testing.assert_allclose(run_llvm(out, inst), inst.reference()[0], *inst.tolerance)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_rows_with_no_key_are_zero_in_a_float16_import(database, causal):
+    """``scaled_dot_product_attention`` with a boolean key mask, imported in float16 as
+    ``from_torch`` does (exported in float32, converted): its ``-inf`` fill stays -inf, so the
+    rows of a left-padded sequence that see no key are zeros, as PyTorch's safe softmax gives
+    (saturated to -65504, they averaged V: Falcon's padding rows were 0.68 off on the GPU)."""
+    import torch
+
+    from tvm_stitch.frontend import import_torch
+    from tvm_stitch.workloads.zoo import masked_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 21, 40) for _ in range(3))
+    mask = torch.ones(2, 21, dtype=torch.bool)
+    mask[1, :5] = False  # left padding: causal rows 0-4 of sequence 1 see no key
+    mask[0, -1] = False
+    module = masked_attention(causal)
+    with torch.no_grad():
+        ref = module(q, k, v, mask).numpy()
+    imported = import_torch(module, (q, k, v, mask), "float16")
+    calls = []
+    with CUDA:
+        out = FuseMBCI(database, reference_builder(calls))(legalized(imported.mod))
+    assert [m.family for m, _, _ in calls] == ["attention"]
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(x.numpy()) for x in (q, k, v, mask)])
+    got = (got if hasattr(got, "numpy") else got[0]).numpy().astype("float32")
+    if causal:
+        assert not ref[1, :, :5].any()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_a_float16_export_of_masked_sdpa_is_one_float16_attention(database, causal):
+    """A float16 model exported on the CPU: PyTorch's math attention with a boolean mask
+    multiplies float32 copies of Q, K and V. The kernel reads the float16 tensors themselves
+    and accumulates in float32 (the same products): one float16 attention, where Q and K's
+    copies once made it a float32 attention beside three conversion kernels."""
+    inst = get_workload("torch-attention").instance(
+        "float16", batch=2, heads=3, seq=37, dim=40, causal=causal, mask=1)
+    calls = []
+    with CUDA:
+        out = FuseMBCI(database, reference_builder(calls))(legalized(inst.mod))
+    assert [m.describe() for m, _, _ in calls] == ["attention 2x3x37x37 d40 float16"]
+    assert tvm_stitch.fusion_report(out, "llvm", "default").kernels == 1
+    np.testing.assert_allclose(run_llvm(out, inst), inst.reference()[0], *inst.tolerance)
+
+
 def _attention_module(axis=-1, twice=False):
     shapes = [("q", (3, 37, 24)), ("k", (3, 29, 24)), ("v", (3, 29, 24)), ("m", (1, 29))]
 

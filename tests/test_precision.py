@@ -193,8 +193,9 @@ def test_imported_bert_moves_the_bytes_of_the_nn_bert():
 
 def test_input_independent_values_stay_float32_until_they_meet_activations():
     """Rotary angles (position × inverse frequency) and their cosine depend on no parameter:
-    they keep the model's float32 (as PyTorch computes rotary tables) and are cast, saturated,
-    where they meet the float16 activations; the product with the activation is float16."""
+    they keep the model's float32 (as PyTorch computes rotary tables) and are cast where they
+    meet the float16 activations, their finite values saturated (infinities stay); the product
+    with the activation is float16."""
     inv = np.exp(-np.arange(8) / 8).astype("float32").reshape(1, 8)
 
     @I.ir_module
@@ -223,9 +224,10 @@ def test_input_independent_values_stay_float32_until_they_meet_activations():
                 p32 = R.astype(col, "float32")
                 ang = R.multiply(p32, R.const(inv, "float32"))
                 c = R.cos(ang)
-                c_sat = R.clip(
+                c_clip = R.clip(
                     c, R.prim_value(T.float64(-65504.0)), R.prim_value(T.float64(65504.0))
                 )
+                c_sat = R.where(R.isinf(c), c, c_clip)
                 c16 = R.astype(c_sat, "float16")
                 out = R.multiply(x, c16)
                 R.output(out)
@@ -280,7 +282,9 @@ def test_rotary_tables_keep_their_precision_at_long_positions(spelling):
 
 def test_a_float32_minimum_cast_to_float16_saturates():
     """``astype(finfo(float32).min, float16)`` (a mask's fill value) is float16's lowest finite
-    value, not -inf (``0 * -inf`` is NaN), also when nothing else in the function changes."""
+    value, not -inf (``0 * -inf`` is NaN), also when nothing else in the function changes; a
+    float32 ``-inf`` (what ``scaled_dot_product_attention`` makes of a boolean mask) stays -inf,
+    so a row with no key visible is still one."""
 
     @I.ir_module
     class Before:
@@ -288,7 +292,8 @@ def test_a_float32_minimum_cast_to_float16_saturates():
         def main(x: R.Tensor((4, 8), "float16")):
             with R.dataflow():
                 low = R.astype(R.const(-3.4028234663852886e38, "float32"), "float16")
-                y = R.add(x, low)
+                ninf = R.astype(R.const(float("-inf"), "float32"), "float16")
+                y = R.add(R.add(x, low), ninf)
                 R.output(y)
             return y
 
@@ -297,7 +302,8 @@ def test_a_float32_minimum_cast_to_float16_saturates():
         @R.function
         def main(x: R.Tensor((4, 8), "float16")):
             with R.dataflow():
-                y = R.add(x, R.const(-65504.0, "float16"))
+                y = R.add(R.add(x, R.const(-65504.0, "float16")),
+                          R.const(float("-inf"), "float16"))
                 R.output(y)
             return y
 

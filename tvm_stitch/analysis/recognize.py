@@ -76,6 +76,7 @@ logger = logging.getLogger("tvm_stitch.recognize")
 
 FAMILIES = ("attention", "chain", "gemm")
 _FLOATS = ("float16", "bfloat16", "float32")
+_HALF = ("float16", "bfloat16")
 
 
 class NotRecognizedError(ValueError):
@@ -615,17 +616,24 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
 
 
 def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop) -> tuple:
-    """``(Access, factor)``: an operand read in place through data movement and products with
-    scalar constants, and the product of those constants (``scaled_dot_product_attention``
-    decomposes to ``Q·√c`` and ``K·√c``)."""
+    """``(Access, factor)``: an operand read in place through data movement, products with
+    scalar constants and a float32 copy of a 16-bit tensor, and the product of those constants
+    (``scaled_dot_product_attention`` decomposes to ``Q·√c`` and ``K·√c``; PyTorch's math
+    kernel, which an export on the CPU records, multiplies float32 copies of float16 Q and K —
+    the same products, which the kernel takes from the 16-bit tensors accumulating in
+    float32)."""
     idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
 
     def inline(node):
-        return node.output not in stop and (data_movement(node) or _scalar_product(node))
+        return node.output not in stop and (
+            data_movement(node) or _scalar_product(node) or _widening(node))
 
     elem = composer.element(tensor, idx, Policy(inline=inline))
     factor = 1.0
-    while isinstance(elem, Op) and elem.op == "mul":
+    while isinstance(elem, Op) and elem.op in ("mul", "cast"):
+        if elem.op == "cast":  # a widening (the only casts inlined): it changes no value
+            elem = elem.args[0]
+            continue
         consts = [a for a in elem.args if isinstance(a, Const)]
         if len(consts) != 1:
             break
@@ -688,6 +696,13 @@ def _widened_operand(graph, frame, composer, tensor, index, vmap, dtype, stop) -
     if graph.tensors[access.tensor].dtype != dtype:
         raise NotRecognizedError(f"V is not a widened {dtype} view")
     return access
+
+
+def _widening(node) -> bool:
+    """A block that only converts a 16-bit float element to float32 (exactly)."""
+    return (elementwise(node) and _float_cast(node)
+            and dtype_of(node.block.body.value) == "float32"
+            and dtype_of(node.block.body.value.value) in _HALF)
 
 
 def _float_cast(node) -> bool:
@@ -1523,9 +1538,6 @@ def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
 
 def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Match:
     dtype = _check_dtype(graph, c1)
-    widened = _check_dtype(graph, c2) != dtype
-    if widened and _check_dtype(graph, c2) != "float32":
-        raise NotRecognizedError("the two products have different dtypes")
     s_leaves = [leaf for leaf in leaves(score) if leaf.tensor == c1.out]
     if len({leaf.key() for leaf in s_leaves}) != 1:
         raise NotRecognizedError("the logits read Q·Kᵀ at several positions")
@@ -1546,6 +1558,14 @@ def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Ma
     vmap1[c1.k.var] = frame.axis("k", dk)
     q, q_scale = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
     k, k_scale = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
+    read = {graph.tensors[x.tensor].dtype for x in (q, k)}
+    if dtype == "float32" and len(read) == 1 and read <= set(_HALF):
+        dtype = read.pop()  # Q·Kᵀ of float32 copies of 16-bit Q and K: a 16-bit attention
+    elif read != {dtype}:
+        raise NotRecognizedError(f"Q and K are read as {sorted(read)}, the product in {dtype}")
+    widened = _check_dtype(graph, c2) != dtype
+    if widened and _check_dtype(graph, c2) != "float32":
+        raise NotRecognizedError("the two products have different dtypes")
     if q_scale * k_scale != 1:
         # (c·Q)·(c'·K)ᵀ = c·c'·(Q·Kᵀ): the constants join the logits, Q and K are read in place
         score = replace(score, lambda e: (
