@@ -38,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tvm_stitch.errors import error_line
+
 LOG2E = 1.4426950408889634
 
 #: (BLOCK_M, BLOCK_N, ring slots, warps)
@@ -590,7 +592,7 @@ def main(argv=None) -> int:
             kernel = run(o)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-            print(f"  {label}: failed: {str(e).splitlines()[-1][:120]}")
+            print(f"  {label}: failed: {error_line(e)[:120]}")
             return
         err = float((o.float() - ref.float()).abs().max())
         us = triton.testing.do_bench_cudagraph(lambda: run(o)) * 1e3

@@ -52,6 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tvm_stitch.codegen.gluon_attention import smem_layout
+from tvm_stitch.errors import error_line
 
 SHAPES = {  # (M, N, K, epilogue): 0 none, 1 bias, 2 bias + GELU, 3 bias + residual
     "qkv": (4096, 2304, 768, 1),
@@ -406,7 +407,7 @@ def compile_only(scheds=None) -> None:
                                   options={"num_warps": 4, "maxnreg": maxnreg})
         except Exception as e:  # noqa: BLE001 - a config that does not compile is reported
             print(f"{sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: "
-                  f"{str(e).strip().splitlines()[-1][:200]}")
+                  f"{error_line(e)[:200]}")
             continue
         ptx = kern.asm["ptx"]
         print(f"{sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: smem "
@@ -473,7 +474,7 @@ def run(quick=False, only=None, baselines=True, cases=None, scheds=None,
                 us = time_torch(call, [], "cuda", budget_ms=30)
             except Exception as e:  # noqa: BLE001 - a config that fails is reported
                 print(f"  {sched} {bm}x{bn}x{bk} NB {nb} store_tma {store_tma}: "
-                      f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:160]}")
+                      f"{type(e).__name__}: {error_line(e)[:160]}")
                 continue
             row = dict(case=case, sched=sched, tile=[bm, bn, bk, nb], store_tma=store_tma,
                        us=us, err=err, **{f"{key}_us": v for key, v in base.items()})

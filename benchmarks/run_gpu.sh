@@ -7,7 +7,8 @@
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
-#       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time)
+#       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time;
+#       FAMILY_FLAGS='--head-dim 128 --seq 130': other sizes)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
@@ -118,8 +119,8 @@ for step in "$@"; do
                 ${OPTION:+--option "$OPTION"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
             ;;
         families|families:mask)  # hf_families --gpu, one process a family, JOBS (default 4) at once
-            flags="--gpu"; [[ "$step" == *:mask ]] && flags="--gpu --mask"
-            tag=${step/:/-}
+            flags="--gpu ${FAMILY_FLAGS:-}"; [[ "$step" == *:mask ]] && flags="$flags --mask"
+            tag=${step/:/-}; [[ -n "${FAMILY_FLAGS:-}" ]] && tag="$tag$(echo "$FAMILY_FLAGS" | tr -d ' -')"
             mkdir -p "$out/$tag"
             rm -f "$out/$tag-failed.txt"
             names=$(python3 -c "from tvm_stitch.benchmarks.hf_families import FAMILIES; print(*FAMILIES)")

@@ -23,6 +23,8 @@ import json
 
 import tvm
 
+from tvm_stitch.errors import error_line
+
 TRITON_FORMS = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
      "PERSISTENT": True, "TMA_STORE": True},
@@ -172,7 +174,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                 try:
                     us = time_torch(runner(config), [], "cuda", budget_ms=30)
                 except Exception as e:  # noqa: BLE001 - a form that fails is reported
-                    print(f"  {kind} {config}: {type(e).__name__}: {str(e).splitlines()[-1][:120]}")
+                    print(f"  {kind} {config}: {type(e).__name__}: {error_line(e)[:120]}")
                     continue
                 if ptxas and kind == "gluon":
                     from tvm_stitch.codegen.embed import generated_launch

@@ -37,6 +37,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from tvm_stitch.analysis.static import static_values
+from tvm_stitch.errors import error_line
 
 from .module import replace_functions
 
@@ -99,7 +100,7 @@ def _fold(mod, name, func):
             values = _evaluate(mod, static)
         except Exception as err:  # noqa: BLE001 - any failure: keep the computation
             logger.info("fold: %s: %d values left as computations: %s", name, len(static.frontier),
-                        str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+                        error_line(err) or repr(err))
             blocks.append(block)
             continue
         consts = dict(zip(static.frontier, values))

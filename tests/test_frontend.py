@@ -47,6 +47,20 @@ def test_from_torch_checks_its_inputs(bert):
         fn(ids.float(), torch.ones_like(ids))
 
 
+def test_an_import_failure_says_what_failed(monkeypatch):
+    """TVM's importer failing with a bare ``assert`` (no message) is still the clear
+    ``RuntimeError`` naming it — not an ``IndexError`` from reading the message's last line."""
+    import tvm.relax.frontend.torch as importer
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError
+
+    monkeypatch.setattr(importer, "from_exported_program", fail)
+    with pytest.raises(RuntimeError, match=r"could not import the exported model "
+                       r"\(AssertionError: \)"):
+        tvm_stitch.from_torch(torch.nn.Linear(4, 3), (torch.randn(2, 4),), target="llvm")
+
+
 def test_inputs_by_name(bert):
     """A model compiled from keyword inputs, as a tokenizer returns them, is called the same
     way; a name that is not an input, or a missing one, is an error that lists the inputs."""

@@ -24,6 +24,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .errors import error_line
+
 logger = logging.getLogger("tvm_stitch.frontend")
 
 DTYPES = ("float32", "float16")
@@ -105,7 +107,7 @@ def import_torch(
         except Exception as err:
             raise RuntimeError(
                 "TVM's from_exported_program could not import the exported model "
-                f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); a model TVM "
+                f"({type(err).__name__}: {error_line(err)}); a model TVM "
                 "cannot import is not compiled by tvm-stitch either"
             ) from err
     mod, params = detach_params(mod)

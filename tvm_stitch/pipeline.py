@@ -9,7 +9,8 @@ Phases (each a list of passes, so reports can stop after fusion):
                AnnotateTIROpPattern, FoldConstant, [StitchFusion], FuseOps, FuseTIR,
                [StitchSchedule], [fusion report]
 ``schedule``   [kernels without reductions in 16-byte pieces], dlight's default GPU schedules
-               (none on CPU), [float16 arithmetic in float32]
+               (none on CPU; a rule that fails on a kernel is logged and the next one tried),
+               [float16 arithmetic in float32]
 ``lower``      dataflow lowering, [TVM's kernels launched dependently (sm_90)]
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
@@ -22,14 +23,19 @@ are exactly TVM's ``relax.get_default_pipeline(target)``.
 from __future__ import annotations
 
 import importlib
+import logging
 
 import tvm
 from tvm import relax
 from tvm.s_tir import dlight as dl
 
 from .config import PipelineOptions
+from .errors import error_line
+from .graph.tir_walk import iter_sblocks
 from .hardware import HardwareModel, UnsupportedTargetError
 from .stitch.injective import VectorizedInjective
+
+logger = logging.getLogger("tvm_stitch.pipeline")
 
 SUPPORTED_KINDS = ("llvm", "cuda")
 
@@ -46,6 +52,26 @@ def _backend(target: tvm.target.Target):
         )
     name = "cuda" if kind == "cuda" else "cpu_generic"
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+class _Guarded(dl.ScheduleRule):
+    """A dlight rule whose failure on a kernel is logged and passed over: the next rule is
+    tried, as where the rule does not apply (dlight's GEMV rule asserts on a product whose
+    reduction has one step — attention over a single key).  One kernel's schedule never stops
+    a build."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def apply(self, func, target, tunable):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception as err:  # noqa: BLE001 - TVM's rule failed: the next one is tried
+            blocks = [b.name_hint for b, _ in iter_sblocks(func.body) if b.name_hint != "root"]
+            logger.info("dlight's %s rule failed on the kernel of blocks %s (%s: %s); the next "
+                        "rule is tried", type(self.rule).__name__, blocks, type(err).__name__,
+                        error_line(err) or "no message")
+            return None
 
 
 def _hardware(target: tvm.target.Target) -> HardwareModel | None:
@@ -133,6 +159,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             fusion.insert(at, passes.AccumulateFloat32())
         if opts.stitch and target.kind.name == "cuda":  # before TVM's rules: 16-byte pieces
             schedule.insert(0, dl.ApplyDefaultSchedule(VectorizedInjective()))
+        schedule = [dl.ApplyDefaultSchedule(*map(_Guarded, p.rules)) for p in schedule]
         if opts.compute_fp32:
             schedule.append(passes.ComputeFloat32())
         if opts.fold:

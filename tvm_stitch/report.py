@@ -15,6 +15,7 @@ from collections import OrderedDict
 import tvm
 from tvm import relax
 
+from .errors import error_line
 from .graph import TensorDependencyGraph, build_graph
 from .graph.tdg import dtype_bytes
 from .pipeline import as_target, phases
@@ -208,9 +209,8 @@ def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionRepor
     try:
         reports["default"] = fusion_report(mod, target, "default")
     except Exception as err:  # noqa: BLE001 - TVM's pipeline, not ours: say so and go on
-        last = (str(err).strip().splitlines() or [""])[-1]
         logger.warning("TVM's default pipeline failed on this module: %s: %s",
-                       type(err).__name__, last[:200])
+                       type(err).__name__, error_line(err)[:200])
     reports["stitch"] = fusion_report(mod, target, "stitch")
     return reports
 
