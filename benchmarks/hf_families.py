@@ -9,8 +9,9 @@ implementation ``transformers`` picks by default (``sdpa``) unless ``--attn`` sa
 and called with token ids, pixels or audio features of batch 2.  For each:
 
 - ``llvm``: ``tvm_stitch.from_torch(model, inputs, target="llvm")`` against PyTorch (float32);
-- ``cuda``: the float16 import compiled for ``sm_90a`` (no GPU needed): the kernels generated in
-  Triton by family, and what the passes left to TVM (their log lines).
+- ``cuda``: the float16 import compiled for ``sm_90a`` (no GPU needed), TVM's CUDA C through
+  ``nvcc`` where there is one: the kernels generated in Triton by family, and what the passes
+  left to TVM (their log lines).
 
 With ``--mask`` token models also take an ``attention_mask`` (the second sequence left-padded:
 in a causal model its first rows see no key).  With ``--gpu`` (a GPU host) the ``cuda`` column
@@ -101,9 +102,9 @@ _HEAD = ("d_kv", "head_dim")
 _POSITIONS = ("max_position_embeddings", "n_positions")
 
 
-def _resized(config: dict, head_dim: int | None, seq: int) -> dict:
-    """``config`` with heads of ``head_dim`` (the width twice that: two heads) and positions
-    for ``seq`` tokens."""
+def _resized(config: dict, head_dim: int | None, seq: int, tokens: bool) -> dict:
+    """``config`` with heads of ``head_dim`` (the width twice that: two heads) and, for a model
+    of ``tokens``, positions for ``seq`` of them."""
     config = dict(config)
     if head_dim:
         for key in _WIDTH:
@@ -112,9 +113,9 @@ def _resized(config: dict, head_dim: int | None, seq: int) -> dict:
         for key in _HEAD:
             if key in config:
                 config[key] = head_dim
-    for key in _POSITIONS:
-        if key in config:
-            config[key] = max(config[key], seq + 2)
+    positions = [key for key in _POSITIONS if key in config] or ["max_position_embeddings"]
+    for key in positions if tokens else ():  # DistilBERT's has none: its default (512) grows
+        config[key] = max(config.get(key, 512), seq + 2)
     return config
 
 
@@ -134,7 +135,8 @@ def build(name: str, attn: str | None, seq: int = 37, mask: bool = False,
     cfg_cls, model_cls, config, kind = FAMILIES[name]
     extra = {"attn_implementation": attn} if attn else {}
     torch.manual_seed(0)
-    cfg = getattr(transformers, cfg_cls)(**_resized(config, head_dim, seq), **extra)
+    cfg = getattr(transformers, cfg_cls)(**_resized(config, head_dim, seq, kind == "ids"),
+                                         **extra)
     cls, _, part = model_cls.partition(".")
     net = getattr(transformers, cls)(cfg)
     net = getattr(net, part) if part else net
@@ -162,19 +164,20 @@ def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None) -> st
     ``padded`` (a boolean ``(batch, seq)`` array): rows of padding tokens.  With ``theirs``
     (PyTorch's float16 output on the same device) the padding rows whose value PyTorch's
     float16 and float32 do not agree on are left out of the verdict and reported apart — ours
-    against each: a left-padded row of a causal model sees no key, and what it holds depends
-    on the precision (a float32 minimum added to a logit absorbs it in float32, not once the
-    mask is float16's -65504; a boolean mask's rows give zeros in PyTorch's float32 attention,
-    not in its float16 kernels).  Every other row is judged (an encoder's padding rows see the
-    real keys)."""
+    against each: a left-padded row of a causal model sees no key, and what it holds may
+    depend on the precision (a float32 minimum added to a logit absorbs it in float32, not once
+    the mask is float16's -65504; PyTorch's float16 kernels also give most rows of a boolean
+    mask other values than its float32 zeros).  Every other row is judged (an encoder's
+    padding rows see the real keys); where no row is, the error is 0."""
     judged = np.ones(out.shape[:-1], dtype=bool)
     if padded is not None and theirs is not None:
         judged = ~(padded & ~np.isclose(theirs, ref, rtol, atol).all(-1))
-    err = float(np.abs(out[judged] - ref[judged]).max())
+    err = float(np.abs(out[judged] - ref[judged]).max(initial=0.0))
     ok = np.allclose(out[judged], ref[judged], rtol, atol)
     text = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
     if theirs is not None:
-        text += f" (PyTorch fp16 {float(np.abs(theirs[judged] - ref[judged]).max()):.1e})"
+        theirs_err = float(np.abs(theirs[judged] - ref[judged]).max(initial=0.0))
+        text += f" (PyTorch fp16 {theirs_err:.1e})"
     if not judged.all():
         loose = ~judged
         text += (f"; {int(loose.sum())} padding rows PyTorch leaves undefined: ours vs its "
@@ -190,7 +193,7 @@ def _on_llvm(model, inputs, ref) -> str:
     try:
         out = tvm_stitch.from_torch(model, inputs, target="llvm")(*inputs).numpy()
     except Exception as err:  # noqa: BLE001 - the row says what failed
-        return f"failed: {error_line(err)}"[:160]
+        return f"failed: {type(err).__name__}: {error_line(err)}"[:160]
     return _verdict(out, ref, 0.0, 1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
@@ -201,11 +204,13 @@ def _built(model, inputs) -> str:
     import tvm_stitch
     from tvm_stitch.frontend import import_torch
     from tvm_stitch.pipeline import as_target
+    from tvm_stitch.report import nvcc_error
 
     imported = import_torch(model, inputs, "float16")
     target = as_target({"kind": "cuda", "arch": "sm_90a"})
-    tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
-    return "built"
+    ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
+    why = nvcc_error(ex)  # TVM's CUDA C, compiled only on the GPU host otherwise
+    return f"failed: nvcc: {why}" if why else "built"
 
 
 def _on_gpu(model, inputs, ref, padded) -> str:
@@ -259,7 +264,7 @@ def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
     try:
         row["cuda"] = _on_gpu(model, inputs, ref, padded) if gpu else _built(model, inputs)
     except Exception as err:  # noqa: BLE001
-        row["cuda"] = f"failed: {error_line(err)}"[:160]
+        row["cuda"] = f"failed: {type(err).__name__}: {error_line(err)}"[:160]
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -283,7 +288,8 @@ def main(argv=None) -> int:
                         "cost model's tiles) against PyTorch float32, instead of llvm + a build")
     parser.add_argument("--seq", type=int, default=37, help="tokens a sequence (default 37)")
     parser.add_argument("--head-dim", type=int, default=None,
-                        help="two heads of this size (default: each family's table, mostly 48)")
+                        help="heads of this size, two a layer (Swin: two, then four; default: "
+                        "each family's table, mostly 48)")
     args = parser.parse_args(argv)
     bad = 0
     print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")

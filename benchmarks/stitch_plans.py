@@ -26,6 +26,7 @@ import numpy as np
 import tvm
 
 from tvm_stitch.cost.model import spearman
+from tvm_stitch.errors import error_line
 from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.pipeline import phases
@@ -156,7 +157,7 @@ def _try_build(func, plan):
     try:
         return _build(func, plan)
     except Exception as err:  # noqa: BLE001 - reported next to the plan
-        return f"build failed: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
+        return f"build failed: {type(err).__name__}: {error_line(err)[:80]}"
 
 
 def main(argv=None) -> int:

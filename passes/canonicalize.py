@@ -100,7 +100,7 @@ def _fold(mod, name, func):
             values = _evaluate(mod, static)
         except Exception as err:  # noqa: BLE001 - any failure: keep the computation
             logger.info("fold: %s: %d values left as computations: %s", name, len(static.frontier),
-                        error_line(err) or repr(err))
+                        error_line(err, repr(err)))
             blocks.append(block)
             continue
         consts = dict(zip(static.frontier, values))

@@ -172,7 +172,8 @@ class _Narrower(relax.PyExprMutator):
                 return _saturated(const)
         if isinstance(arg, relax.Var) and arg in self.independent:
             # an input-independent table (rotary cos/sin, a mask) meets the activations: cast
-            # there, as ``cos.to(x.dtype)`` does, its extremes saturated (-inf would make NaN)
+            # there, as ``cos.to(x.dtype)`` does, its finite extremes saturated (a float32
+            # minimum would round to -inf) and its infinities kept (a boolean mask's -inf)
             return self.builder_.emit(relax.op.astype(self._saturate(new), "float16"))
         return self.builder_.emit(relax.op.astype(new, "float16"))
 
@@ -334,10 +335,11 @@ class HalfActivations:
     embedding lookup (``take``, no mixed-precision policy in TVM) then keeps the whole residual
     stream — its adds and LayerNorms — in float32, twice the bytes PyTorch moves for the same
     model in float16.  Here every op with a float32 result but products and casts is computed on
-    float16 operands (float32 constants saturated to float16's range, as a float16 model's
-    ``finfo.min`` masks are); reductions still accumulate in float32 (:class:`AccumulateFloat32`,
-    TVM's norms).  Values that depend on no parameter (rotary angles and tables, masks built from
-    positions) stay float32 and are cast, saturated, where they meet an activation — as
+    float16 operands (finite float32 constants saturated to float16's range, as a float16
+    model's ``finfo.min`` masks are; infinities, a boolean mask's ``-inf``, stay infinite);
+    reductions still accumulate in float32 (:class:`AccumulateFloat32`, TVM's norms).  Values
+    that depend on no parameter (rotary angles and tables, masks built from positions) stay
+    float32 and are cast, saturated alike, where they meet an activation — as
     PyTorch's rotary embeddings compute their tables in float32.  The function's signature is
     unchanged.
     """

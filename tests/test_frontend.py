@@ -57,7 +57,7 @@ def test_an_import_failure_says_what_failed(monkeypatch):
 
     monkeypatch.setattr(importer, "from_exported_program", fail)
     with pytest.raises(RuntimeError, match=r"could not import the exported model "
-                       r"\(AssertionError: \)"):
+                       r"\(AssertionError: no message\)"):
         tvm_stitch.from_torch(torch.nn.Linear(4, 3), (torch.randn(2, 4),), target="llvm")
 
 
@@ -128,6 +128,30 @@ def test_from_torch_decoder_with_a_causal_mask():
     net = make_model(model, "tiny")
     ids = torch.randint(0, 1000, (1, 11))
     fn = tvm_stitch.from_torch(net, (ids,), target="llvm", example_kwargs={"use_cache": False})
+    with torch.no_grad():
+        ref = net(ids, use_cache=False).last_hidden_state
+    torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_mixture_of_experts_is_exported_with_static_experts(caplog):
+    """Mixtral as ``transformers`` builds it computes its experts with ``grouped_mm``, a custom
+    operator TVM cannot import.  ``from_torch`` exports it with transformers' ``batched_mm``
+    (every expert on every token, the unrouted ones weighted zero): the compiled model matches
+    PyTorch, and the model's own implementation is given back."""
+    import transformers
+
+    cfg = transformers.MixtralConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                     intermediate_size=96, num_hidden_layers=2, vocab_size=500,
+                                     num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    net = transformers.MixtralModel(cfg).eval()
+    assert net.config._experts_implementation == "grouped_mm"
+    ids = torch.randint(0, 500, (2, 13))
+    with caplog.at_level("INFO", logger="tvm_stitch.frontend"):
+        fn = tvm_stitch.from_torch(net, (ids,), target="llvm",
+                                   example_kwargs={"use_cache": False})
+    assert "experts exported as transformers' 'batched_mm'" in caplog.text
+    assert net.config._experts_implementation == "grouped_mm"
     with torch.no_grad():
         ref = net(ids, use_cache=False).last_hidden_state
     torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)

@@ -139,8 +139,11 @@ def test_rows_with_no_key_are_zero_in_a_float16_import(database, causal):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 21, 40) for _ in range(3))
     mask = torch.ones(2, 21, dtype=torch.bool)
-    mask[1, :5] = False  # left padding: causal rows 0-4 of sequence 1 see no key
     mask[0, -1] = False
+    if causal:
+        mask[1, :5] = False  # left padding: rows 0-4 of sequence 1 see no key
+    else:
+        mask[1] = False  # a sequence all padding: no row of it sees a key
     module = masked_attention(causal)
     with torch.no_grad():
         ref = module(q, k, v, mask).numpy()
@@ -153,8 +156,7 @@ def test_rows_with_no_key_are_zero_in_a_float16_import(database, causal):
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](
         *[tvm.runtime.tensor(x.numpy()) for x in (q, k, v, mask)])
     got = (got if hasattr(got, "numpy") else got[0]).numpy().astype("float32")
-    if causal:
-        assert not ref[1, :, :5].any()
+    assert not ref[1, :, :5].any()  # PyTorch's zeros, which the -65504 fill missed
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-2)
 
 
@@ -172,6 +174,45 @@ def test_a_float16_export_of_masked_sdpa_is_one_float16_attention(database, caus
     assert [m.describe() for m, _, _ in calls] == ["attention 2x3x37x37 d40 float16"]
     assert tvm_stitch.fusion_report(out, "llvm", "default").kernels == 1
     np.testing.assert_allclose(run_llvm(out, inst), inst.reference()[0], *inst.tolerance)
+
+
+@pytest.mark.parametrize(("dtypes", "kernel"), [
+    (("float16", "float16", "float16"), "float16"),  # copies of one 16-bit type: read as it
+    (("float16", "float32", "float32"), "float32"),  # mixed: the float32 attention as written
+    (("float16", "bfloat16", "float16"), "float32"),
+    (("float16", "float16", "float32"), "float32"),  # V no copy of a 16-bit tensor
+])
+def test_an_attention_over_float32_copies(database, dtypes, kernel):
+    """Q·Kᵀ and P·V in float32 over float32 copies of Q, K, V: one attention either way, in
+    the 16-bit type when all three are copies of one, else in float32 as written."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    shapes = [("q", (3, 37, 24)), ("k", (3, 29, 24)), ("v", (3, 29, 24))]
+    params = [(n, s, d) for (n, s), d in zip(shapes, dtypes)]
+
+    def body(q, k, v):
+        q, k, v = (relax.op.astype(x, "float32") for x in (q, k, v))
+        s = relax.op.matmul(q, relax.op.permute_dims(k, [0, 2, 1]))
+        s = relax.op.multiply(s, relax.const(0.2, "float32"))
+        return [relax.op.matmul(relax.op.nn.softmax(s, axis=-1), v)]
+
+    mod = relax_function(params, body)
+    calls = []
+    with CUDA:
+        out = FuseMBCI(database, reference_builder(calls))(legalized(mod))
+    assert [m.describe() for m, _, _ in calls] == [f"attention 1x3x37x29 d24 {kernel}"]
+    # inputs exact in every dtype (bfloat16 keeps 8 bits): the float32 reference is exact
+    args = [np.round(rng.standard_normal(s) * 8) / 8 for _, s in shapes]
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a.astype(ml_dtypes.bfloat16 if d == "bfloat16" else d))
+          for a, d in zip(args, dtypes)])
+    q, k, v = args
+    logits = q @ k.transpose(0, 2, 1) * 0.2
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=2e-2, atol=2e-2)
 
 
 def _attention_module(axis=-1, twice=False):

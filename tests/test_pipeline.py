@@ -94,6 +94,36 @@ def test_a_rule_failing_on_a_kernel_passes_it_to_the_next(caplog):
     assert "__global__" in cuda_source(ex)
 
 
+def test_guarded_rules_pass_a_failing_kernel_on(caplog):
+    """The stitch pipeline's dlight rules: one that raises on a kernel is logged and the next
+    rule schedules it; the last rule is not guarded (its failure is the build's error)."""
+    from tvm.s_tir import dlight as dl
+
+    from tvm_stitch.pipeline import _guarded
+
+    class Raises(dl.ScheduleRule):
+        def apply(self, func, target, tunable):
+            raise AssertionError
+
+    @T.prim_func(private=True, s_tir=True)
+    def add_one(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+        for i in range(64):
+            with T.sblock("add_one"):
+                v = T.axis.spatial(64, i)
+                b[v] = a[v] + T.float32(1)
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    mod = tvm.IRModule({"add_one": add_one})
+    with target, caplog.at_level("INFO", logger="tvm_stitch.pipeline"):
+        out = _guarded(dl.ApplyDefaultSchedule(Raises(), dl.gpu.Fallback()))(mod)
+    assert ("Raises rule failed on the kernel of blocks ['add_one'] (AssertionError: no "
+            "message)") in caplog.text
+    assert "blockIdx.x" in out.script()
+    with target, pytest.raises(AssertionError):  # (the pass scheduled ``mod`` in place)
+        _guarded(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), Raises()))(
+            tvm.IRModule({"add_one": add_one}))
+
+
 def _kernels(source: str) -> dict:
     """Each CUDA C kernel's body (its text up to the next kernel), by name."""
     head = r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) \{'

@@ -236,6 +236,33 @@ def test_input_independent_values_stay_float32_until_they_meet_activations():
     tvm.ir.assert_structural_equal(HalfActivations()(Before), Expected)
 
 
+def test_an_input_independent_minus_inf_stays_minus_inf():
+    """A causal mask built from positions with ``-inf`` (no parameter in it: kept float32 until
+    it meets the float16 logits) is still ``-inf`` there, not -65504; its zeros stay zeros."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 4), "float16")):
+            with R.dataflow():
+                pos = R.arange(0, 4, 1, dtype="int64")
+                above = R.less(R.expand_dims(pos, axis=[1]), R.expand_dims(pos, axis=[0]))
+                mask = R.where(above, R.const(float("-inf"), "float32"),
+                               R.const(0.0, "float32"))
+                y = R.add(R.astype(x, "float32"), mask)
+                out = R.astype(y, "float16")
+                R.output(out)
+            return out
+
+    after = HalfActivations()(Before)
+    ex = tvm.compile(after, "llvm")
+    x = np.arange(16, dtype="float16").reshape(4, 4)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    expected = np.where(np.triu(np.ones((4, 4), bool), 1), np.float16("-inf"), x)
+    np.testing.assert_array_equal(got, expected)
+    assert "float16" in after.script() and "isinf" in after.script()
+
+
 @pytest.mark.parametrize("spelling", ["multiply", "matmul"])
 def test_rotary_tables_keep_their_precision_at_long_positions(spelling):
     """A rotary embedding imported in float16 at 1024 positions: angles up to 1023 rad lose

@@ -738,3 +738,27 @@ def test_rows_over_three_loops_take_a_grouping_that_nests(seq, rows_per_block, c
     ref = q / np.sqrt((q * q).mean(-1, keepdims=True) + 1e-6) * np.linspace(0.5, 1.5, 48)
     ref = ref.transpose(0, 2, 1, 3)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_squeeze_after_a_row_reduction_keeps_its_rows(caplog, nvcc_compiles):
+    """A batched product with one output column (a GEMV over gathered weights, as
+    transformers' ``batched_mm`` experts compute) squeezed: written through the squeeze, the
+    plan's rows of one column would become columns, and the sub-root reduced across rows —
+    wrong on llvm (9.5 off), an undefined loop variable in the CUDA code.  The pattern is
+    refused, with the reason, and left to TVM."""
+    def body(x, w):
+        m = relax.op.matmul(x, w, out_dtype="float32")
+        return [relax.op.squeeze(relax.op.astype(m, "float16"), axis=[-1])]
+
+    mod = relax_function([("x", (8, 40, 24), "float16"), ("w", (8, 24, 1), "float16")], body)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 40, 24)).astype("float16")
+    w = rng.standard_normal((8, 24, 1)).astype("float16")
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    assert "T_squeeze makes rows of (1,) elements (40,)" in caplog.text
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+    ref = (x.astype("float32") @ w.astype("float32"))[..., 0]
+    np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=1e-2, atol=1e-2)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    nvcc_compiles(cuda_source(tvm.compile(mod, target, relax_pipeline=tvm_stitch.pipeline(target))))

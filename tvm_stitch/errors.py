@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 
-def error_line(err: BaseException) -> str:
+def error_line(err: BaseException, default: str = "") -> str:
     """The last non-empty line of ``err``'s message (TVM's errors end with the reason, after
-    a traceback), or ``""`` where it has none (a bare ``assert``)."""
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+    a traceback), or ``default`` where it has none (a bare ``assert``)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else default

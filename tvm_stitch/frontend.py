@@ -107,7 +107,7 @@ def import_torch(
         except Exception as err:
             raise RuntimeError(
                 "TVM's from_exported_program could not import the exported model "
-                f"({type(err).__name__}: {error_line(err)}); a model TVM "
+                f"({type(err).__name__}: {error_line(err, 'no message')}); a model TVM "
                 "cannot import is not compiled by tvm-stitch either"
             ) from err
     mod, params = detach_params(mod)
@@ -217,7 +217,46 @@ def _for_export(module, dtype):
     """``module`` in eval mode with floating parameters and buffers in ``dtype`` inside the
     block, given back as it was after it, raised or not: ``Module.to`` gives parameters (and
     their gradients) new data and every module new buffer objects; the old ones are kept and
-    put back, so nothing is rounded, and each submodule gets its training flag back."""
+    put back, so nothing is rounded, and each submodule gets its training flag back.
+    Mixture-of-experts layers are exported as ``batched_mm`` meanwhile (:func:`_static_experts`)."""
+    with _static_experts(module), _converted(module, dtype) as converted:
+        yield converted
+
+
+#: ``transformers``' experts implementation whose export TVM imports: every expert multiplies
+#: every token (static shapes, batched products; the tokens an expert was not routed to are
+#: weighted zero).  Its default, ``grouped_mm``, is a custom operator TVM's importer lacks, and
+#: ``eager`` loops over the experts with data-dependent shapes.
+STATIC_EXPERTS = "batched_mm"
+
+
+@contextlib.contextmanager
+def _static_experts(module):
+    """``transformers`` models in ``module`` whose experts can be switched compute them as
+    :data:`STATIC_EXPERTS` inside the block, and get their own implementation back after it
+    (``get_experts_implementation``/``set_experts_implementation``, transformers' own)."""
+    switched = []
+    for m in module.modules():
+        can = getattr(type(m), "_can_set_experts_implementation", None)
+        if not (callable(can) and hasattr(m, "get_experts_implementation") and can()):
+            continue
+        before = m.get_experts_implementation()
+        if set(before.values()) - {STATIC_EXPERTS, None}:
+            logger.info("%s: experts exported as transformers' %r instead of %s (every expert "
+                        "on every token: TVM imports no grouped product)", type(m).__name__,
+                        STATIC_EXPERTS, before)
+            m.set_experts_implementation(STATIC_EXPERTS)
+            switched.append((m, before))
+    try:
+        yield
+    finally:
+        for m, before in reversed(switched):
+            m.set_experts_implementation(before)
+
+
+@contextlib.contextmanager
+def _converted(module, dtype):
+    """``module`` in eval mode and ``dtype`` inside the block, as it was after it."""
     import torch
 
     params = [(p, p.data, p.grad, p.grad.data if p.grad is not None else None)

@@ -54,11 +54,17 @@ def _backend(target: tvm.target.Target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
+def _guarded(schedule_pass):
+    """dlight's ``ApplyDefaultSchedule`` pass with each rule but the last :class:`_Guarded`:
+    a rule failing on a kernel passes it to the next; the last rule's failure stays an error."""
+    *rules, last = schedule_pass.rules
+    return dl.ApplyDefaultSchedule(*map(_Guarded, rules), last)
+
+
 class _Guarded(dl.ScheduleRule):
     """A dlight rule whose failure on a kernel is logged and passed over: the next rule is
     tried, as where the rule does not apply (dlight's GEMV rule asserts on a product whose
-    reduction has one step — attention over a single key).  One kernel's schedule never stops
-    a build."""
+    reduction has one step — attention over a single key)."""
 
     def __init__(self, rule):
         self.rule = rule
@@ -67,11 +73,18 @@ class _Guarded(dl.ScheduleRule):
         try:
             return self.rule.apply(func, target, tunable)
         except Exception as err:  # noqa: BLE001 - TVM's rule failed: the next one is tried
-            blocks = [b.name_hint for b, _ in iter_sblocks(func.body) if b.name_hint != "root"]
             logger.info("dlight's %s rule failed on the kernel of blocks %s (%s: %s); the next "
-                        "rule is tried", type(self.rule).__name__, blocks, type(err).__name__,
-                        error_line(err) or "no message")
+                        "rule is tried", type(self.rule).__name__, _blocks(func),
+                        type(err).__name__, error_line(err, "no message"))
             return None
+
+
+def _blocks(func) -> list[str]:
+    """The names of ``func``'s blocks (for a log line; empty where they cannot be read)."""
+    try:
+        return [b.name_hint for b, _ in iter_sblocks(func.body) if b.name_hint != "root"]
+    except Exception:  # noqa: BLE001 - a log line's detail
+        return []
 
 
 def _hardware(target: tvm.target.Target) -> HardwareModel | None:
@@ -159,7 +172,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             fusion.insert(at, passes.AccumulateFloat32())
         if opts.stitch and target.kind.name == "cuda":  # before TVM's rules: 16-byte pieces
             schedule.insert(0, dl.ApplyDefaultSchedule(VectorizedInjective()))
-        schedule = [dl.ApplyDefaultSchedule(*map(_Guarded, p.rules)) for p in schedule]
+        schedule = [_guarded(p) for p in schedule]
         if opts.compute_fp32:
             schedule.append(passes.ComputeFloat32())
         if opts.fold:

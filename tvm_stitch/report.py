@@ -215,6 +215,36 @@ def compare_pipelines(mod: tvm.IRModule, target="llvm") -> dict[str, FusionRepor
     return reports
 
 
+def nvcc_error(executable, arch: str = "sm_90a") -> str | None:
+    """The first error ``nvcc`` reports on ``executable``'s CUDA C (TVM's kernels; Triton's are
+    PTX already), or None where it compiles or no ``nvcc`` is on the path.  A TVM without a
+    CUDA runtime only generates that source — the GPU host compiles it when the library is
+    loaded — so this is how a CPU machine learns it would not."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from .codegen.ptx import PREFIX
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    sources = [s for s in cuda_source(executable).split(PREFIX) if "__global__" in s]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, source in enumerate(sources):
+            path = Path(tmp) / f"kernels{i}.cu"
+            path.write_text(source[min(k for k in (source.find("#if"), source.find("#include"),
+                                                   len(source)) if k >= 0):])
+            res = subprocess.run([nvcc, f"-arch={arch}", "-ptx", str(path), "-o",
+                                  str(path.with_suffix(".ptx"))], capture_output=True, text=True,
+                                 check=False)
+            if res.returncode:
+                errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
+                return (errors or [res.stderr.strip() or "nvcc failed"])[0]
+    return None
+
+
 def cuda_source(executable) -> str:
     """The generated CUDA C source of a compiled executable (empty when it has no CUDA module)."""
     stack, sources = [executable.mod], []

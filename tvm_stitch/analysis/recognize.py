@@ -615,18 +615,17 @@ def _operand(graph, frame, composer, tensor, index, vmap, what, stop=frozenset()
     return Access(elem.tensor, elem.index)
 
 
-def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop) -> tuple:
-    """``(Access, factor)``: an operand read in place through data movement, products with
-    scalar constants and a float32 copy of a 16-bit tensor, and the product of those constants
-    (``scaled_dot_product_attention`` decomposes to ``Q·√c`` and ``K·√c``; PyTorch's math
-    kernel, which an export on the CPU records, multiplies float32 copies of float16 Q and K —
-    the same products, which the kernel takes from the 16-bit tensors accumulating in
-    float32)."""
+def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop,
+                    widen=False) -> tuple:
+    """``(Access, factor)``: an operand read in place through data movement and products with
+    scalar constants (with ``widen``, also through a float32 copy of a 16-bit tensor), and the
+    product of those constants (``scaled_dot_product_attention`` decomposes to ``Q·√c`` and
+    ``K·√c``)."""
     idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
 
     def inline(node):
         return node.output not in stop and (
-            data_movement(node) or _scalar_product(node) or _widening(node))
+            data_movement(node) or _scalar_product(node) or (widen and _widening(node)))
 
     elem = composer.element(tensor, idx, Policy(inline=inline))
     factor = 1.0
@@ -1536,6 +1535,24 @@ def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
     return a.key({a_var.name: "_j"}) == b.key({b_var.name: "_j"})
 
 
+def _half_attention(graph, frame, composer, c1, c2, vmap1, vmap2, stop):
+    """``(dtype, Q, K)`` where a float32 attention multiplies float32 copies of Q, K and V of
+    one 16-bit ``dtype`` (PyTorch's math kernel in a float16 export on the CPU): the kernel
+    reads the 16-bit tensors (the same products, accumulated in float32); else None (mixed
+    dtypes, or a V that is no such copy: the float32 attention as written)."""
+    try:
+        q = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop, widen=True)
+        k = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop, widen=True)
+        read = {graph.tensors[x.tensor].dtype for x, _ in (q, k)}
+        if len(read) != 1 or not read <= set(_HALF):
+            return None
+        dtype = read.pop()
+        _widened_operand(graph, frame, composer, *c2.b, vmap2, dtype, stop)
+    except NotRecognizedError:
+        return None
+    return dtype, q, k
+
+
 def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Match:
     dtype = _check_dtype(graph, c1)
     s_leaves = [leaf for leaf in leaves(score) if leaf.tensor == c1.out]
@@ -1558,11 +1575,10 @@ def _attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Ma
     vmap1[c1.k.var] = frame.axis("k", dk)
     q, q_scale = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
     k, k_scale = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
-    read = {graph.tensors[x.tensor].dtype for x in (q, k)}
-    if dtype == "float32" and len(read) == 1 and read <= set(_HALF):
-        dtype = read.pop()  # Q·Kᵀ of float32 copies of 16-bit Q and K: a 16-bit attention
-    elif read != {dtype}:
-        raise NotRecognizedError(f"Q and K are read as {sorted(read)}, the product in {dtype}")
+    if dtype == "float32":
+        half = _half_attention(graph, frame, composer, c1, c2, vmap1, vmap2, stop)
+        if half is not None:
+            dtype, (q, q_scale), (k, k_scale) = half
     widened = _check_dtype(graph, c2) != dtype
     if widened and _check_dtype(graph, c2) != "float32":
         raise NotRecognizedError("the two products have different dtypes")
