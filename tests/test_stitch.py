@@ -12,7 +12,7 @@ from tvm_stitch.passes import AccumulateFloat32, StitchFusion, StitchSchedule
 
 import tvm_stitch
 from tvm_stitch.hardware import HardwareModel
-from tvm_stitch.report import cuda_source, fused_module, fusion_report
+from tvm_stitch.report import cuda_source, fused_module, fusion_report, nvcc_error
 from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans, plan_pattern
 from tvm_stitch.stitch.schedule import apply_plan
 from tvm_stitch.stitch.smem import SmemRequest, allocate, dominators
@@ -740,7 +740,7 @@ def test_rows_over_three_loops_take_a_grouping_that_nests(seq, rows_per_block, c
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_a_squeeze_after_a_row_reduction_keeps_its_rows(caplog, nvcc_compiles):
+def test_a_squeeze_after_a_row_reduction_keeps_its_rows(caplog):
     """A batched product with one output column (a GEMV over gathered weights, as
     transformers' ``batched_mm`` experts compute) squeezed: written through the squeeze, the
     plan's rows of one column would become columns, and the sub-root reduced across rows —
@@ -761,4 +761,5 @@ def test_a_squeeze_after_a_row_reduction_keeps_its_rows(caplog, nvcc_compiles):
     ref = (x.astype("float32") @ w.astype("float32"))[..., 0]
     np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=1e-2, atol=1e-2)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    nvcc_compiles(cuda_source(tvm.compile(mod, target, relax_pipeline=tvm_stitch.pipeline(target))))
+    ex = tvm.compile(mod, target, relax_pipeline=tvm_stitch.pipeline(target))
+    assert nvcc_error(ex) is None  # (None also where no nvcc is found)

@@ -236,18 +236,18 @@ def _static_experts(module):
     :data:`STATIC_EXPERTS` inside the block, and get their own implementation back after it
     (``get_experts_implementation``/``set_experts_implementation``, transformers' own)."""
     switched = []
-    for m in module.modules():
-        can = getattr(type(m), "_can_set_experts_implementation", None)
-        if not (callable(can) and hasattr(m, "get_experts_implementation") and can()):
-            continue
-        before = m.get_experts_implementation()
-        if set(before.values()) - {STATIC_EXPERTS, None}:
-            logger.info("%s: experts exported as transformers' %r instead of %s (every expert "
-                        "on every token: TVM imports no grouped product)", type(m).__name__,
-                        STATIC_EXPERTS, before)
-            m.set_experts_implementation(STATIC_EXPERTS)
-            switched.append((m, before))
     try:
+        for m in module.modules():
+            can = getattr(type(m), "_can_set_experts_implementation", None)
+            if not (callable(can) and hasattr(m, "get_experts_implementation") and can()):
+                continue
+            before = m.get_experts_implementation()
+            if set(before.values()) - {STATIC_EXPERTS, None}:
+                logger.info("%s: experts exported as transformers' %r instead of %s (every "
+                            "expert on every token: TVM imports no grouped product)",
+                            type(m).__name__, STATIC_EXPERTS, before)
+                m.set_experts_implementation(STATIC_EXPERTS)
+                switched.append((m, before))
         yield
     finally:
         for m, before in reversed(switched):

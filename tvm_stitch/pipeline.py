@@ -55,9 +55,13 @@ def _backend(target: tvm.target.Target):
 
 
 def _guarded(schedule_pass):
-    """dlight's ``ApplyDefaultSchedule`` pass with each rule but the last :class:`_Guarded`:
-    a rule failing on a kernel passes it to the next; the last rule's failure stays an error."""
+    """dlight's ``ApplyDefaultSchedule`` pass with each rule but the last of several
+    :class:`_Guarded`: a rule failing on a kernel passes it to the next; the last rule's
+    failure stays an error.  A pass of one rule (ours, before TVM's) is guarded whole: TVM's
+    pass after it takes the kernel."""
     *rules, last = schedule_pass.rules
+    if not rules:
+        return dl.ApplyDefaultSchedule(_Guarded(last))
     return dl.ApplyDefaultSchedule(*map(_Guarded, rules), last)
 
 

@@ -230,12 +230,18 @@ def nvcc_error(executable, arch: str = "sm_90a") -> str | None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return None
-    sources = [s for s in cuda_source(executable).split(PREFIX) if "__global__" in s]
+    sources, stack = [], [executable.mod]
+    while stack:
+        module = stack.pop()
+        if module.kind == "cuda":
+            source = module.inspect_source()
+            if not source.startswith(PREFIX):  # Triton's PTX travels as a prefixed "source"
+                sources.append(source)
+        stack.extend(module.imports)
     with tempfile.TemporaryDirectory() as tmp:
         for i, source in enumerate(sources):
             path = Path(tmp) / f"kernels{i}.cu"
-            path.write_text(source[min(k for k in (source.find("#if"), source.find("#include"),
-                                                   len(source)) if k >= 0):])
+            path.write_text(source)
             res = subprocess.run([nvcc, f"-arch={arch}", "-ptx", str(path), "-o",
                                   str(path.with_suffix(".ptx"))], capture_output=True, text=True,
                                  check=False)

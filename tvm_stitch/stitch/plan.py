@@ -130,7 +130,7 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
     IllegalPatternError
         When a block is a column reduction, a transpose/gather or compute-intensive, when
         blocks do not share the leading (row) dimensions, or when the trailing layout ops
-        change the length of a row.
+        drop the unit column of rows of one element.
     """
     return _pattern(prim_func_nodes(func, "p"))
 
@@ -139,11 +139,10 @@ def _pattern(nodes) -> tuple[list[Op], int, int]:
     """:func:`pattern_ops` of a PrimFunc's tensor-graph nodes."""
     layout = nodes[len(nodes) - len(_epilogue(nodes)):]
     nodes = nodes[: len(nodes) - len(layout)]
-    if layout and nodes[-1].out_shape and layout[-1].out_shape and (
-            nodes[-1].out_shape[-1] % layout[-1].out_shape[-1]):
-        # the plan's rows and columns are the row ops'; written through the layout ops, the
-        # output's innermost loop must be a piece of a row (a head split: 768 -> 12 x 64), not
-        # rows themselves (a squeeze of (rows, 1): the sub-root then reduced across rows)
+    if layout and nodes[-1].out_shape[-1:] == (1,) and layout[-1].out_shape[-1:] != (1,):
+        # rows of one element (a GEMV's dot products kept as (rows, 1)) written through layout
+        # ops that drop the unit column (a squeeze): the output's innermost loop is then rows,
+        # and the reduction's sub-root was computed across them
         raise IllegalPatternError(
             f"{layout[-1].name} makes rows of {nodes[-1].out_shape[-1:]} elements "
             f"{layout[-1].out_shape[-1:]}")
