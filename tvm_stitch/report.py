@@ -230,14 +230,8 @@ def nvcc_error(executable, arch: str = "sm_90a") -> str | None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return None
-    sources, stack = [], [executable.mod]
-    while stack:
-        module = stack.pop()
-        if module.kind == "cuda":
-            source = module.inspect_source()
-            if not source.startswith(PREFIX):  # Triton's PTX travels as a prefixed "source"
-                sources.append(source)
-        stack.extend(module.imports)
+    # Triton's PTX travels as a prefixed "source"
+    sources = [s for s in _cuda_sources(executable) if not s.startswith(PREFIX)]
     with tempfile.TemporaryDirectory() as tmp:
         for i, source in enumerate(sources):
             path = Path(tmp) / f"kernels{i}.cu"
@@ -253,10 +247,15 @@ def nvcc_error(executable, arch: str = "sm_90a") -> str | None:
 
 def cuda_source(executable) -> str:
     """The generated CUDA C source of a compiled executable (empty when it has no CUDA module)."""
+    return "\n".join(_cuda_sources(executable))
+
+
+def _cuda_sources(executable) -> list[str]:
+    """The source of each CUDA module of ``executable`` (its imports, walked depth first)."""
     stack, sources = [executable.mod], []
     while stack:
         module = stack.pop()
         if module.kind == "cuda":
             sources.append(module.inspect_source())
         stack.extend(module.imports)
-    return "\n".join(sources)
+    return sources
