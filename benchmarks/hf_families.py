@@ -158,11 +158,12 @@ def build(name: str, attn: str | None, seq: int = 37, mask: bool = False,
     return last_hidden(net, _without_cache(net, {}), names).eval(), inputs
 
 
-def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None) -> str:
+def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None,
+             dtype: str = "float16") -> str:
     """``ok``/``WRONG`` and the largest error of ``out`` against ``ref``.
 
     ``padded`` (a boolean ``(batch, seq)`` array): rows of padding tokens.  With ``theirs``
-    (PyTorch's float16 output on the same device) the padding rows whose value PyTorch's
+    (PyTorch's output in ``dtype`` on the same device) the padding rows whose value PyTorch's
     float16 and float32 do not agree on are left out of the verdict and reported apart — ours
     against each: a left-padded row of a causal model sees no key, and what it holds may
     depend on the precision (a float32 minimum added to a logit absorbs it in float32, not once
@@ -177,11 +178,12 @@ def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None) -> st
     text = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
     if theirs is not None:
         theirs_err = float(np.abs(theirs[judged] - ref[judged]).max(initial=0.0))
-        text += f" (PyTorch fp16 {theirs_err:.1e})"
+        short = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+        text += f" (PyTorch {short} {theirs_err:.1e})"
     if not judged.all():
         loose = ~judged
         text += (f"; {int(loose.sum())} padding rows PyTorch leaves undefined: ours vs its "
-                 f"float16 {float(np.abs(out[loose] - theirs[loose]).max()):.1e}, vs its "
+                 f"{dtype} {float(np.abs(out[loose] - theirs[loose]).max()):.1e}, vs its "
                  f"float32 {float(np.abs(out[loose] - ref[loose]).max()):.1e}")
     return text
 
@@ -197,8 +199,8 @@ def _on_llvm(model, inputs, ref) -> str:
     return _verdict(out, ref, 0.0, 1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
-def _built(model, inputs) -> str:
-    """The float16 import compiled for sm_90a (no GPU needed)."""
+def _built(model, inputs, dtype: str = "float16") -> str:
+    """The ``dtype`` import compiled for sm_90a (no GPU needed)."""
     import tvm
 
     import tvm_stitch
@@ -206,16 +208,16 @@ def _built(model, inputs) -> str:
     from tvm_stitch.pipeline import as_target
     from tvm_stitch.report import nvcc_error
 
-    imported = import_torch(model, inputs, "float16")
+    imported = import_torch(model, inputs, dtype)
     target = as_target({"kind": "cuda", "arch": "sm_90a"})
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
     why = nvcc_error(ex)  # TVM's CUDA C, compiled only on the GPU host otherwise
     return f"failed: nvcc: {why}" if why else "built"
 
 
-def _on_gpu(model, inputs, ref, padded) -> str:
-    """``from_torch`` on the GPU (float16, the cost model's tiles) against the float32
-    reference ``ref``, beside PyTorch's own float16 error on the same GPU."""
+def _on_gpu(model, inputs, ref, padded, dtype: str = "float16") -> str:
+    """``from_torch`` on the GPU (``dtype``, the cost model's tiles) against the float32
+    reference ``ref``, beside PyTorch's own error in ``dtype`` on the same GPU."""
     import copy
 
     import torch
@@ -224,23 +226,25 @@ def _on_gpu(model, inputs, ref, padded) -> str:
     from tvm_stitch.workloads.base import TOLERANCES
 
     args = [x.cuda() for x in inputs]
-    out = tvm_stitch.from_torch(model, inputs, target="cuda", tune="model")(*args)
+    out = tvm_stitch.from_torch(model, inputs, target="cuda", dtype=dtype, tune="model")(*args)
     out = out.float().cpu().numpy()
     try:
-        half = copy.deepcopy(model).half().cuda()
+        half = copy.deepcopy(model).to(getattr(torch, dtype)).cuda()
         with torch.no_grad():
-            theirs = half(*[x.half() if x.is_floating_point() else x for x in args])
+            theirs = half(*[x.to(getattr(torch, dtype)) if x.is_floating_point() else x
+                            for x in args])
         theirs = theirs.float().cpu().numpy()
     except Exception as err:  # noqa: BLE001 - ours is still judged, every row
-        logging.getLogger(__name__).warning("PyTorch float16 failed: %s", err)
+        logging.getLogger(__name__).warning("PyTorch %s failed: %s", dtype, err)
         theirs = None
-    return _verdict(out, ref, *TOLERANCES["float16"], padded, theirs)
+    return _verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype)
 
 
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
-          seq: int = 37, head_dim: int | None = None) -> dict:
-    """One family through ``from_torch`` on llvm (numerics) and a CUDA build (kernels); with
-    ``gpu``, through ``from_torch`` on the GPU instead (numerics)."""
+          seq: int = 37, head_dim: int | None = None, dtype: str = "float16") -> dict:
+    """One family through ``from_torch`` on llvm (numerics, float32) and a CUDA build in
+    ``dtype`` (kernels); with ``gpu``, through ``from_torch`` on the GPU in ``dtype`` instead
+    (numerics)."""
     import torch
 
     row = {"model": name}
@@ -262,7 +266,8 @@ def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        row["cuda"] = _on_gpu(model, inputs, ref, padded) if gpu else _built(model, inputs)
+        row["cuda"] = (_on_gpu(model, inputs, ref, padded, dtype) if gpu
+                       else _built(model, inputs, dtype))
     except Exception as err:  # noqa: BLE001
         row["cuda"] = f"failed: {type(err).__name__}: {error_line(err)}"[:160]
     finally:
@@ -284,8 +289,10 @@ def main(argv=None) -> int:
     parser.add_argument("--mask", action="store_true",
                         help="token models also take an attention mask (left padding)")
     parser.add_argument("--gpu", action="store_true",
-                        help="on a GPU host: run the compiled float16 model on the GPU (the "
+                        help="on a GPU host: run the compiled 16-bit model on the GPU (the "
                         "cost model's tiles) against PyTorch float32, instead of llvm + a build")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
+                        help="the CUDA side's dtype (the llvm check is float32)")
     parser.add_argument("--seq", type=int, default=37, help="tokens a sequence (default 37)")
     parser.add_argument("--head-dim", type=int, default=None,
                         help="heads of this size, two a layer (Swin: two, then four; default: "
@@ -294,7 +301,7 @@ def main(argv=None) -> int:
     bad = 0
     print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")
     for name in args.only or FAMILIES:
-        row = check(name, args.attn, args.mask, args.gpu, args.seq, args.head_dim)
+        row = check(name, args.attn, args.mask, args.gpu, args.seq, args.head_dim, args.dtype)
         print(f"{name:16s} {row.get('attn', ''):6s} {row['llvm']:28s} {row['cuda']:10s} "
               f"{row.get('kernels', '')}", flush=True)
         for line in row.get("left", []):

@@ -31,6 +31,8 @@ def main(argv=None) -> int:
                         help="a stitch pipeline option, e.g. fold_norms=true")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                        help="default: float16 on cuda, float32 on llvm")
     parser.add_argument(
         "--cupti", action="store_true", help="GPU time of every kernel (torch.profiler, CUDA)"
     )
@@ -40,7 +42,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
     cuda = args.target == "cuda"
-    inst = get_workload(args.workload).instance("float16" if cuda else "float32", **params)
+    dtype = args.dtype or ("float16" if cuda else "float32")
+    inst = get_workload(args.workload).instance(dtype, **params)
     target = (
         tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}) if cuda else tvm.target.Target("llvm")
     )

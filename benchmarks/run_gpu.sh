@@ -12,7 +12,7 @@
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
-# OPTION=fold_norms=true: profile steps compile with that option.
+# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo and profile steps in that dtype.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -89,12 +89,13 @@ for step in "$@"; do
             workload_spec "$step"
             args=(); [[ -n "$name" ]] && args+=(-w "$name")
             args+=("${params[@]}")
-            python3 -m tvm_stitch bench zoo --target cuda "${args[@]}" \
+            python3 -m tvm_stitch bench zoo --target cuda ${DTYPE:+--dtype "$DTYPE"} "${args[@]}" \
                 ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         profile:*)
             workload_spec "$step"
             python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --cupti --top 20 \
+                ${DTYPE:+--dtype "$DTYPE"} \
                 ${OPTION:+--option "$OPTION"} \
                 2>&1 | tee -a "$out/profile.log" || status=1
             ;;

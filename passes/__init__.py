@@ -9,12 +9,13 @@ from .canonicalize import FoldStaticShapes
 from .graphs import StageInputs
 from .launch import LaunchDependently
 from .mcfuser import FuseMBCI
-from .precision import AccumulateFloat32, ComputeFloat32, HalfActivations
+from .precision import AccumulateFloat32, AsBFloat16, ComputeFloat32, HalfActivations
 from .stitch import StitchFusion, StitchSchedule
 
 __all__ = [
     "AccumulateFloat32",
     "AnalyzeTensorGraph",
+    "AsBFloat16",
     "ComputeFloat32",
     "FoldStaticShapes",
     "FuseMBCI",

@@ -25,7 +25,7 @@ from tvm import relax, tirx
 from tvm.ir.prim import expr as P
 
 from tvm_stitch.analysis.elem import INTRINSICS
-from tvm_stitch.analysis.indexing import dtype_of
+from tvm_stitch.analysis.indexing import HALF, dtype_of
 from tvm_stitch.graph.tir_walk import iter_exprs
 
 from .module import replace_functions
@@ -34,7 +34,6 @@ logger = logging.getLogger("tvm_stitch.precision")
 
 #: Reductions whose TVM legalization accumulates in the input's dtype.
 PROMOTED = ("relax.sum", "relax.mean", "relax.variance", "relax.nn.softmax", "relax.nn.log_softmax")
-HALF = ("float16", "bfloat16")
 #: Functions that stand for one kernel (fused groups, pattern-matched composites) are kept whole.
 _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
 
@@ -99,7 +98,11 @@ def _rewrite_functions(mutator, mod):
 #: gives them half-precision operands and float32 accumulation) and casts (they say their dtype).
 _KEEP = ("relax.matmul", "relax.linear", "relax.astype", "relax.nn.conv1d", "relax.nn.conv2d",
          "relax.nn.conv3d", "relax.nn.conv2d_transpose")
-_F16_MAX = 65504.0
+#: Largest finite value of each 16-bit float format (saturation bounds)
+_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+#: Ops TVM 0.27 legalizes in float32 and float16 only: in a bfloat16 module they run in float32
+#: between casts (PyTorch's bfloat16 LayerNorm also computes in float32 and rounds once)
+_NO_BFLOAT16 = ("relax.nn.layer_norm",)
 #: Reductions that sum (max and min are exact in any format): a norm's statistics
 _SUMS = ("relax.sum", "relax.mean", "relax.variance", "relax.std", "relax.prod")
 
@@ -136,8 +139,9 @@ class _Narrower(relax.PyExprMutator):
     statistic (``x · rstd``) stay float32, as PyTorch's norms compute them in float32 and round
     their output once."""
 
-    def __init__(self, mod):
+    def __init__(self, mod, dtype: str = "float16"):
         super().__init__(mod)
+        self.dtype = dtype  # the 16-bit format activations are computed in
         self.half: dict = {}  # original float32 var -> its float16 value
         self.independent: set = set()  # vars computed from no function parameter
         self.wide: dict = {}  # independent var rounded to float16 -> its float32 value
@@ -169,13 +173,13 @@ class _Narrower(relax.PyExprMutator):
         bound = self.lookup_binding(new) if isinstance(new, relax.Var) else None
         for const in (new, bound):
             if isinstance(const, tvm.ir.expr.Constant):
-                return _saturated(const)
+                return _saturated(const, self.dtype)
         if isinstance(arg, relax.Var) and arg in self.independent:
             # an input-independent table (rotary cos/sin, a mask) meets the activations: cast
             # there, as ``cos.to(x.dtype)`` does, its finite extremes saturated (a float32
             # minimum would round to -inf) and its infinities kept (a boolean mask's -inf)
-            return self.builder_.emit(relax.op.astype(self._saturate(new), "float16"))
-        return self.builder_.emit(relax.op.astype(new, "float16"))
+            return self.builder_.emit(relax.op.astype(self._saturate(new), self.dtype))
+        return self.builder_.emit(relax.op.astype(new, self.dtype))
 
     def visit_var_binding_(self, binding):
         value = binding.value
@@ -189,14 +193,14 @@ class _Narrower(relax.PyExprMutator):
         source = _cast(value, "float32")
         if source is not None and _dtype(source) in HALF:  # astype(x16, float32)
             self.half[binding.var] = self.visit_expr(source)
-        target = _cast(value, "float16")
+        target = _cast(value, self.dtype)
         if isinstance(target, relax.Var) and target in self.half:
             self._rebind(binding, self.half[target])  # astype(x32, float16) of a narrowed x
             return
         if isinstance(target, tvm.ir.expr.Constant) and _dtype(target) == "float32":
-            self._rebind(binding, _saturated(target))
+            self._rebind(binding, _saturated(target, self.dtype))
             return
-        if not self._narrowable(value) or self._float32_statistic(binding):
+        if not self._narrowable(value, self.dtype) or self._float32_statistic(binding):
             super().visit_var_binding_(binding)
             return
         call = relax.Call(value.op, [self._narrow(a) for a in value.args], value.attrs,
@@ -205,7 +209,7 @@ class _Narrower(relax.PyExprMutator):
             call = self.builder_.normalize(call)
         except Exception:  # noqa: BLE001 - an op that insists on float32 stays as it is
             call = None
-        if call is None or not _tensor_of(call.ty, "float16"):
+        if call is None or not _tensor_of(call.ty, self.dtype):
             super().visit_var_binding_(binding)
             return
         half = self.builder_.emit(call)
@@ -220,7 +224,7 @@ class _Narrower(relax.PyExprMutator):
         value keeps its float32 form (``self.wide``) until it meets an activation, where
         :meth:`_narrow` casts it once."""
         value = binding.value
-        target = _cast(value, "float16")
+        target = _cast(value, self.dtype)
         if target is not None and _dtype(target) == "float32":
             self.wide[binding.var] = self._wide(target)
             # its own cast to float16 saturates (a float32 minimum would become -inf)
@@ -244,9 +248,10 @@ class _Narrower(relax.PyExprMutator):
         self._rebind(binding, relax.op.astype(self._saturate(wide), str(binding.var.ty.dtype)))
 
     def _saturate(self, value):
-        """``value`` (float32) with its finite values clipped to float16's range; infinities
+        """``value`` (float32) with its finite values clipped to the 16-bit range; infinities
         stay (a mask of ``-inf`` hides its keys, and a row of them is a row with no key)."""
-        clipped = self.builder_.emit(relax.op.clip(value, -_F16_MAX, _F16_MAX))
+        bound = _MAX[self.dtype]
+        clipped = self.builder_.emit(relax.op.clip(value, -bound, bound))
         return self.builder_.emit(relax.op.where(relax.op.isinf(value), value, clipped))
 
     def _wide(self, arg):
@@ -256,7 +261,7 @@ class _Narrower(relax.PyExprMutator):
             return self.wide[arg]
         if isinstance(arg, relax.Tuple):
             return relax.Tuple([self._wide(f) for f in arg.fields])
-        if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == "float16":
+        if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == self.dtype:
             return relax.const(arg.value.numpy().astype("float32"), "float32")
         return self.visit_expr(arg)
 
@@ -292,23 +297,34 @@ class _Narrower(relax.PyExprMutator):
         self.set_var_remap(var, new)
 
     @staticmethod
-    def _narrowable(value) -> bool:
+    def _narrowable(value, dtype) -> bool:
         return (
             isinstance(value, relax.Call)
             and isinstance(value.op, tvm.ir.Op)
             and value.op.name not in _KEEP
+            and not (dtype == "bfloat16" and value.op.name in _NO_BFLOAT16)
             and _tensor_of(value.ty, "float32")
         )
 
 
-def _saturated(const):
-    """A float32 constant as float16, its finite extremes saturated: ``finfo(float32).min``,
-    which masks are made of, becomes float16's lowest finite value (as in a float16 model), not
-    -inf (``0 * -inf`` is NaN).  Infinities stay: ``-inf`` is what a boolean mask becomes
-    (``scaled_dot_product_attention``'s), and a row of it has no key to attend to."""
+def _saturated(const, dtype: str = "float16"):
+    """A float32 constant in ``dtype``, its finite extremes saturated: ``finfo(float32).min``,
+    which masks are made of, becomes the 16-bit format's lowest finite value (as in a float16 or
+    bfloat16 model), not -inf (``0 * -inf`` is NaN).  Infinities stay: ``-inf`` is what a
+    boolean mask becomes (``scaled_dot_product_attention``'s), and a row of it has no key to
+    attend to."""
     value = const.value.numpy()
-    value = np.where(np.isinf(value), value, np.clip(value, -_F16_MAX, _F16_MAX)).astype("float16")
-    return relax.const(value, "float16")
+    value = np.where(np.isinf(value), value, np.clip(value, -_MAX[dtype], _MAX[dtype]))
+    return relax.const(as_dtype(value, dtype), dtype)
+
+
+def as_dtype(value, dtype: str):
+    """``value`` (a float32 array) rounded to ``dtype`` (bfloat16 through ``ml_dtypes``)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(value, dtype="float32").astype(ml_dtypes.bfloat16)
+    return np.asarray(value).astype(dtype)
 
 
 def _cast(value, dtype):
@@ -328,29 +344,143 @@ def _tensor_of(ty, dtype) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="HalfActivations")
 class HalfActivations:
-    """Activations in float16, as after PyTorch's ``model.half()``.
+    """Activations in float16 (or bfloat16), as after PyTorch's ``model.half()`` (``.bfloat16()``).
 
     Runs after ``relax.transform.ToMixedPrecision``, which gives products float16 operands but
     computes every other op in float32 unless all its operands come from products: a transformer's
     embedding lookup (``take``, no mixed-precision policy in TVM) then keeps the whole residual
     stream — its adds and LayerNorms — in float32, twice the bytes PyTorch moves for the same
     model in float16.  Here every op with a float32 result but products and casts is computed on
-    float16 operands (finite float32 constants saturated to float16's range, as a float16
+    16-bit operands (finite float32 constants saturated to the format's range, as a 16-bit
     model's ``finfo.min`` masks are; infinities, a boolean mask's ``-inf``, stay infinite);
     reductions still accumulate in float32 (:class:`AccumulateFloat32`, TVM's norms).  Values
     that depend on no parameter (rotary angles and tables, masks built from positions) stay
     float32 and are cast, saturated alike, where they meet an activation — as
     PyTorch's rotary embeddings compute their tables in float32.  The function's signature is
     unchanged.
+
+    Parameters
+    ----------
+    dtype : {"float16", "bfloat16"}
+        The 16-bit format of the module's products (for bfloat16, run :class:`AsBFloat16` on
+        ``ToMixedPrecision``'s float16 first).
+    """
+
+    def __init__(self, dtype: str = "float16"):
+        if dtype not in HALF:
+            raise ValueError(f"dtype must be one of {HALF}, got {dtype!r}")
+        self.dtype = dtype
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        narrower = _rewrite_functions(_Narrower(mod, self.dtype), mod)
+        if not narrower.count:
+            return mod
+        logger.info("precision: %d ops computed in %s instead of float32", narrower.count,
+                    self.dtype)
+        out = narrower.builder_.get()
+        return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
+
+
+# -- bfloat16 --------------------------------------------------------------------------------------
+@relax.expr_functor.mutator
+class _Retyper(relax.PyExprMutator):
+    """float16 tensors, casts and constants of a module as bfloat16; types are inferred again."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.count = 0
+        self.float32_params = _norm_parameters(mod)
+
+    def visit_var_def_(self, var):
+        ty = var.ty
+        if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float16":
+            self.count += 1
+            # a LayerNorm's scale and shift, read by nothing else: float32 parameters (the norm
+            # runs in float32; casts of them would be per-column work inside the row kernel)
+            dtype = "float32" if any(var.same_as(p) for p in self.float32_params) else "bfloat16"
+            new = relax.Var(var.name, relax.TensorType(ty.shape, dtype, ty.vdevice))
+            self.set_var_remap(var, new)
+            return new
+        return var
+
+    def visit_call_(self, call):
+        args = [self._arg(a) for a in call.args]
+        if call.op == tvm.ir.Op.get("relax.astype") and str(call.attrs.dtype) == "float16":
+            self.count += 1
+            return relax.op.astype(args[0], "bfloat16")
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _NO_BFLOAT16 and _dtype(call) in HALF:
+            wide = [self.builder_.emit(relax.op.astype(a, "float32")) if _dtype(a) == "bfloat16"
+                    else a for a in args]
+            out = self.builder_.emit(relax.Call(call.op, wide, call.attrs, call.ty_args))
+            return relax.op.astype(out, "bfloat16")
+        return relax.Call(call.op, args, call.attrs, call.ty_args)  # its type inferred again
+
+    def _arg(self, arg):
+        if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == "float16":
+            self.count += 1
+            value = as_dtype(arg.value.numpy().astype("float32"), "bfloat16")
+            return relax.const(value, "bfloat16")
+        return self.visit_expr(arg)
+
+
+def _norm_parameters(mod) -> list:
+    """Function parameters read only as the scale or shift of ops that run in float32 in a
+    bfloat16 module (:data:`_NO_BFLOAT16`)."""
+    found = []
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        uses: dict = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                norm = (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                        and value.op.name in _NO_BFLOAT16)
+                for var in relax.analysis.free_vars(value):
+                    only_scale = norm and not value.args[0].same_as(var)
+                    uses.setdefault(var, []).append(only_scale)
+        for var in relax.analysis.free_vars(func.body.body):
+            uses.setdefault(var, []).append(False)
+        found += [p for p in func.params if uses.get(p) and all(uses[p])]
+    return found
+
+
+def _float16_left(mod) -> list[str]:
+    """What of ``mod``'s Relax functions is still typed float16 (op names; empty: nothing)."""
+    left = []
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+
+        def visit(e):
+            ty = getattr(e, "ty", None)
+            if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float16":
+                op = e.op.name if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else (
+                    type(e).__name__)
+                left.append(op)
+
+        relax.analysis.post_order_visit(func, visit)
+    return left
+
+
+@tvm.transform.module_pass(opt_level=0, name="AsBFloat16")
+class AsBFloat16:
+    """``ToMixedPrecision``'s float16 as bfloat16: parameters, casts and constants (TVM's
+    mixed-precision pass knows only float16; the products keep their float32 accumulation).
+
+    Raises ValueError when a float16 value is left that the rewrite cannot retype (an op
+    with its own float16 attribute), rather than compile a model in two formats.
     """
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        narrower = _rewrite_functions(_Narrower(mod), mod)
-        if not narrower.count:
-            return mod
-        logger.info("precision: %d ops computed in float16 instead of float32", narrower.count)
-        out = narrower.builder_.get()
-        return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
+        retyper = _rewrite_functions(_Retyper(mod), mod)
+        out = retyper.builder_.get()
+        left = _float16_left(out)
+        if left:
+            raise ValueError(f"float16 left after the bfloat16 rewrite: {sorted(set(left))}")
+        logger.info("precision: %d float16 parameters, casts and constants as bfloat16",
+                    retyper.count)
+        return out
 
 
 # -- float32 arithmetic inside kernels -------------------------------------------------------------
@@ -361,9 +491,9 @@ _MATH = INTRINSICS - {"isnan", "isinf"}
 
 
 def _float32_like(dtype: str) -> str | None:
-    """``float32`` with ``dtype``'s lanes where ``dtype`` is float16, else None."""
+    """``float32`` with ``dtype``'s lanes where ``dtype`` is a 16-bit float, else None."""
     base, _, lanes = dtype.partition("x")
-    return None if base != "float16" else "float32" + (f"x{lanes}" if lanes else "")
+    return None if base not in HALF else "float32" + (f"x{lanes}" if lanes else "")
 
 
 def _intrinsic(expr) -> str | None:

@@ -202,6 +202,53 @@ def test_half_precision_export_returns_its_dtypes():
     np.testing.assert_allclose(out.astype("float32"), ref, rtol=2e-2, atol=2e-2)
 
 
+def test_bfloat16_is_the_default_for_a_bfloat16_model_on_cuda(bert):
+    """A bfloat16 model compiles in bfloat16 on CUDA (float16 cannot hold its range), any other
+    in float16; on the CPU in float32; the model itself is not changed."""
+    from tvm_stitch.frontend import default_dtype
+
+    assert default_dtype(bert, cuda=True) == "float16"
+    assert default_dtype(bert, cuda=False) == "float32"
+    bf = bert.to(torch.bfloat16)
+    try:
+        assert default_dtype(bf, cuda=True) == "bfloat16"
+        assert default_dtype(bf, cuda=False) == "float32"
+    finally:
+        bert.float()
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_model_compiled_in_bfloat16(family, bert):
+    """``dtype="bfloat16"`` on llvm: bfloat16 weights and activations, float32 accumulation, a
+    LayerNorm (BERT) run in float32 between casts, rotary tables and a causal mask (LLaMA);
+    within bfloat16's tolerance of PyTorch float32 and no further off than PyTorch's own
+    bfloat16 model."""
+    import copy
+
+    from tvm_stitch.workloads.base import TOLERANCES
+
+    if family == "bert":
+        net = bert
+        ids = torch.randint(0, 500, (2, 13))
+        mask = torch.ones(2, 13, dtype=torch.int64)
+        mask[1, 9:] = 0
+        inputs, kwargs = (ids, mask), {}
+    else:
+        net = make_model(MODELS["llama"], "tiny")
+        inputs, kwargs = (torch.randint(0, 1000, (1, 11)),), {"use_cache": False}
+    fn = tvm_stitch.from_torch(net, inputs, target="llvm", dtype="bfloat16",
+                               example_kwargs=kwargs)
+    assert {str(w.dtype) for w in fn.imported.weights} == {"bfloat16"}
+    out = fn(*inputs).last_hidden_state.float()
+    with torch.no_grad():
+        ref = net(*inputs, **kwargs).last_hidden_state
+        theirs = copy.deepcopy(net).to(torch.bfloat16)(*inputs, **kwargs).last_hidden_state
+    rtol, atol = TOLERANCES["bfloat16"]
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    ours, torchs = (out - ref).abs().max().item(), (theirs.float() - ref).abs().max().item()
+    assert ours <= 2 * torchs + 1e-3, (ours, torchs)
+
+
 @pytest.mark.gpu
 def test_from_torch_on_the_gpu(bert):
     """One line on CUDA: computed in float16 by default, inputs and outputs torch tensors on
@@ -219,3 +266,24 @@ def test_from_torch_on_the_gpu(bert):
     torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="is on cpu"):
         fn(ids, mask)
+
+
+@pytest.mark.gpu
+def test_a_bfloat16_model_on_the_gpu(bert):
+    """A bfloat16 model on CUDA is compiled in bfloat16 by default and matches PyTorch float32
+    within bfloat16's tolerance, padding included."""
+    import copy
+
+    from tvm_stitch.workloads.base import TOLERANCES
+
+    ids = torch.randint(0, 500, (3, 45))
+    mask = torch.ones(3, 45, dtype=torch.int64)
+    mask[1, 30:] = 0
+    with torch.no_grad():
+        ref = bert(ids, mask).last_hidden_state
+    bf = copy.deepcopy(bert).to(torch.bfloat16)
+    fn = tvm_stitch.from_torch(bf, (ids, mask), target="cuda", tune="model")
+    assert fn.imported.dtype == "bfloat16"
+    out = fn(ids.cuda(), mask.cuda()).last_hidden_state
+    rtol, atol = TOLERANCES["bfloat16"]
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=rtol, atol=atol)

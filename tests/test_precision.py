@@ -1,5 +1,6 @@
 """Half-precision reductions accumulate in float32 (``passes.AccumulateFloat32``); imported float16
-models keep their activations in float16 (``passes.HalfActivations``)."""
+and bfloat16 models keep their activations in 16 bits (``passes.HalfActivations``,
+``passes.AsBFloat16``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
-from tvm_stitch.passes import AccumulateFloat32, ComputeFloat32, HalfActivations
+from tvm_stitch.passes import AccumulateFloat32, AsBFloat16, ComputeFloat32, HalfActivations
 
 import tvm_stitch
 from tvm_stitch.report import fusion_report
@@ -335,6 +336,130 @@ def test_a_float32_minimum_cast_to_float16_saturates():
             return y
 
     tvm.ir.assert_structural_equal(HalfActivations()(Before), Expected)
+
+
+def test_as_bfloat16_retypes_what_mixed_precision_made_float16():
+    """``AsBFloat16``: ToMixedPrecision's float16 parameters, casts and constants become
+    bfloat16, products keep their float32 accumulation; a LayerNorm (TVM 0.27 lowers it in
+    float32 and float16 only) runs in float32 between casts, as PyTorch's bfloat16 LayerNorm
+    computes, its scale and shift float32 parameters (read by nothing else; casts of them would
+    be per-column work inside the row kernel); float32 stays float32."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "float16"),
+                 g: R.Tensor((8,), "float16"), b: R.Tensor((8,), "float16")):
+            with R.dataflow():
+                a = R.astype(x, "float16")
+                p = R.matmul(a, w, out_dtype="float32")
+                h = R.astype(p, "float16")
+                s = R.multiply(h, R.const(0.5, "float16"))
+                n = R.nn.layer_norm(s, g, b, axes=[-1])
+                y = R.add(R.astype(n, "float32"), R.const(1.0, "float32"))
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 8), "bfloat16"),
+                 g: R.Tensor((8,), "float32"), b: R.Tensor((8,), "float32")):
+            with R.dataflow():
+                a = R.astype(x, "bfloat16")
+                p = R.matmul(a, w, out_dtype="float32")
+                h = R.astype(p, "bfloat16")
+                s = R.multiply(h, R.const(0.5, "bfloat16"))
+                s32 = R.astype(s, "float32")
+                n32 = R.nn.layer_norm(s32, g, b, axes=[-1])
+                n = R.astype(n32, "bfloat16")
+                y = R.add(R.astype(n, "float32"), R.const(1.0, "float32"))
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(AsBFloat16()(Before), Expected)
+
+
+def test_as_bfloat16_refuses_a_float16_it_cannot_retype():
+    """An op with its own float16 attribute (a ``full``) would leave the module in two
+    formats: the rewrite says so instead."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4,), "float16")):
+            with R.dataflow():
+                y = R.add(x, R.full((4,), R.const(1.0, "float16"), dtype="float16"))
+                R.output(y)
+            return y
+
+    with pytest.raises(ValueError, match="float16 left after the bfloat16 rewrite"):
+        AsBFloat16()(Before)
+
+
+def test_bfloat16_activations_saturate_to_bfloat16s_range():
+    """In bfloat16 a mask's ``finfo(float32).min`` (which rounds to -inf in bfloat16) saturates
+    to bfloat16's lowest finite value, not float16's -65504; ``-inf`` stays -inf; a float32
+    LayerNorm is left in float32 (it runs between casts)."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((4, 8), "bfloat16"), g: R.Tensor((8,), "float32"),
+                 b: R.Tensor((8,), "float32")):
+            with R.dataflow():
+                low = R.astype(R.const(-3.4028234663852886e38, "float32"), "bfloat16")
+                ninf = R.astype(R.const(float("-inf"), "float32"), "bfloat16")
+                y = R.add(R.add(x, low), ninf)
+                n = R.nn.layer_norm(R.astype(y, "float32"), g, b, axes=[-1])
+                R.output(n)
+            return n
+
+    low = float(np.float32(-3.3895313892515355e38))
+    after = HalfActivations("bfloat16")(Before)
+    consts = []
+    relax.analysis.post_order_visit(
+        after["main"], lambda e: consts.append(e) if isinstance(e, tvm.ir.expr.Constant)
+        and hasattr(e, "value") and hasattr(e.value, "numpy") else None)
+    values = sorted(float(c.value.numpy().astype("float32")) for c in consts)
+    assert values == [float("-inf"), low]
+    assert all(str(c.ty.dtype) == "bfloat16" for c in consts)
+    norms = [b.value for b in after["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.layer_norm"]
+    assert [str(n.ty.dtype) for n in norms] == ["float32"]
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        HalfActivations("float8")
+
+
+def test_bfloat16_arithmetic_in_a_kernel_is_computed_in_float32():
+    """``ComputeFloat32`` widens bfloat16 arithmetic as it does float16's."""
+
+    @I.ir_module
+    class Before:
+        @T.prim_func(s_tir=True)
+        def main(x: T.Buffer((8,), "bfloat16"), u: T.Buffer((8,), "bfloat16"),
+                 y: T.Buffer((8,), "bfloat16")):
+            for i in range(8):
+                with T.sblock("silu_up"):
+                    v = T.axis.spatial(8, i)
+                    y[v] = x[v] * T.sigmoid(x[v]) * u[v]
+
+    @I.ir_module
+    class Expected:
+        @T.prim_func(s_tir=True)
+        def main(x: T.Buffer((8,), "bfloat16"), u: T.Buffer((8,), "bfloat16"),
+                 y: T.Buffer((8,), "bfloat16")):
+            for i in range(8):
+                with T.sblock("silu_up"):
+                    v = T.axis.spatial(8, i)
+                    y[v] = T.Cast(
+                        "bfloat16",
+                        T.Cast("float32", x[v])
+                        * T.sigmoid(T.Cast("float32", x[v]))
+                        * T.Cast("float32", u[v]),
+                    )
+
+    tvm.ir.assert_structural_equal(ComputeFloat32()(Before), Expected)
 
 
 def test_float16_arithmetic_in_a_kernel_is_computed_in_float32():

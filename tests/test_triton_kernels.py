@@ -526,8 +526,10 @@ def test_softmax_scale_comes_out_of_the_row_maxima():
     """The logits' positive scale (with log2 e) comes out of the online softmax's maxima, one
     for the masked and the visible logits of a causal attention: ``exp2(y·c − max·c)`` is one
     FMA a logit.  A model's float16 logits keep their roundings (only the final widening is
-    scaled); logits without one common factor, or not bounded (a -1e9 mask: a row of keys all
-    masked would take max · c's rounding error as its exponent), keep the scaled form (c = 1)."""
+    scaled).  Logits without one common factor, or not bounded (a -1e9 mask: a row of keys all
+    masked would take max · c's rounding error as its exponent; a float32 or bfloat16 value
+    that log2 e would scale past float32's range), stay as written and the softmax computes
+    ``exp2((y − max) · log2 e)``."""
     from tvm_stitch.analysis.elem import Const, Iter, Leaf, Op
     from tvm_stitch.codegen.triton_gen import LOG2E, softmax_exp2
     from tvm_stitch.codegen.triton_gen import scaled_logits as _scaled_logits
@@ -540,33 +542,38 @@ def test_softmax_scale_comes_out_of_the_row_maxima():
     def scaled_logits(*scores):
         return _scaled_logits(*scores, product="s")
 
-    (y,), c = scaled_logits(Op("mul", (s, Const(0.125, "float32")), "float32"))
-    assert keys([y]) == keys([s]) and c == 0.125 * LOG2E
+    (y,), c, fused = scaled_logits(Op("mul", (s, Const(0.125, "float32")), "float32"))
+    assert keys([y]) == keys([s]) and c == 0.125 * LOG2E and fused
     # BERT: (s as float16) · 0.125 + mask, in float16, then widened
     half = Op("add", (Op("mul", (Op("cast", (s,), "float16"), Const(0.125, "float16")),
                              "float16"), Leaf("mask", (), "float16")), "float16")
-    (y,), c = scaled_logits(half)
-    assert keys([y]) == keys([Op("cast", (half,), "float32")]) and c == LOG2E
+    (y,), c, fused = scaled_logits(half)
+    assert keys([y]) == keys([Op("cast", (half,), "float32")]) and c == LOG2E and fused
+    # the same in bfloat16: its values reach 3.4e38, which log2 e would scale to -inf
+    bf = Op("add", (Op("mul", (Op("cast", (s,), "bfloat16"), Const(0.125, "bfloat16")),
+                           "bfloat16"), Leaf("mask", (), "bfloat16")), "bfloat16")
+    (y,), c, fused = scaled_logits(bf)
+    assert keys([y]) == keys([bf]) and c == LOG2E and not fused
     # causal: the masked logits and the visible ones share the factor; -inf stays -inf
     cond = Iter("n > m", "bool")
     scaled = Op("mul", (s, Const(0.125, "float32")), "float32")
     masked = Op("select", (cond, Const(float("-inf"), "float32"), scaled), "float32")
-    (ym, yv), c = scaled_logits(masked, scaled)
-    assert c == 0.125 * LOG2E and keys([yv]) == keys([s])
+    (ym, yv), c, fused = scaled_logits(masked, scaled)
+    assert c == 0.125 * LOG2E and fused and keys([yv]) == keys([s])
     assert keys([ym]) == keys([Op("select", (cond, Const(float("-inf"), "float32"), s),
                                   "float32")])
-    # a bias scaled otherwise: no common factor
+    # a bias scaled otherwise: no common factor, the logits as written
     bias = Op("mul", (Leaf("bias", (), "float32"), Const(2.0, "float32")), "float32")
-    (y,), c = scaled_logits(Op("add", (scaled, bias), "float32"))
-    assert c == 1.0 and y.op == "add" and y.args[0].args[1].value == 0.125 * LOG2E
-    assert softmax_exp2(c) == ("z - {m}", "m_i - m_safe")
+    logits = Op("add", (scaled, bias), "float32")
+    (y,), c, fused = scaled_logits(logits)
+    assert keys([y]) == keys([logits]) and c == LOG2E and not fused
     # a huge finite mask (a row of keys all masked: max · c rounded far from every y · c) or a
-    # float32 read scaled alike (unbounded) keeps the scaled form; -10000 is fine
-    for big, fused in ((-1e9, False), (-1e4, True)):
+    # float32 read scaled alike (unbounded) keeps the logits as written; -10000 is fine
+    for big, want in ((-1e9, False), (-1e4, True)):
         mask = Op("select", (cond, Const(big * 0.125, "float32"), Const(0.0, "float32")),
                   "float32")
-        (_,), c = scaled_logits(Op("add", (scaled, mask), "float32"))
-        assert (c != 1.0) == fused, big
+        assert scaled_logits(Op("add", (scaled, mask), "float32"))[2] == want, big
     bias = Op("mul", (Leaf("bias", (), "float32"), Const(0.125, "float32")), "float32")
-    assert scaled_logits(Op("add", (scaled, bias), "float32"))[1] == 1.0
+    assert not scaled_logits(Op("add", (scaled, bias), "float32"))[2]
     assert softmax_exp2(0.5) == ("z * 0.5 - {m} * 0.5", "(m_i - m_safe) * 0.5")
+    assert softmax_exp2(0.5, fused=False) == ("(z - {m}) * 0.5", "(m_i - m_safe) * 0.5")

@@ -270,13 +270,16 @@ def test_generated_kernels_under_the_interpreter(tmp_path):
     # (fold=1: also the GEMMs with the LayerNorm / RMSNorm before them folded in; programs=1:
     # only those writing or reading moments, in pieces of whole 128-column rows; sdpa=1:
     # transformers' default attention; mask=1: a boolean key mask, whose first sequence the
-    # cases' inputs hide entirely; in float16, Q, K and V read through their float32 copies)
+    # cases' inputs hide entirely; in float16, Q, K and V read through their float32 copies;
+    # mask=2: that mask filling the logits with finfo(float32).min, which log2 e would scale
+    # to -inf: a NaN in rows with no key visible before the softmax took differences first)
     specs = ["bert-tiny:float32:batch=2,seq=19,fold=1", "llama-tiny:float16:seq=33,fold=1",
              "bert-tiny:float16:batch=2,seq=19,fold=1,programs=1",
              "gpt2-tiny:float16:seq=33,sdpa=1",
              "torch-attention:float32:batch=2,heads=2,seq=33,dim=48,causal=1,mask=1",
              "torch-attention:float16:batch=2,heads=2,seq=40,dim=24,causal=0,mask=1",
              "torch-attention:float16:batch=1,heads=2,seq=128,dim=32,causal=1",
+             "torch-attention:float32:batch=2,heads=2,seq=33,dim=48,causal=1,mask=2",
              "bert-tiny:float16:batch=2,seq=128"]
     res = subprocess.run([sys.executable, str(script), *specs], capture_output=True, text=True,
                          env=env, check=False, timeout=900)

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
         p.add_argument(
             "--dtype",
-            choices=["float32", "float16"],
+            choices=["float32", "float16", "bfloat16"],
             help="default: float16 on cuda, float32 on llvm",
         )
         p.add_argument(

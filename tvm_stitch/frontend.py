@@ -10,7 +10,8 @@ The model is exported with ``torch.export`` in float32 and imported with TVM's
 module afterwards (float16 operands, float32 accumulation, float16 weights) and
 ``HalfActivations`` keeps the activations in float16 as ``model.half()`` does (reductions still
 accumulate in float32): TVM 0.27 cannot import a model exported in float16 (mixed dtypes in its
-linear layers).  Tensors cross between PyTorch and
+linear layers).  For ``bfloat16`` (the default on CUDA for a bfloat16 model), ``AsBFloat16``
+retypes ``ToMixedPrecision``'s float16 first.  Tensors cross between PyTorch and
 TVM through DLPack, without copies, on PyTorch's current CUDA stream.
 """
 
@@ -28,7 +29,7 @@ from .errors import error_line
 
 logger = logging.getLogger("tvm_stitch.frontend")
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ def import_torch(
         ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
         Inputs of the static shapes the compiled model will take.
-    dtype : {"float32", "float16"}
+    dtype : {"float32", "float16", "bfloat16"}
         Compute dtype of the imported module.
     example_kwargs : dict, optional
         Keyword arguments: tensors are inputs after the positional ones; anything else
@@ -117,16 +118,21 @@ def import_torch(
         # TVM's importer accumulates half-precision products in float32 and keeps their
         # results float32 up to the outputs; PyTorch returns the exported dtypes
         mod = _exported_output_dtypes(mod, exported)
-    if dtype == "float16" and convert:
+    if dtype in ("float16", "bfloat16") and convert:
         # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
         # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
         # parameters instead of float32 ones cast on every call
-        from tvm_stitch.passes.precision import HalfActivations
+        from tvm_stitch.passes.precision import AsBFloat16, HalfActivations, as_dtype
 
         names = [v.name for v in mod["main"].params[num_inputs:]]
         mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
-        mod = HalfActivations()(mod)  # float16 activations, as model.half() computes them
-        weights = [w.astype("float16") if w.dtype == np.float32 else w for w in weights]
+        if dtype == "bfloat16":
+            mod = AsBFloat16()(mod)  # TVM's mixed precision knows only float16
+        mod = HalfActivations(dtype)(mod)  # 16-bit activations, as model.half() computes them
+        # each weight in its parameter's dtype (a bfloat16 LayerNorm's scale stays float32)
+        types = [str(v.ty.dtype) for v in mod["main"].params[num_inputs:]]
+        weights = [as_dtype(w, t) if w.dtype == np.float32 and t in ("float16", "bfloat16")
+                   else w for w, t in zip(weights, types)]
     return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
 
 
@@ -378,6 +384,18 @@ class StitchModule:
         return (*args, *(kwargs[name] for name in rest))
 
 
+def default_dtype(module, cuda: bool) -> str:
+    """``from_torch``'s dtype when none is given: float32 on the CPU; on CUDA bfloat16 for a
+    model whose floating parameters are all bfloat16 (its range exceeds float16's), else
+    float16."""
+    import torch
+
+    if not cuda:
+        return "float32"
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    return "bfloat16" if dtypes == {torch.bfloat16} else "float16"
+
+
 def from_torch(
     module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None, **options
 ) -> StitchModule:
@@ -391,8 +409,9 @@ def from_torch(
         Inputs with the static shapes to compile for.
     target : str or dict or tvm.target.Target
         ``"cuda"`` (the H100, sm_90a) or ``"llvm"``.
-    dtype : {"float32", "float16"}, optional
-        Default: float16 on CUDA, float32 on the CPU.
+    dtype : {"float32", "float16", "bfloat16"}, optional
+        Default: on CUDA the model's own 16-bit format (bfloat16 for a bfloat16 model, else
+        float16); float32 on the CPU.
     example_kwargs : dict, optional
         Keyword inputs.
     **options
@@ -407,7 +426,7 @@ def from_torch(
 
     target = as_target(target)
     cuda = target.kind.name == "cuda"
-    dtype = dtype or ("float16" if cuda else "float32")
+    dtype = dtype or default_dtype(module, cuda)
     imported = import_torch(module, example_args, dtype, example_kwargs)
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0))

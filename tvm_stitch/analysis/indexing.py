@@ -40,6 +40,10 @@ class UnsupportedExprError(ValueError):
     """An expression outside what the analyses understand (the message says what)."""
 
 
+#: The 16-bit floating formats: stored in 16 bits, computed and accumulated in float32
+HALF = ("float16", "bfloat16")
+
+
 def dtype_of(expr) -> str:
     """The dtype of a PrimExpr (calls carry it as their type)."""
     dtype = getattr(expr, "dtype", None)

@@ -60,6 +60,7 @@ from .elem import (
     walk,
 )
 from .indexing import (
+    HALF,
     Strided,
     UnsupportedExprError,
     as_int64,
@@ -76,7 +77,6 @@ logger = logging.getLogger("tvm_stitch.recognize")
 
 FAMILIES = ("attention", "chain", "gemm")
 _FLOATS = ("float16", "bfloat16", "float32")
-_HALF = ("float16", "bfloat16")
 
 
 class NotRecognizedError(ValueError):
@@ -398,15 +398,37 @@ def _materialized(graph: TensorDependencyGraph, tensor: str) -> bool:
 
 
 def _views_policy(graph, stop=frozenset(), casts=False) -> Policy:
-    """Operands read in place: data movement is seen through (and float casts with ``casts``),
-    never past a tensor another kernel writes (``stop``)."""
+    """Operands read in place: data movement is seen through (and float casts with ``casts``,
+    but for a narrowing of a computed tensor nothing else reads, which its producer writes
+    narrow instead), never past a tensor another kernel writes (``stop``)."""
 
     def inline(node):
         if node.output in stop:
             return False
-        return data_movement(node) or (casts and elementwise(node) and _float_cast(node))
+        return data_movement(node) or (casts and elementwise(node) and _float_cast(node)
+                                       and not _narrows_for_itself(graph, node))
 
     return Policy(inline=inline)
+
+
+_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def _narrows_for_itself(graph, node) -> bool:
+    """A cast to a narrower float of a tensor that another op computes and only this cast
+    reads: read through, the product would load the wide tensor (twice the bytes, converted in
+    its loop) where the producer can write the narrow one (a bfloat16 model's LayerNorm, run in
+    float32 between casts, before a GEMM)."""
+    (source,) = {m.tensor for m in node.inputs}
+    narrower = _BITS.get(graph.tensors[node.output].dtype, 32) < _BITS.get(
+        graph.tensors[source].dtype, 32)
+    computed = graph.tensors[source].producer is not None
+    return narrower and computed and not _materialized_besides(graph, source, node)
+
+
+def _materialized_besides(graph, tensor: str, reader) -> bool:
+    """Whether ``tensor`` is pinned or read by a node other than ``reader``."""
+    return tensor in graph.pinned or any(n.name != reader.name for n in graph.consumers(tensor))
 
 
 def _epilogue_policy(graph, stop=frozenset(), inside=frozenset(), fold=frozenset()) -> Policy:
@@ -701,7 +723,7 @@ def _widening(node) -> bool:
     """A block that only converts a 16-bit float element to float32 (exactly)."""
     return (elementwise(node) and _float_cast(node)
             and dtype_of(node.block.body.value) == "float32"
-            and dtype_of(node.block.body.value.value) in _HALF)
+            and dtype_of(node.block.body.value.value) in HALF)
 
 
 def _float_cast(node) -> bool:
@@ -1544,7 +1566,7 @@ def _half_attention(graph, frame, composer, c1, c2, vmap1, vmap2, stop):
         q = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop, widen=True)
         k = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop, widen=True)
         read = {graph.tensors[x.tensor].dtype for x, _ in (q, k)}
-        if len(read) != 1 or not read <= set(_HALF):
+        if len(read) != 1 or not read <= set(HALF):
             return None
         dtype = read.pop()
         _widened_operand(graph, frame, composer, *c2.b, vmap2, dtype, stop)

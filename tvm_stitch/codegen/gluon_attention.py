@@ -461,10 +461,10 @@ def attention_ws_source(match, name: str) -> str:
 
     visible = visible_logits(match) if match.causal is not None else None
     # log2(e) joins the logits' scale, which comes out of the row maxima (one FMA a logit)
-    (score, *rest), scale = scaled_logits(match.score, *([visible] if visible else []),
-                                          product=match.score_tensor)
+    (score, *rest), scale, fused = scaled_logits(
+        match.score, *([visible] if visible else []), product=match.score_tensor)
     visible = rest[0] if rest else None
-    exp2_z, exp2_m = softmax_exp2(scale)
+    exp2_z, exp2_m = softmax_exp2(scale, fused)
 
     def logits(score, prefix="g"):
         # temporaries of the two branches of a causal block test are named apart: Triton

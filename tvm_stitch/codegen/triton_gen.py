@@ -1146,25 +1146,29 @@ def _times(e: Elem, factor: float) -> Elem:
     return Op("mul", (e, Const(factor, e.dtype)), e.dtype)
 
 
-def scaled_logits(*scores: Elem, product: str | None = None) -> tuple[list[Elem], float]:
-    """``(ys, c)`` with each ``scores[i] · log2 e`` equal to ``ys[i] · c``, ``c > 0``, one ``c``
-    for all: the softmax takes its row maxima of ``y`` and computes ``exp2(y · c − max · c)``,
-    one fused multiply-add per logit instead of a multiplication and a subtraction
-    (FlashAttention's form; the maximum commutes with a positive scale).  ``c`` is 1 when no
-    common positive factor comes out (``ys`` are then the scaled logits).
+def scaled_logits(*scores: Elem, product: str | None = None) -> tuple[list[Elem], float, bool]:
+    """``(ys, c, fused)``: logits ``ys`` and a factor ``c > 0`` with ``exp(score − max) =
+    exp2(y·c − max·c)``, one ``c`` for all.
 
-    Only where every ``y · c`` is bounded (:data:`FMA_LOGIT_BOUND`: the products ``product``,
-    16-bit values, moderate constants): ``max · c`` is rounded once for a row, and a row whose
-    logits are all one huge masked value (-1e9 added to every key) would see that rounding
-    error as the exponent — inf or 0 where the scaled form gives exactly 1."""
+    ``fused``: each ``scores[i] · log2 e`` equals ``ys[i] · c`` — the softmax takes its row
+    maxima of ``y`` and computes ``exp2(y · c − max · c)``, one fused multiply-add per logit
+    instead of a multiplication and a subtraction (FlashAttention's form; the maximum commutes
+    with a positive scale).  Only where every ``y · c`` is bounded (:data:`FMA_LOGIT_BOUND`:
+    the products ``product``, float16 values, moderate constants): ``max · c`` is rounded once
+    for a row, and a row whose logits are all one huge masked value (-1e9 added to every key)
+    would see that rounding error as the exponent — inf or 0 where the exact form gives 1.
+
+    Otherwise ``ys`` are the scores as written, ``c = log2 e``, and the softmax computes
+    ``exp2((y − max) · c)``: the difference first, so that no logit is scaled past float32's
+    range (a mask of ``finfo(float32).min``, or bfloat16's lowest value, times ``log2 e`` is
+    ``-inf``, and a row of them a NaN where PyTorch's softmax gives a finite row)."""
     scaled = [_times(s, LOG2E) for s in scores]
     factor = next((c for c in map(_factor_of, scaled) if c is not None), None)
-    if factor is None or factor <= 0 or not math.isfinite(factor):
-        return scaled, 1.0
-    ys = [_unscaled(s, factor) for s in scaled]
-    if any(y is None or not _bounded(y, factor, product) for y in ys):
-        return scaled, 1.0
-    return ys, factor
+    if factor is not None and factor > 0 and math.isfinite(factor):
+        ys = [_unscaled(s, factor) for s in scaled]
+        if all(y is not None and _bounded(y, factor, product) for y in ys):
+            return ys, factor, True
+    return list(scores), LOG2E, False
 
 
 #: the largest ``|y · c|`` the fused exponent takes: float32's rounding of ``max · c`` then
@@ -1191,14 +1195,14 @@ def _bounded(e: Elem, factor: float, product: str | None) -> bool:
     return False
 
 
-def softmax_exp2(scale: float) -> tuple[str, str]:
+def softmax_exp2(scale: float, fused: bool = True) -> tuple[str, str]:
     """The arguments of the online softmax's two ``exp2``: a logit's (``z`` against the row
     maximum ``{m}``) and the old maximum's rescaling (``m_i`` against ``m_safe``), for logits
-    ``z`` scaled by ``scale`` (:func:`scaled_logits`)."""
-    if scale == 1.0:
-        return "z - {m}", "m_i - m_safe"
+    ``z`` scaled by ``scale``, fused or not (:func:`scaled_logits`)."""
     c = _literal(scale)
-    return f"z * {c} - {{m}} * {c}", f"(m_i - m_safe) * {c}"
+    if fused:
+        return f"z * {c} - {{m}} * {c}", f"(m_i - m_safe) * {c}"
+    return f"(z - {{m}}) * {c}", f"(m_i - m_safe) * {c}"
 
 
 def _factor_of(e: Elem) -> float | None:
@@ -1344,10 +1348,10 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
     visible = visible_logits(match)
     # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale, which
     # comes out of the row maxima: p = exp2(y·c − max·c), one fused multiply-add a logit
-    (logits, *rest), scale = scaled_logits(match.score, *([visible] if visible else []),
-                                           product=match.score_tensor)
+    (logits, *rest), scale, fused = scaled_logits(
+        match.score, *([visible] if visible else []), product=match.score_tensor)
     visible = rest[0] if rest else None
-    exp2 = softmax_exp2(scale)
+    exp2 = softmax_exp2(scale, fused)
 
     def loop(score, start, stop):
         printer = ElemPrinter(

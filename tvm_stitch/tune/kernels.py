@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from tvm_stitch.analysis.indexing import HALF
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import ChainSpec
@@ -32,7 +33,7 @@ def _randn(shape, dtype, scale=1.0):
 
 
 def _bytes(dtype) -> int:
-    return 2 if str(dtype) == "float16" else 4
+    return 2 if str(dtype) in HALF else 4
 
 
 def _gemm_seed(m, n, k, warps, stages, persistent, split=1):

@@ -322,6 +322,25 @@ def masked_attention(causal: bool):
     return MaskedAttention()
 
 
+def filled_attention(causal: bool):
+    """Attention as Hugging Face's eager implementations write it: a boolean key mask
+    ``[batch, keys]`` (and a causal one) fills the hidden logits with ``finfo(dtype).min``
+    before the softmax; a row with no key visible averages V (a softmax of equal logits)."""
+    import torch
+
+    class FilledAttention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+            visible = mask[:, None, None, :]
+            if causal:
+                n = q.shape[-2]
+                visible = visible & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
+            return torch.softmax(scores, dim=-1) @ v
+
+    return FilledAttention()
+
+
 def key_mask(batch: int, seq: int) -> np.ndarray:
     """A key mask: the first sequence's last quarter padded, the last sequence all padding."""
     mask = np.ones((batch, seq), bool)
@@ -333,7 +352,7 @@ def key_mask(batch: int, seq: int) -> np.ndarray:
 
 def plain_attention_workload() -> Workload:
     """``torch-attention``: :func:`plain_attention` imported like a user's model (``mask=1``:
-    :func:`masked_attention`)."""
+    :func:`masked_attention`; ``mask=2``: :func:`filled_attention`)."""
 
     def build(dtype, rng, batch, heads, seq, dim, causal, mask=0):
         import torch
@@ -343,13 +362,16 @@ def plain_attention_workload() -> Workload:
 
         shape = (batch, heads, seq, dim)
         qkv = [rng.standard_normal(shape).astype("float32") for _ in range(3)]
-        module = masked_attention(bool(causal)) if mask else plain_attention(bool(causal))
+        module = {0: plain_attention, 1: masked_attention, 2: filled_attention}[mask](bool(causal))
         inputs = qkv + ([key_mask(batch, seq)] if mask else [])
-        imported = import_torch(  # exported in the compute dtype, as written
+        # exported in the compute dtype, as written; a finfo.min fill (mask=2) as from_torch
+        # compiles Hugging Face's models: exported in float32 and converted (the fill saturates)
+        convert = mask == 2
+        imported = import_torch(
             module,
             tuple(torch.from_numpy(a) for a in inputs),
             dtype,
-            convert=False,
+            convert=convert,
         )
 
         def eager(device, tdtype):
@@ -361,13 +383,13 @@ def plain_attention_workload() -> Workload:
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
         flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
-        io = 4 * batch * heads * seq * dim * (2 if dtype == "float16" else 4)
+        io = 4 * batch * heads * seq * dim * (2 if dtype in ("float16", "bfloat16") else 4)
         return Instance(
             f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''}"
-            f"{' masked' if mask else ''} {dtype}",
+            f"{('', ' masked', ' filled')[mask]} {dtype}",
             imported.mod,
             "main",
-            [a.astype(dtype) for a in qkv] + inputs[3:],
+            [a if convert else a.astype(dtype) for a in qkv] + inputs[3:],
             {"eager": eager, "sdpa": sdpa},
             flops,
             io,
@@ -378,7 +400,8 @@ def plain_attention_workload() -> Workload:
         "torch-attention",
         "zoo",
         "attention written in plain PyTorch (optionally causal), imported like a user's model; "
-        "mask=1: scaled_dot_product_attention with a boolean key mask (one sequence all padding)",
+        "mask=1: scaled_dot_product_attention with a boolean key mask (one sequence all padding); "
+        "mask=2: the same mask filling logits with finfo.min, as Hugging Face's eager attention",
         {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0},
         build,
     )
