@@ -164,7 +164,7 @@ def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None,
 
     ``padded`` (a boolean ``(batch, seq)`` array): rows of padding tokens.  With ``theirs``
     (PyTorch's output in ``dtype`` on the same device) the padding rows whose value PyTorch's
-    float16 and float32 do not agree on are left out of the verdict and reported apart — ours
+    16-bit and float32 outputs do not agree on are left out of the verdict and reported apart — ours
     against each: a left-padded row of a causal model sees no key, and what it holds may
     depend on the precision (a float32 minimum added to a logit absorbs it in float32, not once
     the mask is float16's -65504; PyTorch's float16 kernels also give most rows of a boolean

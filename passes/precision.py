@@ -102,7 +102,7 @@ _KEEP = ("relax.matmul", "relax.linear", "relax.astype", "relax.nn.conv1d", "rel
 _MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 #: Ops TVM 0.27 legalizes in float32 and float16 only: in a bfloat16 module they run in float32
 #: between casts (PyTorch's bfloat16 LayerNorm also computes in float32 and rounds once)
-_NO_BFLOAT16 = ("relax.nn.layer_norm",)
+_NO_BFLOAT16 = ("relax.nn.layer_norm", "relax.nn.group_norm", "relax.nn.instance_norm")
 #: Reductions that sum (max and min are exact in any format): a norm's statistics
 _SUMS = ("relax.sum", "relax.mean", "relax.variance", "relax.std", "relax.prod")
 
@@ -395,32 +395,45 @@ class _Retyper(relax.PyExprMutator):
         ty = var.ty
         if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float16":
             self.count += 1
-            # a LayerNorm's scale and shift, read by nothing else: float32 parameters (the norm
-            # runs in float32; casts of them would be per-column work inside the row kernel)
-            dtype = "float32" if any(var.same_as(p) for p in self.float32_params) else "bfloat16"
-            new = relax.Var(var.name, relax.TensorType(ty.shape, dtype, ty.vdevice))
+            # a norm's scale and shift that it reads directly (ToMixedPrecision made the norm
+            # float16) and nothing else reads: float32 parameters (the norm runs in float32;
+            # casts of them would be per-column work inside the row kernel)
+            wide = any(var.same_as(p) for p in self.float32_params)
+            new = relax.Var(var.name, relax.TensorType(ty.shape, "float32", ty.vdevice) if wide
+                            else _as_bfloat16(ty))
             self.set_var_remap(var, new)
             return new
         return var
 
     def visit_call_(self, call):
         args = [self._arg(a) for a in call.args]
+        op = call.op if isinstance(call.op, tvm.ir.Op) else self.visit_expr(call.op)
+        ty_args = [_as_bfloat16(t) for t in call.ty_args]
         if call.op == tvm.ir.Op.get("relax.astype") and str(call.attrs.dtype) == "float16":
             self.count += 1
             return relax.op.astype(args[0], "bfloat16")
-        if isinstance(call.op, tvm.ir.Op) and call.op.name in _NO_BFLOAT16 and _dtype(call) in HALF:
+        if isinstance(op, tvm.ir.Op) and op.name in _NO_BFLOAT16 and _dtype(call) in HALF:
             wide = [self.builder_.emit(relax.op.astype(a, "float32")) if _dtype(a) == "bfloat16"
                     else a for a in args]
-            out = self.builder_.emit(relax.Call(call.op, wide, call.attrs, call.ty_args))
+            out = self.builder_.emit(relax.Call(op, wide, call.attrs, call.ty_args))
             return relax.op.astype(out, "bfloat16")
-        return relax.Call(call.op, args, call.attrs, call.ty_args)  # its type inferred again
+        return relax.Call(op, args, call.attrs, ty_args)  # its type inferred again
 
     def _arg(self, arg):
+        if isinstance(arg, relax.Tuple):  # a concat's operands
+            return relax.Tuple([self._arg(f) for f in arg.fields])
         if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == "float16":
             self.count += 1
             value = as_dtype(arg.value.numpy().astype("float32"), "bfloat16")
             return relax.const(value, "bfloat16")
         return self.visit_expr(arg)
+
+
+def _as_bfloat16(ty):
+    """``ty`` with a float16 tensor type as bfloat16."""
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) == "float16":
+        return relax.TensorType(ty.shape, "bfloat16", ty.vdevice)
+    return ty
 
 
 def _norm_parameters(mod) -> list:

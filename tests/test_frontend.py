@@ -213,8 +213,14 @@ def test_bfloat16_is_the_default_for_a_bfloat16_model_on_cuda(bert):
     try:
         assert default_dtype(bf, cuda=True) == "bfloat16"
         assert default_dtype(bf, cuda=False) == "float32"
+        bf.encoder.layer[0].output.float()  # modules kept in float32 (transformers does so)
+        assert default_dtype(bf, cuda=True) == "bfloat16"
     finally:
         bert.float()
+    # no parameters: the inputs say
+    relu = torch.nn.ReLU()
+    assert default_dtype(relu, True, (torch.ones(2, dtype=torch.bfloat16),)) == "bfloat16"
+    assert default_dtype(relu, True, (torch.ones(2, dtype=torch.int64),)) == "float16"
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])

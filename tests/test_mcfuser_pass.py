@@ -215,28 +215,34 @@ def test_an_attention_over_float32_copies(database, dtypes, kernel):
     np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize("kept", [False, True, "input"])
 def test_a_narrowing_cast_before_a_gemm_is_written_by_its_producer(database, kept):
     """A GEMM's ``A`` cast to bfloat16 from a float32 tensor another op computes (a bfloat16
     model's LayerNorm, run in float32 between casts): the product reads the narrow tensor,
     which the producer writes, not the wide one converted in its loop (twice the bytes; GPT-2
     base 1 × 256 in bfloat16 on the H100: 507.6 µs with, 441.2 without).  Where the float32
-    tensor is needed anyway (``kept``: read again after the product) the product reads it
-    through the cast."""
+    tensor is needed anyway (``kept``: read again after the product), or is an input seen
+    through data movement (``"input"``: no kernel computes it), the product reads it through
+    the cast."""
     shapes = [("x", (67, 96), "float32"), ("w", (96, 96), "bfloat16")]
 
     def body(x, w):
         y = relax.op.multiply(x, relax.const(2.0, "float32"))  # a float32 row computation
+        if kept == "input":
+            y = relax.op.reshape(relax.op.permute_dims(relax.op.reshape(x, (67, 96, 1)),
+                                                       [0, 2, 1]), (67, 96))
         a = relax.op.astype(y, "bfloat16")
         out = relax.op.astype(relax.op.matmul(a, relax.op.permute_dims(w), out_dtype="float32"),
                               "bfloat16")
         # kept: a second reader, the output adding y to the product
-        return [relax.op.add(relax.op.astype(out, "float32"), y)] if kept else [out]
+        return [relax.op.add(relax.op.astype(out, "float32"), y)] if kept is True else [out]
 
     graph = build_graph(legalized(relax_function(shapes, body)), legalize=False)
     (match,) = [m for m in recognize(graph).matches if m.family == "gemm"]
     read = graph.tensors[match.accesses["a"].tensor].dtype
     assert read == ("float32" if kept else "bfloat16")
+    if kept == "input":
+        assert match.accesses["a"].tensor == "x"
 
 
 def _attention_module(axis=-1, twice=False):

@@ -81,16 +81,18 @@ def test_cuda_build_for_sm90a_without_a_gpu():
     assert source.count(".entry stitch_") >= 5 and ".target sm_90a" in source
 
 
-def test_a_rule_failing_on_a_kernel_passes_it_to_the_next(caplog):
-    """One token a sequence: HF BERT's attention over a single key is left to TVM (one query
-    row), and dlight's GEMV rule asserts on its ``P·V`` (a reduction of one step). The rule's
-    failure is logged and the next rule schedules the kernel; the build completes (it raised
-    ``AssertionError`` from inside dlight before)."""
-    inst = get_workload("hf-bert-tiny").instance("float16", batch=2, seq=1)
+@pytest.mark.parametrize("name", ["hf-bert-tiny", "gpt2-tiny"])
+def test_one_token_a_sequence_builds_for_cuda(name):
+    """One token a sequence: the attention over a single key is left to TVM (one query row).
+    HF BERT's build raised ``AssertionError`` from inside dlight's GEMV rule on its ``P·V``
+    (a reduction of one step) until rules were guarded (the test after this one).  Since the
+    out-projection no longer reads that product's float32 result through its cast
+    (2026-11-27: the product's kernel writes float16), FusionStitching schedules the product
+    with its cast and no rule fails on this model any more."""
+    params = {"batch": 2} if name.startswith("hf-bert") else {}
+    inst = get_workload(name).instance("float16", seq=1, **params)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    with caplog.at_level("INFO", logger="tvm_stitch.pipeline"):
-        ex = tvm.compile(inst.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
-    assert "dlight's GEMV rule failed on the kernel of blocks ['matmul']" in caplog.text
+    ex = tvm.compile(inst.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
     assert "__global__" in cuda_source(ex)
 
 

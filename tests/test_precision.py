@@ -397,6 +397,37 @@ def test_as_bfloat16_refuses_a_float16_it_cannot_retype():
         AsBFloat16()(Before)
 
 
+def test_as_bfloat16_runs_other_float32_only_norms_in_float32_and_retypes_tuples():
+    """A GroupNorm (TVM 0.27 types it in float32 and float16 only) runs in float32 between
+    casts; a float16 constant inside a tuple (a concat's operands) becomes bfloat16."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 4, 6), "float16"), g: R.Tensor((4,), "float16"),
+                 b: R.Tensor((4,), "float16")):
+            with R.dataflow():
+                n = R.nn.group_norm(x, g, b, num_groups=2, channel_axis=1, axes=[2])
+                y = R.concat((n, R.const(np.ones((2, 4, 1)), "float16")), axis=2)
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 4, 6), "bfloat16"), g: R.Tensor((4,), "float32"),
+                 b: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                x32 = R.astype(x, "float32")
+                n32 = R.nn.group_norm(x32, g, b, num_groups=2, channel_axis=1, axes=[2])
+                n = R.astype(n32, "bfloat16")
+                y = R.concat((n, R.const(np.ones((2, 4, 1)), "bfloat16")), axis=2)
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(AsBFloat16()(Before), Expected)
+
+
 def test_bfloat16_activations_saturate_to_bfloat16s_range():
     """In bfloat16 a mask's ``finfo(float32).min`` (which rounds to -inf in bfloat16) saturates
     to bfloat16's lowest finite value, not float16's -65504; ``-inf`` stays -inf; a float32

@@ -129,7 +129,8 @@ def import_torch(
         if dtype == "bfloat16":
             mod = AsBFloat16()(mod)  # TVM's mixed precision knows only float16
         mod = HalfActivations(dtype)(mod)  # 16-bit activations, as model.half() computes them
-        # each weight in its parameter's dtype (a bfloat16 LayerNorm's scale stays float32)
+        # each weight in its parameter's dtype (in bfloat16 the scale and shift a LayerNorm
+        # reads directly stay float32: the norm runs in float32)
         types = [str(v.ty.dtype) for v in mod["main"].params[num_inputs:]]
         weights = [as_dtype(w, t) if w.dtype == np.float32 and t in ("float16", "bfloat16")
                    else w for w, t in zip(weights, types)]
@@ -384,16 +385,20 @@ class StitchModule:
         return (*args, *(kwargs[name] for name in rest))
 
 
-def default_dtype(module, cuda: bool) -> str:
+def default_dtype(module, cuda: bool, example_args=()) -> str:
     """``from_torch``'s dtype when none is given: float32 on the CPU; on CUDA bfloat16 for a
-    model whose floating parameters are all bfloat16 (its range exceeds float16's), else
-    float16."""
+    model with bfloat16 floating parameters and no float16 ones (some modules may be kept in
+    float32; a bfloat16 model's range exceeds float16's) — for a model without parameters,
+    judged by its floating inputs — else float16."""
     import torch
 
     if not cuda:
         return "float32"
     dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
-    return "bfloat16" if dtypes == {torch.bfloat16} else "float16"
+    if not dtypes:
+        dtypes = {a.dtype for a in example_args
+                  if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    return "bfloat16" if torch.bfloat16 in dtypes and torch.float16 not in dtypes else "float16"
 
 
 def from_torch(
@@ -411,7 +416,7 @@ def from_torch(
         ``"cuda"`` (the H100, sm_90a) or ``"llvm"``.
     dtype : {"float32", "float16", "bfloat16"}, optional
         Default: on CUDA the model's own 16-bit format (bfloat16 for a bfloat16 model, else
-        float16); float32 on the CPU.
+        float16; :func:`default_dtype`); float32 on the CPU.
     example_kwargs : dict, optional
         Keyword inputs.
     **options
@@ -426,7 +431,7 @@ def from_torch(
 
     target = as_target(target)
     cuda = target.kind.name == "cuda"
-    dtype = dtype or default_dtype(module, cuda)
+    dtype = dtype or default_dtype(module, cuda, example_args)
     imported = import_torch(module, example_args, dtype, example_kwargs)
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0))

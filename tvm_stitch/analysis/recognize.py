@@ -419,11 +419,26 @@ def _narrows_for_itself(graph, node) -> bool:
     reads: read through, the product would load the wide tensor (twice the bytes, converted in
     its loop) where the producer can write the narrow one (a bfloat16 model's LayerNorm, run in
     float32 between casts, before a GEMM)."""
-    (source,) = {m.tensor for m in node.inputs}
+    sources = {m.tensor for m in node.inputs}
+    if len(sources) != 1:
+        return False
+    (source,) = sources
     narrower = _BITS.get(graph.tensors[node.output].dtype, 32) < _BITS.get(
         graph.tensors[source].dtype, 32)
-    computed = graph.tensors[source].producer is not None
-    return narrower and computed and not _materialized_besides(graph, source, node)
+    if not narrower or _materialized_besides(graph, source, node):
+        return False
+    # computed: not an input (or a weight) seen through data movement, which the product
+    # reads through the cast rather than after a cast kernel of its own
+    t = source
+    while graph.tensors[t].producer is not None:
+        producer = graph.nodes[graph.tensors[t].producer]
+        if not data_movement(producer):
+            return True
+        inputs = {m.tensor for m in producer.inputs}
+        if len(inputs) != 1:
+            return True
+        (t,) = inputs
+    return False
 
 
 def _materialized_besides(graph, tensor: str, reader) -> bool:

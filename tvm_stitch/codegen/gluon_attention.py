@@ -451,7 +451,7 @@ def attention_ws_source(match, name: str) -> str:
     rows_bound = m % WS_ROWS != 0
     keys_bound = n % WS_ROWS != 0  # key tiles (64 or 128) divide 128
 
-    # the logits of one (64 × BLOCK_N) block, base 2: z = g(s) · log2(e)
+    # the logits of one (64 × BLOCK_N) block: z = g(s) · log2(e) / c (scaled_logits)
     masks = {}
     if rows_bound:
         masks["m"] = f"(rm < {m})[:, None]"
@@ -460,7 +460,8 @@ def attention_ws_source(match, name: str) -> str:
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
 
     visible = visible_logits(match) if match.causal is not None else None
-    # log2(e) joins the logits' scale, which comes out of the row maxima (one FMA a logit)
+    # log2(e) joins the logits' scale, which comes out of the row maxima (one FMA a logit
+    # where bounded; else exp2((z − max)·log2 e))
     (score, *rest), scale, fused = scaled_logits(
         match.score, *([visible] if visible else []), product=match.score_tensor)
     visible = rest[0] if rest else None

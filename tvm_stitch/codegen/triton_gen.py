@@ -1195,7 +1195,7 @@ def _bounded(e: Elem, factor: float, product: str | None) -> bool:
     return False
 
 
-def softmax_exp2(scale: float, fused: bool = True) -> tuple[str, str]:
+def softmax_exp2(scale: float, fused: bool) -> tuple[str, str]:
     """The arguments of the online softmax's two ``exp2``: a logit's (``z`` against the row
     maximum ``{m}``) and the old maximum's rescaling (``m_i`` against ``m_safe``), for logits
     ``z`` scaled by ``scale``, fused or not (:func:`scaled_logits`)."""
@@ -1347,7 +1347,8 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
 
     visible = visible_logits(match)
     # base-2 exponentials: exp2 is one instruction; log2(e) joins the logits' own scale, which
-    # comes out of the row maxima: p = exp2(y·c − max·c), one fused multiply-add a logit
+    # comes out of the row maxima: p = exp2(y·c − max·c), one fused multiply-add a logit (where
+    # bounded; else exp2((y − max)·log2 e), see scaled_logits)
     (logits, *rest), scale, fused = scaled_logits(
         match.score, *([visible] if visible else []), product=match.score_tensor)
     visible = rest[0] if rest else None

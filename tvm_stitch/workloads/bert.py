@@ -47,8 +47,8 @@ MASK_VALUE = -10000.0
 
 
 def _accumulator(dtype: str) -> str | None:
-    """Matrix products of float16 models accumulate in float32, as cuBLAS does for PyTorch."""
-    return "float32" if dtype == "float16" else None
+    """Matrix products of 16-bit models accumulate in float32, as cuBLAS does for PyTorch."""
+    return "float32" if dtype in ("float16", "bfloat16") else None
 
 
 def _matmul(a: nn.Tensor, b: nn.Tensor, dtype: str) -> nn.Tensor:

@@ -38,8 +38,9 @@ def relax_function(params, body, name="main"):
 
 
 def _matmul(a, b, dtype):
-    """``a @ b``; float16 accumulates in float32 and casts back, as cuBLAS does for PyTorch."""
-    if dtype == "float16":
+    """``a @ b``; 16-bit floats accumulate in float32 and cast back, as cuBLAS does for
+    PyTorch."""
+    if dtype in ("float16", "bfloat16"):
         return relax.op.astype(relax.op.matmul(a, b, out_dtype="float32"), dtype)
     return relax.op.matmul(a, b)
 
