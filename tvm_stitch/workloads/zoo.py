@@ -362,7 +362,10 @@ def plain_attention_workload() -> Workload:
 
         shape = (batch, heads, seq, dim)
         qkv = [rng.standard_normal(shape).astype("float32") for _ in range(3)]
-        module = {0: plain_attention, 1: masked_attention, 2: filled_attention}[mask](bool(causal))
+        makers = {0: plain_attention, 1: masked_attention, 2: filled_attention}
+        if mask not in makers:
+            raise ValueError(f"torch-attention's mask takes 0, 1 or 2, got {mask}")
+        module = makers[mask](bool(causal))
         inputs = qkv + ([key_mask(batch, seq)] if mask else [])
         # exported in the compute dtype, as written; a finfo.min fill (mask=2) as from_torch
         # compiles Hugging Face's models: exported in float32 and converted (the fill saturates)
