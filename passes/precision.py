@@ -424,7 +424,7 @@ class _Retyper(relax.PyExprMutator):
             return relax.Tuple([self._arg(f) for f in arg.fields])
         if isinstance(arg, tvm.ir.expr.Constant) and _dtype(arg) == "float16":
             self.count += 1
-            value = as_dtype(arg.value.numpy().astype("float32"), "bfloat16")
+            value = as_dtype(arg.value.numpy(), "bfloat16")
             return relax.const(value, "bfloat16")
         return self.visit_expr(arg)
 

@@ -25,6 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .analysis.indexing import HALF
 from .errors import error_line
 
 logger = logging.getLogger("tvm_stitch.frontend")
@@ -118,7 +119,7 @@ def import_torch(
         # TVM's importer accumulates half-precision products in float32 and keeps their
         # results float32 up to the outputs; PyTorch returns the exported dtypes
         mod = _exported_output_dtypes(mod, exported)
-    if dtype in ("float16", "bfloat16") and convert:
+    if dtype in HALF and convert:
         # float16 operands with float32 accumulation (out_dtype is the accumulator's dtype: with
         # "float16" results drift ~0.1 from PyTorch's on BERT-base); weights become float16
         # parameters instead of float32 ones cast on every call
@@ -132,8 +133,8 @@ def import_torch(
         # each weight in its parameter's dtype (in bfloat16 the scale and shift a LayerNorm
         # reads directly stay float32: the norm runs in float32)
         types = [str(v.ty.dtype) for v in mod["main"].params[num_inputs:]]
-        weights = [as_dtype(w, t) if w.dtype == np.float32 and t in ("float16", "bfloat16")
-                   else w for w, t in zip(weights, types)]
+        weights = [as_dtype(w, t) if w.dtype == np.float32 and t in HALF else w
+                   for w, t in zip(weights, types)]
     return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
 
 

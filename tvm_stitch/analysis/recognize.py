@@ -34,6 +34,7 @@ import hashlib
 import logging
 import math
 
+import tvm
 from tvm import ir, sym, tirx
 from tvm.ir.prim import expr as P
 
@@ -411,9 +412,6 @@ def _views_policy(graph, stop=frozenset(), casts=False) -> Policy:
     return Policy(inline=inline)
 
 
-_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
-
-
 def _narrows_for_itself(graph, node) -> bool:
     """A cast to a narrower float of a tensor that another op computes and only this cast
     reads: read through, the product would load the wide tensor (twice the bytes, converted in
@@ -423,9 +421,9 @@ def _narrows_for_itself(graph, node) -> bool:
     if len(sources) != 1:
         return False
     (source,) = sources
-    narrower = _BITS.get(graph.tensors[node.output].dtype, 32) < _BITS.get(
-        graph.tensors[source].dtype, 32)
-    if not narrower or _materialized_besides(graph, source, node):
+    narrower = tvm.DataType(graph.tensors[node.output].dtype).bits < tvm.DataType(
+        graph.tensors[source].dtype).bits
+    if not narrower or _materialized(graph, source):
         return False
     # computed: not an input (or a weight) seen through data movement, which the product
     # reads through the cast rather than after a cast kernel of its own
@@ -440,10 +438,6 @@ def _narrows_for_itself(graph, node) -> bool:
         (t,) = inputs
     return False
 
-
-def _materialized_besides(graph, tensor: str, reader) -> bool:
-    """Whether ``tensor`` is pinned or read by a node other than ``reader``."""
-    return tensor in graph.pinned or any(n.name != reader.name for n in graph.consumers(tensor))
 
 
 def _epilogue_policy(graph, stop=frozenset(), inside=frozenset(), fold=frozenset()) -> Policy:

@@ -16,6 +16,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
+from tvm_stitch.analysis.indexing import HALF
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -48,7 +50,7 @@ MASK_VALUE = -10000.0
 
 def _accumulator(dtype: str) -> str | None:
     """Matrix products of 16-bit models accumulate in float32, as cuBLAS does for PyTorch."""
-    return "float32" if dtype in ("float16", "bfloat16") else None
+    return "float32" if dtype in HALF else None
 
 
 def _matmul(a: nn.Tensor, b: nn.Tensor, dtype: str) -> nn.Tensor:

@@ -15,6 +15,8 @@ import numpy as np
 from tvm import relax
 from tvm.script import relax as R
 
+from tvm_stitch.analysis.indexing import HALF
+
 from .base import Instance, Workload
 
 LN_EPS = 1e-5
@@ -40,7 +42,7 @@ def relax_function(params, body, name="main"):
 def _matmul(a, b, dtype):
     """``a @ b``; 16-bit floats accumulate in float32 and cast back, as cuBLAS does for
     PyTorch."""
-    if dtype in ("float16", "bfloat16"):
+    if dtype in HALF:
         return relax.op.astype(relax.op.matmul(a, b, out_dtype="float32"), dtype)
     return relax.op.matmul(a, b)
 

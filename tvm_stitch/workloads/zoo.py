@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tvm_stitch.analysis.indexing import HALF
+
 from .base import Instance, Workload, layers_suffix
 
 
@@ -386,7 +388,7 @@ def plain_attention_workload() -> Workload:
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
         flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
-        io = 4 * batch * heads * seq * dim * (2 if dtype in ("float16", "bfloat16") else 4)
+        io = 4 * batch * heads * seq * dim * (2 if dtype in HALF else 4)
         return Instance(
             f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''}"
             f"{('', ' masked', ' filled')[mask]} {dtype}",
