@@ -423,7 +423,7 @@ def _narrows_for_itself(graph, node) -> bool:
     (source,) = sources
     narrower = tvm.DataType(graph.tensors[node.output].dtype).bits < tvm.DataType(
         graph.tensors[source].dtype).bits
-    if not narrower or _materialized(graph, source):
+    if not narrower or _materialized_besides(graph, source, node):
         return False
     # computed: not an input (or a weight) seen through data movement, which the product
     # reads through the cast rather than after a cast kernel of its own
@@ -437,6 +437,12 @@ def _narrows_for_itself(graph, node) -> bool:
             return True
         (t,) = inputs
     return False
+
+
+def _materialized_besides(graph, tensor: str, reader) -> bool:
+    """Whether ``tensor`` is pinned or read by a node other than ``reader`` (any node, in any
+    call: unlike :func:`_materialized`, which counts calls through data movement)."""
+    return tensor in graph.pinned or any(n.name != reader.name for n in graph.consumers(tensor))
 
 
 
