@@ -200,17 +200,19 @@ def _on_llvm(model, inputs, ref) -> str:
 
 
 def _built(model, inputs, dtype: str = "float16") -> str:
-    """The ``dtype`` import compiled for sm_90a (no GPU needed)."""
+    """The ``dtype`` import compiled for sm_90a with ``from_torch``'s options (no GPU
+    needed)."""
     import tvm
 
     import tvm_stitch
-    from tvm_stitch.frontend import import_torch
+    from tvm_stitch.frontend import default_options, import_torch
     from tvm_stitch.pipeline import as_target
     from tvm_stitch.report import nvcc_error
 
     imported = import_torch(model, inputs, dtype)
     target = as_target({"kind": "cuda", "arch": "sm_90a"})
-    ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target))
+    options = default_options(target)  # as from_torch compiles for CUDA
+    ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
     why = nvcc_error(ex)  # TVM's CUDA C, compiled only on the GPU host otherwise
     return f"failed: nvcc: {why}" if why else "built"
 

@@ -12,7 +12,8 @@
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
-# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo and profile steps in that dtype.
+# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo, profile and timeline steps in that dtype; STEADY=N: timeline steps also
+# profile N calls back to back.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
@@ -101,8 +102,8 @@ for step in "$@"; do
             ;;
         timeline:*)  # what each kernel adds to a CUDA-graph replay, one build per VARIANT
             workload_spec "$step"
-            python3 -m tvm_stitch.benchmarks.timeline "$name" "${params[@]}" \
-                ${variants[@]+"${variants[@]}"} 2>&1 | tee -a "$out/timeline.log" || status=1
+            python3 -m tvm_stitch.benchmarks.timeline "$name" "${params[@]}" ${DTYPE:+--dtype "$DTYPE"} \
+                ${STEADY:+--steady "$STEADY"} ${variants[@]+"${variants[@]}"} 2>&1 | tee -a "$out/timeline.log" || status=1
             ;;
         ncu:*)  # Nsight Compute on the workload's kernels matching $NCU_KERNELS (and PyTorch's)
             workload_spec "$step"

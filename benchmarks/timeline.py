@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("-p", "--param", action="append", default=[])
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
                         help="stitch options of one build (repeat: one build each)")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--steady", type=int, default=0, metavar="N",
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
                         "them) beside the VM's time_evaluator figure")
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
-    inst = get_workload(args.workload).instance("float16", **params)
+    inst = get_workload(args.workload).instance(args.dtype, **params)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     dev = tvm_device(target)
     for variant in args.variant or [""]:

@@ -165,3 +165,22 @@ def test_bands_that_differ_keep_their_own_epilogues():
     assert shared(tiny, [same[0], "e_1 = e_0 * 1e-06"], tiny) is None  # its exponent
     assert shared(same, [same[0], "e_1 = e_0 + 1"], same) is None  # an operation
     assert shared(same, same, same, dtypes=("float16", "float32", "float16")) is None
+
+
+def test_from_torch_joins_the_weights_on_cuda(tmp_path, monkeypatch):
+    """``from_torch`` compiles for CUDA with ``lift_params`` unless told otherwise (its
+    module runs the transform when it loads the weights): an imported Hugging Face BERT's
+    Q/K/V kernel reads one joined weight. An explicit choice is kept; llvm gets no default."""
+    from tvm_stitch.frontend import default_options
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
+    assert default_options(CUDA) == {"lift_params": True}
+    assert default_options(CUDA, lift_params=False, tune="model") == {"lift_params": False,
+                                                                      "tune": "model"}
+    assert default_options(tvm.target.Target("llvm"), tune="model") == {"tune": "model"}
+    inst = get_workload("hf-bert-tiny").instance("float16", batch=2, seq=19)
+    lifted = fused_module(inst.mod, CUDA, **default_options(CUDA))
+    assert lifted.get_global_var(f"{inst.func}_transform_params")
+    (joined,) = _kernel_inputs(lifted, inst.func, "3 bands")[:1]
+    hidden = inst.mod[inst.func].params[-1].ty.shape[0]  # the last LayerNorm's width
+    assert (3 * int(hidden), int(hidden)) in joined

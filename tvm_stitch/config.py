@@ -85,8 +85,10 @@ class PipelineOptions:
         concatenated there, and their kernel reads them with one TMA descriptor
         (BERT-base on an H100, same run: 1×128 341.4 against 349.7 µs without; 8×512
         1996.5 against 1998.1; 32×128 1774.8 against 1779.2). Off by default: the entry's
-        parameters change (:func:`tvm_stitch.from_torch`'s module and the benchmarks'
-        runners call the transform when it is on, :func:`tvm_stitch.pipeline.prepare_args`).
+        parameters change (the benchmarks' runners call the transform when it is on,
+        :func:`tvm_stitch.pipeline.prepare_args`). :func:`tvm_stitch.from_torch`, whose
+        module calls the transform itself, turns it on for CUDA
+        (:func:`tvm_stitch.frontend.default_options`).
     dependent_launch : bool
         The generated kernels, and TVM's own kernels of at most one block per SM, are
         launched with programmatic dependent launch (TVM's

@@ -386,6 +386,28 @@ class StitchModule:
         return (*args, *(kwargs[name] for name in rest))
 
 
+def default_options(target, **options) -> dict:
+    """``from_torch``'s pipeline options: ``options``, with ``lift_params`` on for a CUDA
+    target unless they set it.
+
+    The weights' own computations (Q, K and V's weights joined, so one kernel with one TMA
+    descriptor computes the three) then run once, when :class:`StitchModule` loads the
+    weights, and the entry takes what they made: ``from_torch``'s caller never sees the
+    entry's parameters, so the option's change of them costs nothing there (for
+    ``tvm.compile`` it stays opt-in). Hugging Face BERT-base on an H100, same run:
+    see ``benchmarks/results/h100-from-torch-defaults-2026-11-27.md``.
+
+    Parameters
+    ----------
+    target : tvm.target.Target
+    **options
+        :func:`tvm_stitch.pipeline` options the caller gave.
+    """
+    if target.kind.name == "cuda":
+        options.setdefault("lift_params", True)
+    return options
+
+
 def default_dtype(module, cuda: bool, example_args=()) -> str:
     """``from_torch``'s dtype when none is given: float32 on the CPU; on CUDA bfloat16 for a
     model with bfloat16 floating parameters and no float16 ones (some modules may be kept in
@@ -421,7 +443,8 @@ def from_torch(
     example_kwargs : dict, optional
         Keyword inputs.
     **options
-        :func:`tvm_stitch.pipeline` options.
+        :func:`tvm_stitch.pipeline` options; on CUDA ``lift_params`` is on unless given
+        (:func:`default_options`).
 
     Returns
     -------
@@ -434,5 +457,6 @@ def from_torch(
     cuda = target.kind.name == "cuda"
     dtype = dtype or default_dtype(module, cuda, example_args)
     imported = import_torch(module, example_args, dtype, example_kwargs)
+    options = default_options(target, **options)
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0))
