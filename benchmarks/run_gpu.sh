@@ -12,7 +12,7 @@
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
-# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo, profile and timeline steps in that dtype; STEADY=N: timeline steps also
+# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
 # profile N calls back to back.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -118,7 +118,7 @@ for step in "$@"; do
         numerics:*)
             workload_spec "$step"
             python3 -m tvm_stitch.benchmarks.numerics "$name" "${params[@]}" \
-                ${OPTION:+--option "$OPTION"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
+                ${OPTION:+--option "$OPTION"} ${DTYPE:+--dtype "$DTYPE"} 2>&1 | tee -a "$out/numerics-$name.log" || status=1
             ;;
         families|families:mask)  # hf_families --gpu, one process a family, JOBS (default 4) at once
             flags="--gpu ${FAMILY_FLAGS:-}"; [[ "$step" == *:mask ]] && flags="$flags --mask"
