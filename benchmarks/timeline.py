@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("-p", "--param", action="append", default=[])
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
                         help="stitch options of one build (repeat: one build each)")
-    parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float16")
     parser.add_argument("--replays", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--steady", type=int, default=0, metavar="N",

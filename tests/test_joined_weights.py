@@ -170,17 +170,43 @@ def test_bands_that_differ_keep_their_own_epilogues():
 def test_from_torch_joins_the_weights_on_cuda(tmp_path, monkeypatch):
     """``from_torch`` compiles for CUDA with ``lift_params`` unless told otherwise (its
     module runs the transform when it loads the weights): an imported Hugging Face BERT's
-    Q/K/V kernel reads one joined weight. An explicit choice is kept; llvm gets no default."""
+    Q/K/V kernels read one joined weight each. An explicit choice is kept; llvm gets no
+    default."""
+    import torch
+
     from tvm_stitch.frontend import default_options
+    from tvm_stitch.pipeline import as_target
 
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
     assert default_options(CUDA) == {"lift_params": True}
-    assert default_options(CUDA, lift_params=False, tune="model") == {"lift_params": False,
-                                                                      "tune": "model"}
-    assert default_options(tvm.target.Target("llvm"), tune="model") == {"tune": "model"}
+    assert default_options("cuda", lift_params=False, tune="model") == {"lift_params": False,
+                                                                        "tune": "model"}
+    assert default_options("llvm", tune="model") == {"tune": "model"}
+
+    class CompiledError(Exception):
+        pass
+
+    def pipeline(target, **options):  # what from_torch compiles with, then stop
+        raise CompiledError(as_target(target).kind.name, options)
+
+    monkeypatch.setattr(tvm_stitch, "pipeline", pipeline)
+    for target, given, want in (("cuda", {}, {"lift_params": True}),
+                                ("cuda", {"lift_params": False}, {"lift_params": False}),
+                                ("llvm", {}, {})):
+        try:
+            tvm_stitch.from_torch(torch.nn.Linear(4, 3), (torch.randn(2, 4),), target=target,
+                                  **given)
+        except CompiledError as stop:
+            assert stop.args == (target, want)
+        else:
+            raise AssertionError("from_torch did not compile")
+    monkeypatch.undo()
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
     inst = get_workload("hf-bert-tiny").instance("float16", batch=2, seq=19)
     lifted = fused_module(inst.mod, CUDA, **default_options(CUDA))
     assert lifted.get_global_var(f"{inst.func}_transform_params")
-    (joined,) = _kernel_inputs(lifted, inst.func, "3 bands")[:1]
-    hidden = inst.mod[inst.func].params[-1].ty.shape[0]  # the last LayerNorm's width
-    assert (3 * int(hidden), int(hidden)) in joined
+    hidden = int(inst.mod[inst.func].params[-1].ty.shape[0])  # the last LayerNorm's width
+    layers = _kernel_inputs(lifted, inst.func, "3 bands")
+    assert len(layers) == 2
+    assert all((3 * hidden, hidden) in shapes for shapes in layers)

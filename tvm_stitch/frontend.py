@@ -399,11 +399,20 @@ def default_options(target, **options) -> dict:
 
     Parameters
     ----------
-    target : tvm.target.Target
+    target : tvm.target.Target or str or dict
+        The target ``from_torch`` compiles for (as :func:`tvm_stitch.pipeline.as_target`
+        takes it).
     **options
         :func:`tvm_stitch.pipeline` options the caller gave.
+
+    Returns
+    -------
+    dict
+        The options to compile with (a new dict).
     """
-    if target.kind.name == "cuda":
+    from tvm_stitch.pipeline import as_target
+
+    if as_target(target).kind.name == "cuda":
         options.setdefault("lift_params", True)
     return options
 
