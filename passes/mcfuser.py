@@ -27,7 +27,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.recognize import FAMILIES, recognize
-from tvm_stitch.analysis.weights import join_weights, weight_tensors
+from tvm_stitch.analysis.weights import bound_weights, join_weights, weight_tensors
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
@@ -146,7 +146,8 @@ class FuseMBCI:
         Concatenate the weights of a banded GEMM (parameters past the function's
         ``num_input``) into one tensor its kernel reads through one TMA descriptor (see
         :mod:`tvm_stitch.analysis.weights`); the concatenation is left in the function, for
-        ``relax.transform.LiftTransformParams`` to move out of it.
+        ``relax.transform.LiftTransformParams`` to move out of it. Weights bound as constants
+        are joined either way, at compile time (one constant).
     dependent_launch : bool
         Launch the kernels with programmatic dependent launch (see
         :class:`tvm_stitch.config.PipelineOptions`).
@@ -209,6 +210,7 @@ class _Rewriter:
         self.fold_norms = fold_norms
         self.join = join
         self.weights: set[str] = set()  # graph tensors that are weights (when joining)
+        self.bound: set[str] = set()  # graph tensors that are constants (bound weights)
         self.ctx = relax.BlockBuilder(mod)  # hands out typed GlobalVars for new PrimFuncs
         self.funcs: dict[str, relax.GlobalVar] = {}
         self.prims: dict[str, tvm.tirx.PrimFunc] = {}
@@ -243,6 +245,7 @@ class _Rewriter:
         graph = build_graph(self.mod, name, legalize=False)
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
         self.weights = weight_tensors(graph, func) if self.join else set()
+        self.bound = bound_weights(graph)  # joined at compile time, lifting or not
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None)
         kernels = []
@@ -312,9 +315,12 @@ class _Rewriter:
         """``(match, bindings, shapes)``: ``match`` reading its bands' weights joined in one
         tensor where that lets one TMA descriptor read them (the concatenation bound before
         the kernel), else ``match`` unchanged, no bindings."""
-        if not self.weights or len(match.segments) < 2:
+        joinable = self.weights | self.bound
+        bands = [match.views[f"b{si}.0"].tensor for si in range(len(match.segments))
+                 if f"b{si}.0" in match.views]
+        if len(match.segments) < 2 or not joinable.intersection(bands):
             return match, [], {}
-        joined_match, joined = join_weights(match, self.weights)
+        joined_match, joined = join_weights(match, joinable)
         if joined_match is None:
             logger.info("%s: weights not joined: %s", match.describe(), joined)
             return match, [], {}
@@ -323,6 +329,13 @@ class _Rewriter:
             logger.info("%s: weights not joined: TMA cannot read them (%s)",
                         match.describe(), why)
             return match, [], {}
+        if all(t in self.bound for t in joined.parts):  # constants: one constant
+            value = np.concatenate([self.values[t].value.numpy() for t in joined.parts],
+                                   joined.axis)
+            self.values[joined.name] = relax.const(value, joined.dtype)
+            logger.info("%s: bound weights %s joined into one %s constant", match.describe(),
+                        ", ".join(joined.parts), "x".join(map(str, joined.shape)))
+            return joined_match, [], {joined.name: (joined.shape, joined.dtype)}
         from tvm import te, topi
 
         def concatenate():

@@ -88,7 +88,9 @@ class PipelineOptions:
         parameters change (the benchmarks' runners call the transform when it is on,
         :func:`tvm_stitch.pipeline.prepare_args`). :func:`tvm_stitch.from_torch`, whose
         module calls the transform itself, turns it on for CUDA
-        (:func:`tvm_stitch.frontend.default_options`).
+        (:func:`tvm_stitch.frontend.default_options`). Weights bound into the module as
+        constants (``relax.transform.BindParams``) are joined at compile time, with or
+        without it.
     dependent_launch : bool
         The generated kernels, and TVM's own kernels of at most one block per SM, are
         launched with programmatic dependent launch (TVM's

@@ -8,7 +8,8 @@ reads a consecutive column range of it, and the kernel's persistent TMA formulat
 descriptor, one pipelined product loop over every band's tiles — applies (see
 :func:`tvm_stitch.codegen.triton_gen.tma_layout`).  The concatenation depends on weights only:
 ``relax.transform.LiftTransformParams`` moves it into the module's ``*_transform_params``
-function, run once when the weights are loaded, not per call.
+function, run once when the weights are loaded, not per call.  Weights bound into the module as
+constants (:func:`bound_weights`) are joined at compile time instead: one constant.
 
 This module decides whether the join is possible and rewrites the match's views; the pass
 (:mod:`tvm_stitch.passes.mcfuser`) binds the concatenation and leaves lifting to TVM.
@@ -57,6 +58,15 @@ def weight_tensors(graph, func) -> set[str]:
             if isinstance(v, relax.Var) and any(v.same_as(p) for p in params)}
 
 
+def bound_weights(graph) -> set[str]:
+    """Graph tensors that are constants: weights bound into the module (as
+    ``relax.transform.BindParams`` leaves them). Their concatenation is a constant too, made
+    at compile time: joining them changes no function's parameters."""
+    import tvm
+
+    return {t for t, v in graph.values.items() if isinstance(v, tvm.ir.expr.Constant)}
+
+
 def _n_axis(view: Strided) -> str | None:
     axes = [a for a, s in view.strides if a.startswith("n") and s]
     return axes[0] if len(axes) == 1 else None
@@ -89,7 +99,8 @@ def join_weights(match, weights) -> tuple:
     match : Match
         A finalized GEMM match.
     weights : collection of str
-        Graph tensors that are weights (a function's parameters past its ``num_input``).
+        Graph tensors that are weights (a function's parameters past its ``num_input``, or
+        constants: :func:`bound_weights`).
     """
     segments = match.segments
     if match.family != "gemm" or len(segments) < 2:
