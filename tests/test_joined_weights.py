@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm_stitch.benchmarks.bound_weights import bound
 from tvm_stitch.benchmarks.harness import run_tvm
 
 import tvm_stitch
@@ -23,8 +24,8 @@ from tvm_stitch.workloads import get_workload
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
-def _kernel_inputs(mod, func, describe):
-    """Shapes of the arguments of each call of a generated kernel whose description contains
+def _kernel_args(mod, func, describe):
+    """The argument expressions of each call of a generated kernel whose description contains
     ``describe``."""
     found = []
     for block in mod[func].body.blocks:
@@ -34,9 +35,15 @@ def _kernel_inputs(mod, func, describe):
                 continue
             prim = mod[call.args[0]]
             if describe in str((prim.attrs or {}).get("tvm_stitch.kernel", "")):
-                found.append([tuple(int(d) for d in a.ty.shape.values)
-                              for a in call.args[1].fields])
+                found.append(list(call.args[1].fields))
     return found
+
+
+def _kernel_inputs(mod, func, describe):
+    """Shapes of the arguments of each call of a generated kernel whose description contains
+    ``describe``."""
+    return [[tuple(int(d) for d in a.ty.shape.values) for a in args]
+            for args in _kernel_args(mod, func, describe)]
 
 
 def test_bands_read_one_joined_weight(tmp_path, monkeypatch):
@@ -213,28 +220,6 @@ def test_from_torch_joins_the_weights_on_cuda(tmp_path, monkeypatch):
     assert all((3 * hidden, hidden) in shapes for shapes in layers)
 
 
-def _bound(inst):
-    """``inst``'s module with its weights bound as constants (``BindParams``), and the
-    weights by parameter name."""
-    func = inst.mod[inst.func]
-    n = int(func.attrs["num_input"])
-    params = {p.name: a for p, a in zip(list(func.params)[n:], inst.args[n:])}
-    return relax.transform.BindParams(inst.func, params)(inst.mod), params
-
-
-def _kernel_args(mod, func, describe):
-    """The argument expressions of each call of a generated kernel whose description contains
-    ``describe``."""
-    found = []
-    for block in mod[func].body.blocks:
-        for b in block.bindings:
-            call = b.value
-            if isinstance(call, relax.Call) and call.op.name == "relax.call_tir" and describe in \
-                    str((mod[call.args[0]].attrs or {}).get("tvm_stitch.kernel", "")):
-                found.append(list(call.args[1].fields))
-    return found
-
-
 def test_bound_weights_are_joined_at_compile_time(tmp_path, monkeypatch):
     """Weights bound into the module as constants are joined without ``lift_params``: the
     Q/K/V kernel reads one constant, the bands' constants concatenated in band order (as the
@@ -243,18 +228,19 @@ def test_bound_weights_are_joined_at_compile_time(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
     inst = get_workload("bert-tiny").instance("float16", layers=1, seq=19)
-    bound, params = _bound(inst)
-    graph = build_graph(run_until(bound, CUDA, "StitchFuseMBCI"), legalize=False)
+    case = bound(inst)
+    weights = inst.args[len(case.args):]
+    graph = build_graph(run_until(case.mod, CUDA, "StitchFuseMBCI"), legalize=False)
     (banded,) = [m for m in recognize(graph).matches if len(m.segments) > 1]
     parts = [graph.values[banded.views[f"b{i}.0"].tensor].value.numpy() for i in range(3)]
     # three distinct weights of the model, as bound (a transpose may have been folded in)
     for part in parts:
         assert sum(np.array_equal(part, w) or np.array_equal(part, np.asarray(w).T)
-                   for w in params.values() if np.asarray(w).shape == part.T.shape) >= 1
+                   for w in weights if np.asarray(w).shape == part.T.shape) >= 1
     _, info = join_weights(banded, bound_weights(graph))
     assert info.parts == tuple(banded.views[f"b{i}.0"].tensor for i in range(3))
-    assert weight_tensors(graph, bound[inst.func]) == set()  # no parameter is a weight now
-    mod = fused_module(bound, CUDA)
+    assert weight_tensors(graph, case.mod[inst.func]) == set()  # no parameter is a weight now
+    mod = fused_module(case.mod, CUDA)
     names = {g.name_hint for g in mod.get_global_vars()}
     assert f"{inst.func}_transform_params" not in names
     (joined,) = _kernel_args(mod, inst.func, "3 bands")
@@ -269,12 +255,11 @@ def test_bound_weights_on_the_gpu(tmp_path, monkeypatch):
     Q/K/V weights joined into one constant): the reference's numbers on the GPU."""
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
     inst = get_workload("bert-tiny").instance("float16", batch=2, seq=19)
-    bound, _ = _bound(inst)
-    n = int(inst.mod[inst.func].attrs["num_input"])
-    ex = tvm.compile(bound, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
+    case = bound(inst)
+    ex = tvm.compile(case.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
-    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in inst.args[:n]])
+    out = vm[inst.func](*[tvm.runtime.tensor(a, device=dev) for a in case.args])
     out = out[0] if type(out).__name__ == "Array" else out
     np.testing.assert_allclose(out.numpy().astype("float32"), inst.reference()[0],
                                *inst.tolerance)
