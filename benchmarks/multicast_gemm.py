@@ -24,8 +24,9 @@ nn.Linear keeps it), in these variants (:data:`VARIANTS`):
 * ``BAL`` (PTX patched by :func:`balance`): each CTA issues half of A's pieces, as cuBLAS's
   kernels do, and each CTA's ``empty`` barrier counts both CTAs' consumers (remote arrivals);
 * ``RES``: ``C = A · Wᵀ + R``, the residual held in registers from before the products
-  (``1``) or brought by the loading warp's TMA into the output's staging tiles (``2``; the
-  generated form's :func:`~tvm_stitch.codegen.gluon_gemm.tile_read`).
+  (``1``) or brought by the loading warp's TMA into the output's staging tiles once the ring
+  is full (``2``; the generated form's :func:`~tvm_stitch.codegen.gluon_gemm.tile_read`) or
+  ring-depth k steps before the tile's last (``3``).
 
 Found (H100, 2026-11-27, ``h100-multicast-2026-11-27.md``): no multicast variant is faster than
 the control, which is at 0.95-1.01x cuBLAS on the product alone.
@@ -66,10 +67,12 @@ def _load(a_desc, w_desc, a_smem, w_smem, ready, empty, empty_a, r_desc, c_smem,
     for t in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_of(t, tiles_m, tiles_n, 8)
         for kk in range(k_steps):
-            if RES == 2:
+            if RES >= 2:
                 # the residual tiles into the output's staging tiles, once the ring is full
-                # (each staging tile free once its consumer's last store has read it)
-                if kk == gl.minimum(NB, k_steps) - 1:
+                # (RES 3: NB steps before the tile's last; each staging tile free once its
+                # consumer's last store has read it)
+                if kk == (gl.minimum(NB, k_steps) - 1 if RES == 2
+                          else gl.maximum(k_steps - NB, 0)):
                     for ci in gl.static_range(3):
                         mbarrier.wait(r_empty.index(ci), (j & 1) ^ 1)
                         mbarrier.expect(r_ready.index(ci), r_desc.block_type.nbytes)
@@ -130,7 +133,7 @@ def _consume(a_smem, w_smem, ready, empty, empty_a, c_smem, c_desc, res, r_ready
             mbarrier.arrive(empty_a.index((g + k_steps - 1) % NB))
         if RES == 1:
             acc = acc + r.to(gl.float32)
-        if RES == 2:  # the residual the loading warp left in this consumer's staging tile
+        if RES >= 2:  # the residual the loading warp left in this consumer's staging tile
             mbarrier.wait(r_ready.index(CI), j & 1)
             acc = acc + c_smem.index(CI).load(acc_l).to(gl.float32)
         else:
@@ -139,7 +142,7 @@ def _consume(a_smem, w_smem, ready, empty, empty_a, c_smem, c_desc, res, r_ready
         c_smem.index(CI).store(acc.to(gl.float16))
         fence_async_shared()
         tma.async_store(c_desc, [pid_m * BM + CI * 64, pid_n * BN * MC], c_smem.index(CI))
-        if RES == 2:
+        if RES >= 2:
             tma.store_wait(0)
             mbarrier.arrive(r_empty.index(CI))
     tma.store_wait(0)
@@ -292,7 +295,8 @@ def ptxas(ptx: str) -> bytes:
 #: (name, MC, BN, BK, NB, BAL, RES): the variants compiled
 VARIANTS = [("mc1", 1, 128, 64, 4, 0, 0), ("mc2", 2, 128, 64, 4, 0, 0),
             ("mc2_bal", 2, 128, 64, 4, 1, 0), ("mc2_bal64", 2, 128, 64, 4, 2, 0),
-            ("mc1_res", 1, 128, 64, 4, 0, 1), ("mc1_rtma", 1, 128, 64, 4, 0, 2)]
+            ("mc1_res", 1, 128, 64, 4, 0, 1), ("mc1_rtma", 1, 128, 64, 4, 0, 2),
+            ("mc1_rlate", 1, 128, 64, 4, 0, 3)]
 
 
 def build(out: str) -> None:
