@@ -82,9 +82,11 @@ class PipelineOptions:
         (``relax.transform.LiftTransformParams``), which takes the weights as one tuple and
         returns the entry's new trailing parameters: run it once when the weights are
         loaded. With it, the weights of GEMMs sharing their input (a layer's Q, K, V) are
-        concatenated there, and their kernel reads them with one TMA descriptor
-        (BERT-base on an H100, same run: 1×128 341.4 against 349.7 µs without; 8×512
-        1996.5 against 1998.1; 32×128 1774.8 against 1779.2). Off by default: the entry's
+        concatenated there, and their kernel reads them with one TMA descriptor; without it
+        the warp-specialized GEMM reads them through a descriptor each, as fast (BERT-base
+        8×512 on an H100, same run: 1727.5 µs with it, 1707.1 without; 2026-11-27, before
+        which such bands had no warp-specialized form: 1823.2 without, another run). Off by
+        default: the entry's
         parameters change (the benchmarks' runners call the transform when it is on,
         :func:`tvm_stitch.pipeline.prepare_args`). :func:`tvm_stitch.from_torch`, whose
         module calls the transform itself, turns it on for CUDA

@@ -215,7 +215,9 @@ class KernelSource:
         ext = match.frame.extents
         if self.family == "gemm":
             tiles = _gemm_tiles(match, config)
-            if self.persistent and (config.get("PERSISTENT") or _consumers(config) > 1):
+            # persistent: the Triton form's (PERSISTENT) and the warp-specialized form, whose
+            # descriptors are its own (bands over B tensors of their own have no Triton one)
+            if (self.persistent and config.get("PERSISTENT")) or _consumers(config) > 1:
                 return (min(config["NUM_SMS"], tiles), 1)
             return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
         if self.family == "attention":
@@ -807,14 +809,8 @@ def gemm_source(match, name: str) -> KernelSource:
     if isinstance(layout, str):
         body = prelude + lines
     else:
-        b_nk, b_stride = layout
-        bv = bviews[0][0]
-        n = sum(seg.n for seg in segments)  # bands: consecutive column ranges of one B
-        descs = (
-            Descriptor("a_desc", a.tensor, a.dtype, a.offset, m, k, s_am, ("BLOCK_M", "BLOCK_K")),
-            Descriptor("b_desc", bv.tensor, bv.dtype, bv.offset, *((n, k) if b_nk else (k, n)),
-                       b_stride, ("BLOCK_N", "BLOCK_K") if b_nk else ("BLOCK_K", "BLOCK_N")),
-        )
+        b_nk, _ = layout
+        descs = tma_descriptors(match)  # bands: consecutive column ranges of one B
         # B's column of the tile: a band's tiles start at its first column (a tile reading
         # past its band's last column reads the next band's: those columns are not stored)
         def by_band(value):  # value(band, its first tile) for the band holding pid_n
@@ -898,7 +894,7 @@ def gemm_source(match, name: str) -> KernelSource:
     return KernelSource(name, text, inputs, outputs, {}, "gemm", persistent=not isinstance(
         layout, str), split_k=split, descs=descs, tma_store="TMA_STORE" in constexprs,
         ws=None if why else gemm_ws_source(match, name),
-        ws_descs=() if why else ws_descriptors(match, *descs[:2]))
+        ws_descs=() if why else ws_descriptors(match))
 
 
 def _split_reduction(products: int) -> list[str]:
@@ -1049,13 +1045,15 @@ def _tma_stores(match) -> dict:
     return stores
 
 
-def tma_layout(match):
+def tma_layout(match, apart: bool = False):
     """How TMA reads a GEMM's operands: ``(b_nk, b_row_stride)``, or why it cannot.
 
     One product per band, no batch axis, A contiguous along k and B along k (a Linear weight,
     ``b_nk``) or n, every other stride and offset a multiple of 16 bytes (TMA's alignment); the
     bands (if several) consecutive column ranges of one B tensor (see
-    :mod:`tvm_stitch.analysis.weights`), which one descriptor reads."""
+    :mod:`tvm_stitch.analysis.weights`), which one descriptor reads, or with ``apart`` any B
+    tensors of the same strides and dtype, each band read through a descriptor of its own
+    (:func:`bands_joined` says which)."""
     ext = match.frame.extents
     if any(len(seg.products) != 1 for seg in match.segments):
         return "several products"
@@ -1072,23 +1070,67 @@ def tma_layout(match):
     why = _tma_unreadable(a, "k", "m")
     if why:
         return f"A {why}"
-    why = _tma_unreadable(bv, "k", n_axis) if b_nk else _tma_unreadable(bv, n_axis, "k")
-    if why:
-        return f"B {why}"
-    # bands: one descriptor, so their B must be consecutive column ranges of one tensor
     if len(match.segments) > 1 and any(o.chunk for o in match.all_outputs):
         return "bands writing row moments"
+    for si in range(len(match.segments)):
+        view = match.views[f"b{si}.0"]
+        if _strides(view, "k", _n_axis(view)) != [s_bk, s_bn] or view.dtype != bv.dtype:
+            return "bands read B with different strides"
+    why = _apart(match)  # one descriptor: B's bands are consecutive columns of one tensor
+    if why and not apart:
+        return why
+    for si in range(len(match.segments) if why else 1):  # else a descriptor a band
+        view = match.views[f"b{si}.0"]
+        n_si = _n_axis(view)
+        why = _tma_unreadable(view, "k", n_si) if b_nk else _tma_unreadable(view, n_si, "k")
+        if why:
+            return f"B {why}" if not si else f"band {si}'s B {why}"
+    return b_nk, s_bn if b_nk else s_bk
+
+
+def _apart(match) -> str | None:
+    """Why ``match``'s bands are not consecutive column ranges of one B tensor, or None."""
+    bv = match.views["b0.0"]
+    s_bn = _strides(bv, "k", _n_axis(bv))[1]
     column = bv.offset
     for si, seg in enumerate(match.segments):
         view = match.views[f"b{si}.0"]
         if view.tensor != bv.tensor:
             return "bands read different B tensors"
-        if _strides(view, "k", _n_axis(view)) != [s_bk, s_bn]:
-            return "bands read B with different strides"
         if view.offset != column:
             return "bands are not consecutive columns of B"
         column += seg.n * s_bn
-    return b_nk, s_bn if b_nk else s_bk
+    return None
+
+
+def bands_joined(match) -> bool:
+    """Whether one TMA descriptor reads all of ``match``'s bands' B (consecutive column ranges
+    of one tensor), rather than one descriptor a band."""
+    return _apart(match) is None
+
+
+def tma_descriptors(match, apart: bool = False) -> tuple | str:
+    """The TMA descriptors of ``match``'s operands, ``a_desc`` then ``b_desc`` (all bands'
+    columns), or with ``apart`` and bands reading B tensors of their own, a descriptor a band
+    (``b_desc``, ``b1_desc``, ...); or why TMA cannot read them (:func:`tma_layout`)."""
+    layout = tma_layout(match, apart)
+    if isinstance(layout, str):
+        return layout
+    b_nk, b_stride = layout
+    a = match.views["a"]
+    m, k = match.frame.extents["m"], match.frame.extents["k"]
+    s_am = _strides(a, "m", "k")[0]
+    box = ("BLOCK_N", "BLOCK_K") if b_nk else ("BLOCK_K", "BLOCK_N")
+    descs = [Descriptor("a_desc", a.tensor, a.dtype, a.offset, m, k, s_am, ("BLOCK_M", "BLOCK_K"))]
+    if bands_joined(match):
+        widths = [sum(seg.n for seg in match.segments)]
+    else:
+        widths = [seg.n for seg in match.segments]
+    for si, n in enumerate(widths):
+        bv = match.views[f"b{si}.0"]
+        descs.append(Descriptor("b_desc" if not si else f"b{si}_desc", bv.tensor, bv.dtype,
+                                bv.offset, *((n, k) if b_nk else (k, n)), b_stride, box))
+    return tuple(descs)
 
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
