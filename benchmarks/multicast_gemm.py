@@ -43,13 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-
-@gluon.jit
-def _tile_of(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
-    per_group = GROUP_M * tiles_n
-    first_m = (tile // per_group) * GROUP_M
-    group_m = gl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+from .gluon_gemm import _tile_of  # the generated form's tile order (GROUP_M rows a group)
 
 
 @gluon.jit
