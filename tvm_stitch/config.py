@@ -86,11 +86,10 @@ class PipelineOptions:
         the warp-specialized GEMM reads them through a descriptor each, as fast (BERT-base
         8×512 on an H100, same run: 1727.5 µs with it, 1707.1 without; 2026-11-27, before
         which such bands had no warp-specialized form: 1823.2 without, another run). Off by
-        default: the entry's
-        parameters change (the benchmarks' runners call the transform when it is on,
-        :func:`tvm_stitch.pipeline.prepare_args`). :func:`tvm_stitch.from_torch`, whose
-        module calls the transform itself, turns it on for CUDA
-        (:func:`tvm_stitch.frontend.default_options`). Weights bound into the module as
+        default: the entry's parameters change (the benchmarks' runners call the transform
+        when it is on, :func:`tvm_stitch.pipeline.prepare_args`).
+        :func:`tvm_stitch.from_torch`, whose module calls the transform itself, turns it on
+        for CUDA (:func:`tvm_stitch.frontend.default_options`). Weights bound into the module as
         constants (``relax.transform.BindParams``) are joined at compile time, with or
         without it.
     dependent_launch : bool

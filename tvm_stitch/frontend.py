@@ -390,12 +390,13 @@ def default_options(target, **options) -> dict:
     """``from_torch``'s pipeline options: ``options``, with ``lift_params`` on for a CUDA
     target unless they set it.
 
-    The weights' own computations (Q, K and V's weights joined, so one kernel with one TMA
-    descriptor computes the three) then run once, when :class:`StitchModule` loads the
-    weights, and the entry takes what they made: ``from_torch``'s caller never sees the
+    The weights' own computations (Q, K and V's weights joined for one TMA descriptor, and
+    whatever else depends on weights only) then run once, when :class:`StitchModule` loads
+    the weights, and the entry takes what they made: ``from_torch``'s caller never sees the
     entry's parameters, so the option's change of them costs nothing there (for
-    ``tvm.compile`` it stays opt-in). Hugging Face BERT-base on an H100, same run:
-    see ``benchmarks/results/h100-from-torch-defaults-2026-11-27.md``.
+    ``tvm.compile`` it stays opt-in). Hugging Face BERT-base on an H100, same run, measured
+    before Q, K and V over their own weights had the warp-specialized GEMM too:
+    ``benchmarks/results/h100-from-torch-defaults-2026-11-27.md``.
 
     Parameters
     ----------

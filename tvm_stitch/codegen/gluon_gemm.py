@@ -75,7 +75,6 @@ from tvm_stitch.codegen.triton_gen import (
     _pointers,
     _store,
     _tma_unreadable,
-    bands_joined,
     row_statistics,
     tma_descriptors,
     tma_layout,
@@ -572,9 +571,11 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
     m, k = ext["m"], ext["k"]
     segments = match.segments
     b_nk, _ = tma_layout(match, apart=True)
-    joined = bands_joined(match)  # one B descriptor, else one a band (b_desc, b1_desc, ...)
-    # the descriptors after b_desc (the other bands'), as the kernel's arguments
-    b_more = "".join(f", {d.name}" for d in tma_descriptors(match, apart=True)[2:])
+    # B's descriptors: one (joined bands, or one band), else one a band (b_desc, b1_desc, ...);
+    # those after b_desc are the kernel's further arguments
+    b_descs = tma_descriptors(match, apart=True)[1:]
+    joined = len(b_descs) == 1
+    b_more = "".join(f", {d.name}" for d in b_descs[1:])
     # a band's tiles start at its first column; tiles_n: every band's
     counts = [f"t{si} = gl.cdiv({seg.n}, BLOCK_N)" for si, seg in enumerate(segments)]
     tiles_n = [*counts, "tiles_n = " + " + ".join(f"t{si}" for si in range(len(segments)))]
@@ -592,7 +593,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         local = f"{column} + {local}" if si and joined else local
         off_n += [heads[si], f"    off_n = {local}"] if heads[si] else [f"off_n = {local}"]
         column += seg.n
-        load = (f"_tma_load({'b_desc' if joined or not si else f'b{si}_desc'}, {b_box}, "
+        load = (f"_tma_load({b_descs[0 if joined else si].name}, {b_box}, "
                 "ready.index(slot), b_smem.index(slot))")
         b_load = [load] if joined else [*b_load, heads[si], f"    {load}"]
     # rows past m are read as zeros and never stored; the epilogue's own reads are masked

@@ -1053,7 +1053,7 @@ def tma_layout(match, apart: bool = False):
     bands (if several) consecutive column ranges of one B tensor (see
     :mod:`tvm_stitch.analysis.weights`), which one descriptor reads, or with ``apart`` any B
     tensors of the same strides and dtype, each band read through a descriptor of its own
-    (:func:`bands_joined` says which)."""
+    (:func:`tma_descriptors` makes them)."""
     ext = match.frame.extents
     if any(len(seg.products) != 1 for seg in match.segments):
         return "several products"
@@ -1103,12 +1103,6 @@ def _apart(match) -> str | None:
     return None
 
 
-def bands_joined(match) -> bool:
-    """Whether one TMA descriptor reads all of ``match``'s bands' B (consecutive column ranges
-    of one tensor), rather than one descriptor a band."""
-    return _apart(match) is None
-
-
 def tma_descriptors(match, apart: bool = False) -> tuple | str:
     """The TMA descriptors of ``match``'s operands, ``a_desc`` then ``b_desc`` (all bands'
     columns), or with ``apart`` and bands reading B tensors of their own, a descriptor a band
@@ -1122,7 +1116,7 @@ def tma_descriptors(match, apart: bool = False) -> tuple | str:
     s_am = _strides(a, "m", "k")[0]
     box = ("BLOCK_N", "BLOCK_K") if b_nk else ("BLOCK_K", "BLOCK_N")
     descs = [Descriptor("a_desc", a.tensor, a.dtype, a.offset, m, k, s_am, ("BLOCK_M", "BLOCK_K"))]
-    if bands_joined(match):
+    if _apart(match) is None:  # one descriptor over every band's columns
         widths = [sum(seg.n for seg in match.segments)]
     else:
         widths = [seg.n for seg in match.segments]
