@@ -3,7 +3,7 @@ kernels a layer without losing speed).
 
     python -m tvm_stitch.benchmarks.fold_study [--batch 8] [--seq 512] [--rounds 5]
         [--tiles C,N,K,SLOTS[,EW];...] [--only TEXT] [--variants NAME,...] [--show NAME]
-        [--grid-ln]
+        [--grid-ln] [--stage32]
 
 With ``fold_norms`` (and ``lift_params``), BERT-base's GEMMs read row statistics (Q/K/V,
 FFN-in, and the residual of the out-projection and FFN-out) and write row moments (the
@@ -32,6 +32,10 @@ unfolded kernel of the same shape and cuBLAS beside them.
 (out-projection, FFN-out) normalizing their own rows after a grid-wide barrier
 (:func:`grid_ln`; one wave, so every program is resident), against the GEMM followed by a
 LayerNorm kernel, with the one kernel's output checked against the two's.
+
+``--stage32`` times the folded GEMMs whose consumers compute a normalized value before
+staging it for the epilogue partition (FFN-in) against a copy staging the float32 product
+instead, the partition computing the normalization (:func:`stage32`).
 
 Results: ``benchmarks/results/h100-fold-costs-2026-11-27.md``.
 """
@@ -236,6 +240,28 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 """
 
 
+def timed_rounds(fns: dict, rounds: int, tag) -> dict:
+    """Each of ``fns`` (name -> launch) timed in ``rounds`` interleaved rounds of CUDA-graph
+    replays; prints and returns the medians. A launch that fails is reported and dropped."""
+    from tvm_stitch.tune.measure import time_torch
+
+    times = {name: [] for name in fns}
+    live = dict(fns)
+    for _ in range(rounds):
+        for name, fn in list(live.items()):
+            try:
+                times[name].append(time_torch(fn, [], "cuda", budget_ms=20))
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported
+                print(f"  {tag} {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                del live[name]
+    medians = {name: statistics.median(ts) for name, ts in times.items() if ts}
+    for name, ts in times.items():
+        if ts:
+            print(f"  {tag} {name:12s} {medians[name]:6.2f} us "
+                  f"({' '.join(f'{x:.2f}' for x in ts)})", flush=True)
+    return medians
+
+
 def run(batch: int, seq: int, rounds: int, tiles: list, only: str | None,
         names: list | None = None) -> None:
     import torch
@@ -277,19 +303,7 @@ def run(batch: int, seq: int, rounds: int, tiles: list, only: str | None,
             if unfolded is not None:
                 fns["unfolded"] = generated_runner(unfolded[0], unfolded[1], unfolded[2],
                                                    hw=hw)(config)
-            times = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    try:
-                        times[name].append(time_torch(fn, [], "cuda", budget_ms=20))
-                    except Exception as e:  # noqa: BLE001 - a variant that fails is reported
-                        print(f"  {t} {name}: {type(e).__name__}: {str(e)[:200]}")
-                        fns[name] = None
-                fns = {k2: v for k2, v in fns.items() if v is not None}
-            for name, ts in times.items():
-                if ts:
-                    print(f"  {t} {name:12s} {statistics.median(ts):6.2f} us "
-                          f"({' '.join(f'{x:.2f}' for x in ts)})", flush=True)
+            timed_rounds(fns, rounds, t)
 
 
 _GRID_SYNC = '''
@@ -374,7 +388,6 @@ def run_grid_ln(batch: int, seq: int, rounds: int, tiles: list) -> None:
     from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import ws_config
     from tvm_stitch.tune.kernels import generated_runner
-    from tvm_stitch.tune.measure import time_torch
 
     hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -418,15 +431,132 @@ def run_grid_ln(batch: int, seq: int, rounds: int, tiles: list) -> None:
             one()
             torch.cuda.synchronize()
             err = (fused_run.outputs[0].view(rows, n).float() - out.float()).abs().max().item()
-            times = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    times[name].append(time_torch(fn, [], "cuda", budget_ms=20))
-            for name, ts in times.items():
-                print(f"  {t} {name:12s} {statistics.median(ts):6.2f} us "
-                      f"({' '.join(f'{x:.2f}' for x in ts)})", flush=True)
+            timed_rounds(fns, rounds, t)
             print(f"  {t} one kernel against two: max abs difference {err:.3g}; grid count "
                   f"{int(fused_run.inputs[-3].item())}", flush=True)
+
+
+_F32_LAYOUT = '''
+
+@gluon.constexpr_function
+def _f32_layout(m, n):
+    return gl.NVMMASharedLayout.get_default_for([m, n], gl.float32)
+'''
+
+
+def stage32(source):
+    """A folded GEMM whose consumers hand the epilogue partition (``EW``) their float32
+    product, not the 16-bit normalized value: the partition loads the statistics and column
+    sums and computes ``rstd · (P − mean · c) + d`` itself, off the tensor cores' critical
+    path (the staging tiles twice as large). None where the consumers compute nothing
+    before staging."""
+    text = source.ws
+    head, body, tail = _consumer(text)
+    lines = body.splitlines(keepends=True)
+    try:
+        pre = lines.index(next(x for x in lines if "else:  # EW: the staged value's reads" in x))
+        zeros = lines.index(next(x for x in lines if "acc0 = gl.zeros(" in x))
+        ew = lines.index(next(x for x in lines[zeros:] if x.strip() == "if EW:"), zeros)
+        wait = lines.index(next(x for x in lines[ew:] if "mbarrier.wait(c_empty" in x), ew)
+        store = wait + 1
+    except StopIteration:
+        return None
+    m = re.match(r"(\s*)c_smem\.index\(C\)\.store\(\((\w+)\)\.to\(gl\.\w+\)\)", lines[store])
+    if m is None:
+        return None
+    staged = m[2]
+    reads = lines[pre + 1:zeros]
+    compute = [x for x in lines[ew + 1:wait] if not x.strip().startswith("#")]
+    if not compute:
+        return None
+    indent = reads[0][:len(reads[0]) - len(reads[0].lstrip())]
+    body = "".join([*lines[:pre + 1], indent + "pass\n", *lines[zeros:ew + 1],
+                    *lines[wait:store], f"{m[1]}c_smem.index(C).store(acc0)\n",
+                    *lines[store + 1:]])
+    # the partition: its reads before it waits, the staged value computed from the product
+    part_start = tail.index("def _epilogue(")
+    part = tail[part_start:]
+    acc_l = re.search(r"\n(\s*)ACC_L: gl\.constexpr = gl\.BlockedLayout\(.*\)\n", part)
+    part = part.replace(acc_l[0], acc_l[0] + f"{acc_l[1]}STAT_L: gl.constexpr = "
+                        "gl.BlockedLayout([1, 4], [8, 4], [EW, 1], [1, 0])\n", 1)
+    wait_p = re.search(r"\n(\s*)mbarrier\.wait\(c_full\.index\(C\), n & 1\)\n", part)
+    ind = wait_p[1]
+
+    def reindent(block, old):
+        return "".join(ind + x[len(old):] if x.strip() else x for x in block)
+
+    old_pre = reads[0][:len(reads[0]) - len(reads[0].lstrip())]
+    old_cmp = compute[0][:len(compute[0]) - len(compute[0].lstrip())]
+    pre_text = reindent([x.replace("[4], [0]", "[EW], [0]") for x in reads
+                         if not x.lstrip().startswith("rn =")], old_pre)
+    part = part.replace(wait_p[0], "\n" + pre_text + wait_p[0].lstrip("\n"), 1)
+    load = re.search(r"\n(\s*)acc16 = c_smem\.index\(C\)\.load\(ACC_L\)\n", part)
+    part = part.replace(load[0], f"\n{ind}acc0 = c_smem.index(C).load(ACC_L)\n", 1)
+    arrive = re.search(r"\n\s*mbarrier\.arrive\(c_empty\.index\(C\), count=1\)\n", part)
+    part = part.replace(arrive[0], arrive[0] + reindent(compute, old_cmp)
+                        + f"{ind}acc16 = {staged}.to(gl.float16)\n", 1)
+    tail = tail[:part_start] + part
+    alloc = re.search(r"\n(\s*)c_smem = gl\.allocate_shared_memory\(gl\.float16, "
+                      r"\[CONSUMERS, BLOCK_M, BLOCK_N\],\s*o0_desc\.layout\)\n", tail)
+    a = alloc[1]
+    tail = tail.replace(alloc[0], (
+        f"\n{a}if EW:\n{a}    c_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, "
+        f"BLOCK_M, BLOCK_N], _f32_layout(BLOCK_M, BLOCK_N))\n{a}else:\n{a}    c_smem = "
+        f"gl.allocate_shared_memory(gl.float16, [CONSUMERS, BLOCK_M, BLOCK_N], "
+        f"o0_desc.layout)\n"), 1)
+    head = head.replace("\n\n@gluon.jit\ndef _tile_of",
+                        _F32_LAYOUT + "\n\n@gluon.jit\ndef _tile_of", 1)
+    return dataclasses.replace(source, ws=head + body + tail)
+
+
+def run_stage32(batch: int, seq: int, rounds: int, tiles: list) -> None:
+    """Folded GEMMs as generated against :func:`stage32` and their unfolded forms, timed in
+    interleaved rounds; the two folded forms' outputs compared on the same inputs."""
+    import torch
+    from tvm_stitch.benchmarks.ws_gemm import generated_gemms
+
+    from tvm_stitch import HardwareModel
+    from tvm_stitch.codegen.gluon_gemm import ws_config
+    from tvm_stitch.tune.kernels import generated_runner
+
+    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    plain = {g[0].describe(): g for g in generated_gemms("bert-base", batch=batch, seq=seq,
+                                                          layers=1, joined=True)}
+    for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq, layers=2,
+                                                    joined=True, fold_norms=True):
+        if not source.ws:
+            continue
+        wide = stage32(source)
+        if wide is None:
+            continue
+        print(f"{match.describe()} ({source.name})", flush=True)
+        unfolded = plain.get(match.describe())
+        for t in tiles:
+            config = ws_config(*t)
+            runs = {"folded": generated_runner(match, source, shapes, hw=hw),
+                    "stage32": generated_runner(match, wide, shapes, hw=hw)}
+            for t_name, a, b in zip(source.inputs, runs["folded"].inputs,
+                                    runs["stage32"].inputs):
+                if ".moment_" in t_name:  # pieces of a row of mean 0.5, variance 0.25
+                    a.fill_(64.0)
+                b.copy_(a)
+            fns = {}
+            for name, r in runs.items():
+                try:
+                    fns[name] = r(config)
+                    fns[name]()
+                except Exception as e:  # noqa: BLE001 - a form that fails is reported
+                    print(f"  {t} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            if unfolded is not None:
+                fns["unfolded"] = generated_runner(unfolded[0], unfolded[1], unfolded[2],
+                                                   hw=hw)(config)
+            torch.cuda.synchronize()
+            if "folded" in fns and "stage32" in fns:
+                diff = max((x.float() - y.float()).abs().max().item()
+                           for x, y in zip(runs["folded"].outputs, runs["stage32"].outputs))
+                print(f"  {t} stage32 against folded: max abs difference {diff:.3g}")
+            timed_rounds(fns, rounds, t)
 
 
 def _tiles(text: str) -> list:
@@ -445,9 +575,14 @@ def main(argv=None) -> int:
                         help="print the text of this variant of the first kernel and stop (CPU)")
     parser.add_argument("--grid-ln", action="store_true",
                         help="the residual GEMMs with their LayerNorm after a grid-wide barrier")
+    parser.add_argument("--stage32", action="store_true",
+                        help="folded GEMMs staging their float32 product for the partition")
     args = parser.parse_args(argv)
     if args.grid_ln:
         run_grid_ln(args.batch, args.seq, args.rounds, _tiles(args.tiles))
+        return 0
+    if args.stage32:
+        run_stage32(args.batch, args.seq, args.rounds, _tiles(args.tiles))
         return 0
     if args.show:
         from tvm_stitch.benchmarks.ws_gemm import generated_gemms
