@@ -47,7 +47,9 @@ import dataclasses
 import re
 import statistics
 
-import tvm
+from tvm_stitch.benchmarks.ws_gemm import device_hw, generated_gemms, parse_tiles
+
+from tvm_stitch.codegen.triton_gen import _gemm_tiles
 
 
 def _consumer(text: str) -> tuple[str, str, str]:
@@ -262,20 +264,22 @@ def timed_rounds(fns: dict, rounds: int, tag) -> dict:
     return medians
 
 
+def _unfolded(batch: int, seq: int) -> dict:
+    """BERT-base's unfolded GEMMs (one layer, Q/K/V joined) by description."""
+    return {g[0].describe(): g for g in generated_gemms("bert-base", batch=batch, seq=seq,
+                                                         layers=1, joined=True)}
+
+
 def run(batch: int, seq: int, rounds: int, tiles: list, only: str | None,
         names: list | None = None) -> None:
     import torch
-    from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
-    from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import ws_config
     from tvm_stitch.tune.kernels import generated_runner
     from tvm_stitch.tune.measure import time_torch
 
-    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    plain = {g[0].describe(): g for g in generated_gemms("bert-base", batch=batch, seq=seq,
-                                                          layers=1, joined=True)}
+    hw = device_hw()
+    plain = _unfolded(batch, seq)
     folded = generated_gemms("bert-base", batch=batch, seq=seq, layers=2, joined=True,
                              fold_norms=True)
     for match, source, shapes, _ in folded:
@@ -383,14 +387,11 @@ def run_grid_ln(batch: int, seq: int, rounds: int, tiles: list) -> None:
     import torch
     import triton
     from tvm_stitch.benchmarks.grid_sync_study import layernorm
-    from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
-    from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import ws_config
     from tvm_stitch.tune.kernels import generated_runner
 
-    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    hw = device_hw()
     for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq, layers=1,
                                                     joined=True):
         if not source.ws or len(match.segments) > 1 or "r0_desc" not in source.ws:
@@ -401,12 +402,12 @@ def run_grid_ln(batch: int, seq: int, rounds: int, tiles: list) -> None:
         ext = match.frame.extents
         rows, n = ext["m"], sum(s.n for s in match.segments)
         both = {**shapes, "grid_p1": ((rows * 8,), "float32"),
-                  "grid_p2": ((rows * 8,), "float32"), "grid_cnt": ((1,), "int64"),
-                  "grid_gamma": ((n,), "float16"), "grid_beta": ((n,), "float16")}
+                "grid_p2": ((rows * 8,), "float32"), "grid_cnt": ((1,), "int64"),
+                "grid_gamma": ((n,), "float16"), "grid_beta": ((n,), "float16")}
         print(f"{match.describe()} ({source.name}) + LayerNorm", flush=True)
         for t in tiles:
             config = ws_config(*t)
-            programs = -(-rows // (config["WS"] * 64)) * -(-n // config["BLOCK_N"])
+            programs = _gemm_tiles(match, config)
             if programs > hw.num_sms:
                 print(f"  {t}: {programs} tiles, more than one wave: no grid-wide barrier")
                 continue
@@ -469,8 +470,8 @@ def stage32(source):
     compute = [x for x in lines[ew + 1:wait] if not x.strip().startswith("#")]
     if not compute:
         return None
-    indent = reads[0][:len(reads[0]) - len(reads[0].lstrip())]
-    body = "".join([*lines[:pre + 1], indent + "pass\n", *lines[zeros:ew + 1],
+    old_pre = reads[0][:len(reads[0]) - len(reads[0].lstrip())]
+    body = "".join([*lines[:pre + 1], old_pre + "pass\n", *lines[zeros:ew + 1],
                     *lines[wait:store], f"{m[1]}c_smem.index(C).store(acc0)\n",
                     *lines[store + 1:]])
     # the partition: its reads before it waits, the staged value computed from the product
@@ -485,7 +486,6 @@ def stage32(source):
     def reindent(block, old):
         return "".join(ind + x[len(old):] if x.strip() else x for x in block)
 
-    old_pre = reads[0][:len(reads[0]) - len(reads[0].lstrip())]
     old_cmp = compute[0][:len(compute[0]) - len(compute[0].lstrip())]
     pre_text = reindent([x.replace("[4], [0]", "[EW], [0]") for x in reads
                          if not x.lstrip().startswith("rn =")], old_pre)
@@ -513,16 +513,12 @@ def run_stage32(batch: int, seq: int, rounds: int, tiles: list) -> None:
     """Folded GEMMs as generated against :func:`stage32` and their unfolded forms, timed in
     interleaved rounds; the two folded forms' outputs compared on the same inputs."""
     import torch
-    from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
-    from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import ws_config
     from tvm_stitch.tune.kernels import generated_runner
 
-    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    plain = {g[0].describe(): g for g in generated_gemms("bert-base", batch=batch, seq=seq,
-                                                          layers=1, joined=True)}
+    hw = device_hw()
+    plain = _unfolded(batch, seq)
     for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq, layers=2,
                                                     joined=True, fold_norms=True):
         if not source.ws:
@@ -559,10 +555,6 @@ def run_stage32(batch: int, seq: int, rounds: int, tiles: list) -> None:
             timed_rounds(fns, rounds, t)
 
 
-def _tiles(text: str) -> list:
-    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -579,13 +571,12 @@ def main(argv=None) -> int:
                         help="folded GEMMs staging their float32 product for the partition")
     args = parser.parse_args(argv)
     if args.grid_ln:
-        run_grid_ln(args.batch, args.seq, args.rounds, _tiles(args.tiles))
+        run_grid_ln(args.batch, args.seq, args.rounds, parse_tiles(args.tiles))
         return 0
     if args.stage32:
-        run_stage32(args.batch, args.seq, args.rounds, _tiles(args.tiles))
+        run_stage32(args.batch, args.seq, args.rounds, parse_tiles(args.tiles))
         return 0
     if args.show:
-        from tvm_stitch.benchmarks.ws_gemm import generated_gemms
 
         for match, source, _, _ in generated_gemms("bert-base", batch=args.batch, seq=args.seq,
                                                    layers=2, joined=True, fold_norms=True):
@@ -594,7 +585,7 @@ def main(argv=None) -> int:
                 print(f"# {source.name}: {'changed' if changed else 'unchanged'}")
                 print(_consumer(changed.ws if changed else source.ws)[1])
         return 0
-    run(args.batch, args.seq, args.rounds, _tiles(args.tiles), args.only,
+    run(args.batch, args.seq, args.rounds, parse_tiles(args.tiles), args.only,
         args.variants.split(",") if args.variants else None)
     return 0
 

@@ -76,6 +76,24 @@ def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
     return out
 
 
+def device_hw():
+    """The sm_90a hardware model with this GPU's SM count (the programs a persistent launch
+    takes)."""
+    import torch
+
+    from tvm_stitch import HardwareModel
+
+    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return dataclasses.replace(hw, num_sms=sms)
+
+
+def parse_tiles(text: str) -> tuple:
+    """``"C,N,K,SLOTS[,EW[,PTR]];..."`` as tuples of :func:`~.gluon_gemm.ws_config`'s
+    arguments."""
+    return tuple(tuple(int(x) for x in part.split(",")) for part in text.split(";") if part)
+
+
 def ptxas_report(ptx: str) -> str:
     """Registers, spills and any ``wgmma`` serialization ptxas reports for ``ptx`` (sm_90a;
     the ptxas Triton ships)."""
@@ -106,7 +124,6 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     import torch
     import torch.nn.functional as F
 
-    from tvm_stitch import HardwareModel
     from tvm_stitch.codegen.gluon_gemm import (
         WS_GEMM_TILES,
         applicable_tiles,
@@ -117,8 +134,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     from tvm_stitch.tune.kernels import generated_runner
     from tvm_stitch.tune.measure import time_torch
 
-    hw = HardwareModel.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-    hw = dataclasses.replace(hw, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    hw = device_hw()
     rows = []
     # one encoder layer: every layer's kernels are the same ones
     # with fold_norms two layers: the second layer's Q/K/V and out-projection read the
@@ -211,8 +227,7 @@ def main(argv=None) -> int:
                         help="only the Gluon forms (one kernel name: e.g. for ncu)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
-    tiles = args.tiles and tuple(tuple(int(x) for x in t.split(",")) for t in
-                                 args.tiles.split(";"))
+    tiles = args.tiles and parse_tiles(args.tiles)
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
                args.fold_norms, args.only, tiles, not args.no_triton)
     if args.json_out:
