@@ -9,7 +9,9 @@ Triton kernel (:mod:`tvm_stitch.codegen.triton_gen`) with the tiles and launch o
 search (measured on the GPU and kept in the tuning database; the analytical model alone without
 a GPU).  Operands are read in place, so the layout ops around them and the epilogue ops die and
 are removed.  What is not recognized stays for TVM; every rejection is logged
-(``tvm_stitch.recognize``).
+(``tvm_stitch.recognize``).  A kernel that fails to build — whatever the reason — is left to
+TVM alone, with the reason logged (and so are kernels reading what only it would write); a
+tuning record the kernel cannot launch is ignored with a warning and its tiles searched again.
 
 Without a GPU the kernels are still compiled (Triton emits sm_90 PTX anywhere) and embedded, with
 tiles from the tuning database or, for kernels it does not hold, the cost model: an executable
@@ -33,6 +35,7 @@ from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
+from tvm_stitch.errors import error_line
 from tvm_stitch.graph import build_graph
 
 from .order import topological
@@ -53,14 +56,39 @@ class _Tuner:
         self.seen: dict[str, dict] = {}  # model-only choices of this compile
         self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
         self.fitted = False  # fit when a kernel first needs a search, not when none does
+        self.rejected: set[str] = set()  # keys of records this compile does not use
+
+    def record(self, match, source) -> dict | None:
+        """The tuning database's config of the kernel, where it holds a usable one: a record
+        the kernel cannot launch (:func:`~tvm_stitch.tune.kernels.record_legality`) is
+        :meth:`reject`-ed."""
+        from tvm_stitch.tune.kernels import record_legality
+
+        key = tuning_key(self.db, match, source, self.hw)
+        rec = None if key in self.rejected else self.db.get(key)
+        if rec is None:
+            return None
+        why = record_legality(match, source, rec["config"], self.hw)
+        if why:
+            self.reject(match, source, why)
+            return None
+        return rec["config"]
+
+    def reject(self, match, source, why: str) -> None:
+        """Leave the tuning record of the kernel unused in this compile (the tiles are
+        searched as if there were none), with a warning saying ``why``."""
+        key = tuning_key(self.db, match, source, self.hw)
+        self.rejected.add(key)
+        logger.warning("%s: tuning record %s ignored (%s); tiles searched again",
+                       match.describe(), key, why)
 
     def config(self, match, source, shapes, constants) -> dict:
         from tvm_stitch.tune.kernels import tune_generated
 
         key = tuning_key(self.db, match, source, self.hw)
-        rec = self.db.get(key)
-        if rec is not None:
-            return rec["config"]
+        recorded = self.record(match, source)
+        if recorded is not None:
+            return recorded
         if key in self.seen:
             return self.seen[key]
         if not self.fitted:
@@ -248,12 +276,8 @@ class _Rewriter:
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None)
-        kernels = []
-        for match in found.matches:
-            try:
-                kernels.append((match, self._kernel(graph, match)))
-            except (UnsupportedKernelError, ValueError, NotImplementedError) as err:
-                logger.info("%s left to TVM: %s", match.describe(outputs=True), err)
+        kernels = [(m, k) for m in found.matches if (k := self._try_kernel(graph, m))]
+        kernels = _connected(kernels, func)
         if not kernels:
             return None
         blocks = []
@@ -270,6 +294,22 @@ class _Rewriter:
             func.attrs,
         )
 
+    def _try_kernel(self, graph, match):
+        """:meth:`_kernel`, or None where it fails: whatever fails (a kernel the generator
+        refuses, a Triton compile error, a bad config) leaves that match alone to TVM, with
+        the reason logged, and undoes what it bound."""
+        values, weights, counts = dict(self.values), set(self.weights), dict(self.counts)
+        try:
+            return self._kernel(graph, match)
+        except (UnsupportedKernelError, ValueError, NotImplementedError) as err:
+            logger.info("%s left to TVM: %s", match.describe(outputs=True), err)
+        except Exception as err:  # any other failure costs its kernel, no other
+            logger.warning("%s left to TVM: %s: %s", match.describe(outputs=True),
+                           type(err).__name__, error_line(err, repr(err)))
+            logger.debug("%s", match.describe(), exc_info=True)
+        self.values, self.weights, self.counts = values, weights, counts
+        return None
+
     def _kernel(self, graph, match):
         """``(GlobalVar, args, output types, outputs, bindings before the call)`` of the kernel
         of ``match`` (built once per variant)."""
@@ -285,17 +325,7 @@ class _Rewriter:
             for t in source.inputs
             if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
         }
-        config = self.tuner.config(match, source, shapes, constants)
-        key = f"{source.name}_{embed._tag(config)}"
-        if key not in self.funcs:
-            func, ext, config = self._build(match, source, config, shapes)
-            # opaque to FuseOps: the kernel is complete, nothing may be fused into it
-            func = func.with_attrs(
-                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()}
-            )
-            self.funcs[key] = self.ctx.add_func(func, key)
-            self.prims[key] = func
-            self.externals.extend(ext)
+        key = self._variant(match, source, shapes, constants)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         args = [self._value(graph, t) for t in source.inputs]
         prim = self.prims[key]
@@ -310,6 +340,36 @@ class _Rewriter:
         ]
         outs = [self._value(graph, t) for t in source.outputs]
         return self.funcs[key], args, types, outs, pre
+
+    def _variant(self, match, source, shapes, constants) -> str:
+        """The name of the kernel's PrimFunc with its tuned config (built once per variant);
+        where a tuning record's config fails to build, the record is rejected and the tiles
+        searched again."""
+        config = self.tuner.config(match, source, shapes, constants)
+        try:
+            return self._add(match, source, config, shapes)
+        except Exception as err:
+            if self.tuner.record(match, source) is None:
+                raise
+            self.tuner.reject(match, source, f"it failed to build: {type(err).__name__}: "
+                              f"{error_line(err, repr(err))}")
+        return self._add(match, source, self.tuner.config(match, source, shapes, constants),
+                         shapes)
+
+    def _add(self, match, source, config, shapes) -> str:
+        """The name of the PrimFunc launching ``source`` with ``config``, added to the module
+        the first time."""
+        key = f"{source.name}_{embed._tag(config)}"
+        if key not in self.funcs:
+            func, ext, config = self._build(match, source, config, shapes)
+            # opaque to FuseOps: the kernel is complete, nothing may be fused into it
+            func = func.with_attrs(
+                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()}
+            )
+            self.funcs[key] = self.ctx.add_func(func, key)
+            self.prims[key] = func
+            self.externals.extend(ext)
+        return key
 
     def _joined(self, match):
         """``(match, bindings, shapes)``: ``match`` reading its bands' weights joined in one
@@ -411,6 +471,32 @@ class _Rewriter:
                     raise UnsupportedKernelError(str(err)) from err
                 logger.info("%s; trying %d pipeline stages", err, stages - 1)
                 config = {**config, "num_stages": stages - 1}
+
+
+def _connected(kernels, func) -> list:
+    """``kernels`` without those reading a tensor no binding of ``func`` nor kept kernel
+    defines (a row's moments, when the kernel writing them was left to TVM), and so on."""
+    defined = set(func.params) | {b.var for block in func.body.blocks for b in block.bindings}
+    kept = list(kernels)
+    while True:
+        made = defined | {v for _, (_, _, _, outs, pre) in kept
+                          for v in [*outs, *(b.var for b in pre)]}
+        missing = [(m, _undefined(k, made)) for m, k in kept]
+        if not any(why for _, why in missing):
+            return kept
+        for m, why in missing:
+            if why:
+                logger.warning("%s left to TVM: it reads %s, which no kernel writes",
+                               m.describe(outputs=True), ", ".join(sorted(why)))
+        kept = [(m, k) for (m, k), (_, why) in zip(kept, missing) if not why]
+
+
+def _undefined(kernel, defined) -> set:
+    """Names of the variables ``kernel``'s call and bindings read that ``defined`` lacks."""
+    _, args, _, _, pre = kernel
+    read = {a for a in args if isinstance(a, relax.Var)}
+    read |= {v for b in pre for v in relax.analysis.free_vars(b.value)}
+    return {v.name for v in read - defined}
 
 
 def _defined_in(block, value) -> bool:

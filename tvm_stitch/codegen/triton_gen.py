@@ -1522,11 +1522,32 @@ def kernel_source(match, name: str | None = None) -> KernelSource:
 _LOADED: dict = {}
 
 
+#: unwritable kernel cache folders -> the temporary folder standing in for each
+_CACHE_FALLBACKS: dict = {}
+
+
 def cache_dir() -> Path:
-    """Where generated sources are written (``$TVM_STITCH_CACHE`` or ``~/.cache/tvm-stitch``)."""
+    """Where generated sources are written (``$TVM_STITCH_CACHE`` or ``~/.cache/tvm-stitch``,
+    its ``triton`` folder), made if missing; where that folder cannot be made or written, a
+    private temporary folder of this process, removed at exit (with a warning, once)."""
+    import atexit
+    import shutil
+    import tempfile
+
     root = os.environ.get("TVM_STITCH_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "tvm-stitch"
-    return base / "triton"
+    folder = (Path(root) if root else Path.home() / ".cache" / "tvm-stitch") / "triton"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # writable, not only there
+            return folder
+    except OSError as err:
+        fallbacks = _CACHE_FALLBACKS
+        if folder not in fallbacks or not fallbacks[folder].is_dir():
+            fallbacks[folder] = Path(tempfile.mkdtemp(prefix="tvm-stitch-triton-"))
+            atexit.register(shutil.rmtree, fallbacks[folder], ignore_errors=True)
+            logger.warning("kernel cache %s not writable (%s): generated sources go to %s",
+                           folder, err, fallbacks[folder])
+        return fallbacks[folder]
 
 
 def load(source: KernelSource, config: dict | None = None):

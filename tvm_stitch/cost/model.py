@@ -25,7 +25,10 @@ persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts al
 :class:`CostModel` multiplies that by a correction learned from every measurement the tuning
 database holds (an xgboost regressor of ``log(measured / analytical)`` on the model's terms and
 the candidate's knobs), refit as measurements arrive.  Without xgboost, or with too few
-measurements, the analytical model ranks alone.
+measurements, the analytical model ranks alone.  A candidate that cannot run at all
+(:func:`infeasible`) is priced infinite before any model looks at it; measurements whose terms
+are not finite are left out of the fit, and a correction that fails to fit or predict is
+dropped with a warning: the analytical model ranks alone.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import math
 
 import numpy as np
 
+from tvm_stitch.errors import error_line
 from tvm_stitch.hardware import HardwareModel
 
 logger = logging.getLogger("tvm_stitch.cost")
@@ -99,10 +103,19 @@ def _cdiv(a, b) -> int:
     return -(-int(a) // int(b))
 
 
+def infeasible(w: Workload, tiles: dict, launch: dict) -> str | None:
+    """Why ``tiles`` cannot be launched with ``launch`` at all, or None: what no model may
+    price (the warp-specialized attention takes :data:`WS_ROWS` query rows a program)."""
+    if launch.get("WS") and w.family == "attention" and tiles.get("m") != WS_ROWS:
+        return f"a warp-specialized attention takes {WS_ROWS} query rows, not {tiles.get('m')}"
+    return None
+
+
 def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
-    """The analytical model's terms for one candidate (seconds unless named otherwise)."""
+    """The analytical model's terms for one candidate (seconds unless named otherwise);
+    infinite times for an :func:`infeasible` one."""
     ws = bool(launch.get("WS")) and w.family == "attention"
-    if ws and tiles["m"] != WS_ROWS:
+    if infeasible(w, tiles, launch):
         return {**_INFEASIBLE, "time": math.inf}
     # a warp-specialized Gluon GEMM (:mod:`~tvm_stitch.codegen.gluon_gemm`): ``WS`` consumer
     # warpgroups of ``tiles["m"]`` rows each share B's tile, persistent over the tiles, a
@@ -300,37 +313,52 @@ class CostModel:
         self.fitted_on = 0
 
     def predict(self, w: Workload, tiles: dict, launch: dict) -> float:
-        """Predicted seconds of one candidate."""
+        """Predicted seconds of one candidate: infinite for an :func:`infeasible` one (no
+        model prices it); the analytical model's alone where the correction cannot be
+        applied (non-finite terms) or fails (then it is dropped, with a warning)."""
+        if infeasible(w, tiles, launch):
+            return math.inf
         t = terms(w, tiles, launch, self.hw)
         if self.booster is None:
             return t["time"]
-        import xgboost
-
-        x = xgboost.DMatrix(np.array([features(w, tiles, launch, t)]))
-        return t["time"] * math.exp(float(self.booster.predict(x)[0]))
+        try:
+            x = np.array([features(w, tiles, launch, t)])
+            if not np.isfinite(x).all():  # nothing to correct: the terms price it alone
+                return t["time"]
+            # in place: a DMatrix a candidate costs milliseconds, the same prediction
+            return t["time"] * math.exp(float(self.booster.inplace_predict(x)[0]))
+        except Exception as err:  # noqa: BLE001 - the learned part is optional: rank without it
+            logger.warning("cost model correction dropped (%s: %s): the analytical model ranks "
+                           "alone", type(err).__name__, error_line(err))
+            self.booster = None
+            return t["time"]
 
     def fit(self, samples) -> bool:
         """Learn the correction from ``samples``: ``(Workload, tiles, launch, seconds)``
-        (failed measurements, infinite, are left out).  Returns whether a correction is in use.
+        (failed measurements, infinite, and candidates whose model terms are not finite are
+        left out).  Returns whether a correction is in use: not where fitting fails (a
+        warning; the analytical model ranks alone).
         """
-        rows = [(w, t, la, s) for w, t, la, s in samples if math.isfinite(s) and s > 0]
-        if len(rows) < MIN_FIT:
-            self.booster = None
-            return False
+        self.booster = None
         try:
             import xgboost
         except ImportError:
             logger.info("xgboost is not installed: the analytical cost model ranks alone")
-            self.booster = None
             return False
-        model = [terms(w, t, la, self.hw) for w, t, la, _ in rows]
-        x = np.array([features(w, t, la, m) for (w, t, la, _), m in zip(rows, model)])
-        y = np.array([math.log(s / m["time"]) for (*_, s), m in zip(rows, model)])
+        x, y = _training_rows(samples, self.hw)
+        if len(y) < MIN_FIT:
+            return False
         # shallow trees: across compiles of other shapes deeper ones fit noise (chosen by
         # predicting each recorded H100 compile from the other: mean Spearman per kernel)
         params = {"max_depth": 2, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": 0}
-        self.booster = xgboost.train(params, xgboost.DMatrix(x, label=y), num_boost_round=100)
-        self.fitted_on = len(rows)
+        try:
+            self.booster = xgboost.train(params, xgboost.DMatrix(x, label=y),
+                                         num_boost_round=100)
+        except Exception as err:  # noqa: BLE001 - the learned part is optional: rank without it
+            logger.warning("cost model correction not fitted (%s: %s): the analytical model "
+                           "ranks alone", type(err).__name__, error_line(err))
+            return False
+        self.fitted_on = len(y)
         return True
 
     def fit_database(self, database) -> bool:
@@ -338,16 +366,53 @@ class CostModel:
         return self.fit(samples(database.records, self.hw.arch))
 
 
+def _training_rows(samples, hw: HardwareModel) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels (``log(measured / analytical)``) of the finite ``samples``: a
+    failed measurement, an infeasible candidate or a non-finite term is left out."""
+    x, y, dropped = [], [], 0
+    for w, t, la, s in samples:
+        if not (math.isfinite(s) and s > 0):
+            continue
+        row = _row(w, t, la, hw)
+        if row is None or not (0 < row[1] < math.inf and all(math.isfinite(v) for v in row[0])):
+            dropped += 1
+            continue
+        x.append(row[0])
+        y.append(math.log(s / row[1]))
+    if dropped:
+        logger.info("cost model: %d measurements of infeasible or unpriceable candidates left "
+                    "out of the fit", dropped)
+    return np.array(x), np.array(y)
+
+
+def _row(w: Workload, tiles: dict, launch: dict, hw: HardwareModel):
+    """``(features, analytical seconds)`` of a candidate, or None where it is
+    :func:`infeasible` or its terms cannot be computed (a malformed record's tiles)."""
+    if infeasible(w, tiles, launch):
+        return None
+    try:
+        m = terms(w, tiles, launch, hw)
+        return features(w, tiles, launch, m), m["time"]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
 def samples(records: dict, arch: str | None = None) -> list:
     """``(Workload, tiles, launch, seconds)`` of every measurement in tuning ``records``
-    (optionally only those of ``arch``)."""
-    out = []
+    (optionally only those of ``arch``); malformed records are left out (logged)."""
+    out, malformed = [], 0
     for key, rec in records.items():
-        if "workload" not in rec or (arch and not key.endswith(f"|{arch}")):
+        if not isinstance(rec, dict) or "workload" not in rec or (
+                arch and not key.endswith(f"|{arch}")):
             continue
-        w = Workload.from_dict(rec["workload"])
-        for m in rec.get("measurements", ()):
-            out.append((w, m["tiles"], m["launch"], float(m["time_s"])))
+        try:
+            w = Workload.from_dict(rec["workload"])
+            out += [(w, dict(m["tiles"]), dict(m["launch"]), float(m["time_s"]))
+                    for m in rec.get("measurements", ())]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            malformed += 1
+    if malformed:
+        logger.warning("cost model: %d malformed tuning records left out", malformed)
     return out
 
 

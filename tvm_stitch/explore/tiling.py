@@ -361,6 +361,17 @@ class SearchSpace:
             return False
         return self.legal is None or self.legal(cand) is None
 
+    def find(self, tiles: dict[str, int]) -> Candidate | None:
+        """An admitted candidate with tile sizes ``tiles`` (one per loop, of the sizes rule 3
+        left), under the first expression that admits it; None where there is none."""
+        if set(tiles) != set(self.tiles) or any(tiles[x] not in self.tiles[x] for x in tiles):
+            return None
+        for expr in self.exprs:
+            cand = Candidate(expr, tuple((x, tiles[x]) for x in self.tiles))
+            if self.admits(cand):
+                return cand
+        return None
+
     def candidates(self) -> Iterator[Candidate]:
         """Admitted candidates, in a fixed order."""
         names = list(self.tiles)
@@ -372,7 +383,8 @@ class SearchSpace:
 
 
 def build_search_space(
-    spec: ChainSpec, smem_limit: int, legal: Callable[[Candidate], str | None] | None = None
+    spec: ChainSpec, smem_limit: int, legal: Callable[[Candidate], str | None] | None = None,
+    count: bool = True,
 ) -> SearchSpace:
     """Enumerate expressions and tile sizes, apply rules 1–4, count what each rule leaves.
 
@@ -384,6 +396,10 @@ def build_search_space(
     legal : callable, optional
         The code generator's legality check (returns why a candidate cannot be generated, or
         None); applied after rule 4 and counted as ``legal``.
+    count : bool
+        Count the candidates rule 4 and ``legal`` admit (every candidate is checked); False
+        leaves ``rule4`` and ``legal`` out of ``counts`` (a space only asked to
+        :meth:`~SearchSpace.find` one candidate).
     """
     exprs = tiling_expressions(spec)
     options = {x: tile_options(spec.extents[x]) for x in spec.loops}
@@ -397,8 +413,10 @@ def build_search_space(
     options = {x: _rule3(spec.extents[x], v) for x, v in options.items()}
     counts["rule3"] = len(exprs) * math.prod(len(v) for v in options.values())
     space = SearchSpace(spec, exprs, options, counts, smem_limit)
-    counts["rule4"] = sum(1 for _ in space.candidates())
+    if count:
+        counts["rule4"] = sum(1 for _ in space.candidates())
     if legal is not None:
         space.legal = legal
-        counts["legal"] = sum(1 for _ in space.candidates())
+        if count:
+            counts["legal"] = sum(1 for _ in space.candidates())
     return space

@@ -14,8 +14,8 @@ import logging
 
 from tvm_stitch.analysis.indexing import HALF
 from tvm_stitch.codegen import triton_kernels as tk
-from tvm_stitch.cost.model import CostModel, Workload
-from tvm_stitch.explore.tiling import ChainSpec
+from tvm_stitch.cost.model import CostModel, Workload, infeasible
+from tvm_stitch.explore.tiling import Candidate, ChainSpec, build_search_space
 
 from .evolution import SearchConfig
 from .measure import Tuned, measured_search
@@ -290,20 +290,10 @@ def tune_generated(
     cost : CostModel, optional
         The model ranking candidates (default: the analytical model alone).
     """
-    ext = match.frame.extents
     family = match.family
-    batch = ext.get("b", 1) * (ext.get("h", 1) if family != "gemm" else 1)
+    spec, legal, template, tfamily = generated_template(match)
     if family == "gemm":
         products = len(match.segments[0].products)
-        n = sum(s.n for s in match.segments)
-        spec = dataclasses.replace(
-            ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=_bytes(match.dtype)), batch=batch
-        )
-
-        def legal(c):
-            return generated_gemm_legality(match, spec, c)
-
-        template, tfamily = tk.gemm_config, "gemm_epilogue"
         launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
         if source.ws and on_device:  # the warp-specialized Gluon form, measured at its tiles
             # (measured only, as TMA stores: the model prices it as the Triton form)
@@ -314,16 +304,6 @@ def tune_generated(
                 logger.info("%s: no epilogue partition: %s", match.describe(), why)
             seeds = [*seeds, *gemm_ws_seeds(staging=why is None)]
     else:
-        d = ext["d"]
-        spec = ChainSpec.gemm_chain(
-            batch, ext["m"], ext["n"], ext["k"], d, dtype_bytes=_bytes(match.dtype)
-        )
-        if family == "attention":
-            legal = lambda c: tk.attention_legality(spec, c)  # noqa: E731
-            template, tfamily = tk.attention_config, "attention"
-        else:
-            legal = lambda c: tk.chain_legality(spec, c)  # noqa: E731
-            template, tfamily = (lambda c: tk.chain_config(spec, c)), "gemm_chain"
         launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
         if source.tma:  # each launch also with Q, K and V brought in by TMA
             launches = [{**o, "TMA": t} for t in (False, True) for o in launches]
@@ -346,6 +326,130 @@ def tune_generated(
     )
     tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned
+
+
+def generated_template(match) -> tuple:
+    """``(spec, legal, template, family)`` of the search over a generated kernel's tiles: the
+    chain of ``match``, the legality check of its template (``legal(candidate)``: why it cannot
+    run the candidate, or None), the template parameters of a candidate
+    (``template(candidate)``) and the template family of its launch options and seeds."""
+    ext = match.frame.extents
+    batch = ext.get("b", 1) * (ext.get("h", 1) if match.family != "gemm" else 1)
+    if match.family == "gemm":
+        n = sum(s.n for s in match.segments)
+        spec = dataclasses.replace(
+            ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=_bytes(match.dtype)), batch=batch
+        )
+        return (spec, lambda c: generated_gemm_legality(match, spec, c), tk.gemm_config,
+                "gemm_epilogue")
+    spec = ChainSpec.gemm_chain(
+        batch, ext["m"], ext["n"], ext["k"], ext["d"], dtype_bytes=_bytes(match.dtype)
+    )
+    if match.family == "attention":
+        return spec, lambda c: tk.attention_legality(spec, c), tk.attention_config, "attention"
+    return (spec, lambda c: tk.chain_legality(spec, c), lambda c: tk.chain_config(spec, c),
+            "gemm_chain")
+
+
+#: the template parameter of each loop's tile
+_TILE_PARAMS = {"m": "BLOCK_M", "n": "BLOCK_N", "k": "BLOCK_K", "h": "BLOCK_H"}
+#: launch options a generated kernel's config may hold (see :func:`launch_legality`)
+LAUNCH_KEYS = ("num_warps", "num_stages", "NUM_SMS", "PERSISTENT", "SPLIT_K", "TMA",
+               "TMA_STORE", "WS", "EW", "PTR_STORE")
+
+
+def record_legality(match, source, config, hw) -> str | None:
+    """Why a tuning record's ``config`` cannot launch the generated kernel ``source`` of
+    ``match``, or None: its tiles must be a candidate of the kernel's search space (tile sizes
+    rule 3 leaves, shared memory, the template's legality), its template parameters those of
+    that candidate and its launch options ones the kernel has (:func:`launch_legality`).
+
+    Parameters
+    ----------
+    match : Match
+    source : KernelSource
+    config : dict
+        Template parameters and launch options, as :func:`tune_generated` makes them.
+    hw : HardwareModel
+    """
+    if not isinstance(config, dict) or not config:
+        return f"config {config!r} holds no template parameters"
+    spec, legal, template, _ = generated_template(match)
+    space = build_search_space(spec, hw.smem_per_block, legal, count=False)
+    tiles = _record_tiles(config, space, match.family)
+    if isinstance(tiles, str):
+        return tiles
+    odd = next((x for x in tiles if tiles[x] not in space.tiles[x]), None)
+    if odd:
+        return f"tiles {tiles}: a {odd} tile of {tiles[odd]}, not one of {space.tiles[odd]}"
+    cand = space.find(tiles)
+    if cand is None:
+        first = Candidate(space.exprs[0], tuple(tiles.items()))
+        return f"tiles {tiles}: {legal(first) or 'not a candidate of the search space'}"
+    wrong = {k: v for k, v in template(cand).items() if config.get(k) != v}
+    if wrong:
+        return f"template parameters {wrong} expected for tiles {tiles}"
+    return launch_legality(match, source, config)
+
+
+def _record_tiles(config: dict, space, family: str) -> dict | str:
+    """The tile of each loop of ``space`` in ``config`` (an attention's head tiles are whole:
+    the largest size), or why there is none."""
+    tiles = {}
+    for x, sizes in space.tiles.items():
+        key = _TILE_PARAMS[x]
+        value = config.get(key, max(sizes) if family == "attention" and x in "kh" else None)
+        if not _count(value):
+            return f"{key} = {value!r} is not a tile size"
+        tiles[x] = value
+    return tiles
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def launch_legality(match, source, config: dict) -> str | None:
+    """Why ``config``'s launch options cannot launch the generated kernel ``source``, or None:
+    known options (:data:`LAUNCH_KEYS`) of integer values, warps a power of two, at least one
+    pipeline stage, split and SMs counts, and only the formulations the kernel has
+    (persistent, split-K, TMA loads or stores, the warp-specialized form at the tiles and
+    partitions it takes)."""
+    unknown = sorted(set(config) - set(_TILE_PARAMS.values()) - set(LAUNCH_KEYS) - {"HOIST_A"})
+    if unknown:
+        return f"unknown options {unknown}"
+    odd = {k: v for k, v in config.items() if not isinstance(v, int)}
+    if odd:
+        return f"options {odd} are not integers"
+    warps = config.get("num_warps", 4)
+    if warps not in (1, 2, 4, 8, 16, 32) or config.get("num_stages", 3) < 1:
+        return f"{warps} warps, {config.get('num_stages')} pipeline stages"
+    bad = [k for k in ("SPLIT_K", "NUM_SMS") if not _count(config.get(k, 1))]
+    if bad:
+        return ", ".join(f"{k} {config[k]}" for k in bad)
+    forms = {"PERSISTENT": source.persistent, "TMA": source.tma, "TMA_STORE": source.tma_store,
+             "WS": source.ws, "SPLIT_K": source.split_k or config.get("SPLIT_K", 1) == 1}
+    missing = [k for k, has in forms.items() if config.get(k) and not has]
+    if missing:
+        return f"{source.name} has no {', '.join(missing)} formulation"
+    return _ws_legality(match, config) if config.get("WS") else None
+
+
+def _ws_legality(match, config: dict) -> str | None:
+    """Why the warp-specialized form cannot run ``config``, or None: an attention's tiles of
+    :data:`~tvm_stitch.cost.model.WS_ROWS` query rows; a GEMM's consumer warpgroups of
+    :data:`~tvm_stitch.codegen.gluon_gemm.WS_GEMM_ROWS` rows each and an epilogue partition
+    (``EW``, ``PTR_STORE``) it has registers for."""
+    if match.family == "attention":
+        return infeasible(Workload("attention", {}), {"m": config.get("BLOCK_M")}, config)
+    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS, WS_GEMM_ROWS
+
+    ws, ew = config["WS"], config.get("EW")
+    if ws not in WS_GEMM_REGS or config.get("BLOCK_M") != WS_GEMM_ROWS:
+        return f"{ws} consumer warpgroups of {config.get('BLOCK_M')} rows"
+    if (ew and (ws, ew) not in WS_GEMM_EPILOGUE_REGS) or (config.get("PTR_STORE") and not ew):
+        return f"an epilogue partition of {ew} warps (PTR_STORE {config.get('PTR_STORE')})"
+    return None
 
 
 def generated_gemm_legality(match, spec: ChainSpec, cand) -> str | None:
