@@ -12,7 +12,8 @@ Families (one vocabulary, from recognition to template to tuning key):
     casts, scaling), written in place through any reshape/transpose at its end.  Contractions that
     share ``A`` become one kernel: side by side in ``n`` when independent (Q, K, V — SOUFFLE's
     horizontal transformation), or computed together when one's epilogue reads the other's result
-    at the same position (SwiGLU's gate × up).
+    at the same position (SwiGLU's gate × up); side by side only with as many products a band
+    (Q, K, V beside gate × up: two kernels).
 ``attention``
     Two contractions with a row softmax between: ``O = softmax(g(Q·Kᵀ)) · V`` where ``g`` is any
     elementwise function of the score and of tensors indexed by (batch, head, query, key) — a
@@ -1262,7 +1263,8 @@ def _reindex(elem: Elem, vmap: dict, frame: Frame) -> Elem:
 
 def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
     """GEMMs reading the same ``A`` at the same shape, none depending on another, become one
-    kernel with a band of columns each (SOUFFLE's horizontal transformation)."""
+    kernel with a band of columns each (SOUFFLE's horizontal transformation); the bands of a
+    kernel compute as many products each (:func:`_by_products`)."""
     groups: dict = {}
     order = []
     for m in matches:
@@ -1287,8 +1289,8 @@ def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
         if isinstance(item, Match):
             out.append(item)
             continue
-        members = groups[item]
-        for group in _independent(graph, members, rejected):
+        for group in (g for same in _by_products(groups[item])
+                      for g in _independent(graph, same, rejected)):
             if len(group) == 1:
                 out.append(group[0])
                 continue
@@ -1301,6 +1303,22 @@ def _group_horizontal(graph, matches: list[Match], rejected) -> list[Match]:
                 continue
             out.append(merged)
     return out
+
+
+def _by_products(members: list[Match]) -> list[list[Match]]:
+    """Split GEMMs reading one ``A`` by how many products their band computes, in order of
+    first appearance: a kernel's bands share one product loop, so Q/K/V (one product a band)
+    and gate × up (two) beside them become two kernels, each still reading ``A``."""
+    split: dict[int, list[Match]] = {}
+    for m in members:
+        split.setdefault(len(m.segments[0].products), []).append(m)
+    if len(split) > 1:
+        kernels = [", ".join(" × ".join(m.segments[0].accumulators) for m in same)
+                   for same in split.values()]
+        logger.info("recognize: GEMMs reading %s grouped apart, one kernel per number of "
+                    "products a band (a kernel's bands share one product loop): %s",
+                    members[0].accesses["a"].tensor, "; ".join(kernels))
+    return list(split.values())
 
 
 def _independent(graph, members, rejected) -> list[list[Match]]:

@@ -694,6 +694,8 @@ def gemm_source(match, name: str) -> KernelSource:
     elif stat_combine:
         lines += [f"if {before}:", *["    " + line for line in stat_combine]]
     segments = match.segments
+    # one product loop for every band: recognition groups bands by their number of products
+    # (recognize._by_products), so this only guards matches built otherwise
     products = {len(seg.products) for seg in segments}
     if len(products) != 1 or products.pop() > 2:
         raise UnsupportedKernelError("bands with different numbers of products")
