@@ -1,7 +1,8 @@
 """Hugging Face model families as users bring them, through ``from_torch``.
 
-    python -m tvm_stitch.benchmarks.hf_families [--attn sdpa|eager] [--mask] [--gpu]
-                                                [--seq S] [--head-dim D] [--only NAME ...]
+    python -m tvm_stitch.benchmarks.hf_families [--attn sdpa|eager] [--mask] [--gpu [--held]]
+                                                [--seq S] [--head-dim D] [--zoo]
+                                                [--only NAME ...]
 
 Each family is built by ``transformers`` from a small config with random weights (two layers,
 a head dimension of 48, grouped K/V heads where the family has them), in the attention
@@ -18,7 +19,12 @@ in a causal model its first rows see no key).  With ``--gpu`` (a GPU host) the `
 runs ``from_torch(..., target="cuda", tune="model")`` on the GPU against the float32 reference
 instead (float16 tolerances; PyTorch's own float16 error beside it; padding rows whose value
 PyTorch's own float16 and float32 disagree on are reported apart, not judged) and llvm is
-skipped.  A ``WRONG`` or ``failed`` row makes the exit status 1.
+skipped; with ``--held`` as well, ``from_torch`` takes the model as a user holds it on the GPU
+(``model.to(dtype).cuda()``, CUDA example inputs) instead of the float32 one on the CPU.  A
+``WRONG`` or ``failed`` row makes the exit status 1.
+
+With ``--zoo``, the zoo's models instead (:data:`ZOO`: GPT-2, LLaMA and ViT at the zoo's tiny
+sizes, Hugging Face BERT-tiny, attention written in plain PyTorch, masked and filled).
 
 Nothing is timed: this is the generality check (which models import, build, compute what
 PyTorch computes, and get their attention and GEMMs recognized).
@@ -96,6 +102,13 @@ FAMILIES = {
 }
 
 
+#: the zoo's models (``tvm_stitch.workloads``) as the sweep takes them: its ``transformers``
+#: models at their tiny sizes, Hugging Face BERT, and attention written in plain PyTorch
+#: (``--zoo``)
+ZOO = ("zoo-gpt2", "zoo-llama", "zoo-vit", "zoo-hf-bert", "zoo-attention",
+       "zoo-masked-attention", "zoo-filled-attention")
+
+
 #: config keys of a model's width (two heads of ``head_dim``), of one head's, and of positions
 _WIDTH = ("hidden_size", "dim", "n_embd", "d_model", "word_embed_proj_dim", "embed_dim")
 _HEAD = ("d_kv", "head_dim")
@@ -132,6 +145,8 @@ def build(name: str, attn: str | None, seq: int = 37, mask: bool = False,
     from tvm_stitch.frontend import _without_cache
     from tvm_stitch.workloads.zoo import last_hidden, perturb_vectors
 
+    if name in ZOO:
+        return _zoo(name, attn, seq, mask)
     cfg_cls, model_cls, config, kind = FAMILIES[name]
     extra = {"attn_implementation": attn} if attn else {}
     torch.manual_seed(0)
@@ -156,6 +171,45 @@ def build(name: str, attn: str | None, seq: int = 37, mask: bool = False,
         inputs = (torch.randn(2, 3, size, size, generator=gen),)
     # the wrapper's own forward takes no use_cache: the model's is set here
     return last_hidden(net, _without_cache(net, {}), names).eval(), inputs
+
+
+def _zoo(name: str, attn: str | None, seq: int, mask: bool):
+    """:func:`build` of a :data:`ZOO` model: batch 2, ``seq`` tokens (attention: 2 heads of
+    64), the key mask of ``--mask`` where the model takes one."""
+    import torch
+
+    from tvm_stitch.workloads import zoo
+    from tvm_stitch.workloads.bert import BERT_CONFIGS
+    from tvm_stitch.workloads.hf_bert import make_hf_bert
+
+    gen = torch.Generator().manual_seed(1)
+    kind = name.removeprefix("zoo-")
+    if kind.endswith("attention"):
+        q, k, v = (torch.randn(2, 2, seq, 64, generator=gen) for _ in range(3))
+        if kind == "attention":
+            return zoo.plain_attention(causal=True).eval(), (q, k, v)
+        make = zoo.masked_attention if kind == "masked-attention" else zoo.filled_attention
+        keys = torch.from_numpy(zoo.key_mask(2, seq) if mask else np.ones((2, seq), bool))
+        return make(causal=True).eval(), (q, k, v, keys)
+    torch.manual_seed(0)
+    if kind == "hf-bert":
+        net = make_hf_bert(BERT_CONFIGS["tiny"], attn or "sdpa")
+        zoo.perturb_vectors(net)
+        cfg, kwargs, names = net.config, {}, ("input_ids", "attention_mask")
+    else:
+        model = zoo.MODELS[kind]
+        net = zoo.make_model(model, "tiny", attn or "sdpa")
+        cfg, kwargs, names = net.config, model.kwargs, ("input_ids", "attention_mask")
+    if kind == "vit":
+        inputs = (torch.randn(2, cfg.num_channels, cfg.image_size, cfg.image_size,
+                              generator=gen),)
+        return zoo.last_hidden(net, kwargs).eval(), inputs
+    ids = torch.randint(0, cfg.vocab_size, (2, seq), generator=gen)
+    if not mask:
+        return zoo.last_hidden(net, kwargs).eval(), (ids,)
+    pad = torch.ones(2, seq, dtype=torch.int64)
+    pad[1, :min(11, seq - 1)] = 0
+    return zoo.last_hidden(net, kwargs, names).eval(), (ids, pad)
 
 
 def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None,
@@ -217,9 +271,10 @@ def _built(model, inputs, dtype: str = "float16") -> str:
     return f"failed: nvcc: {why}" if why else "built"
 
 
-def _on_gpu(model, inputs, ref, padded, dtype: str = "float16") -> str:
+def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = False) -> str:
     """``from_torch`` on the GPU (``dtype``, the cost model's tiles) against the float32
-    reference ``ref``, beside PyTorch's own error in ``dtype`` on the same GPU."""
+    reference ``ref``, beside PyTorch's own error in ``dtype`` on the same GPU; with ``held``,
+    ``from_torch`` takes that PyTorch model (in ``dtype`` on the GPU) and CUDA inputs."""
     import copy
 
     import torch
@@ -228,25 +283,30 @@ def _on_gpu(model, inputs, ref, padded, dtype: str = "float16") -> str:
     from tvm_stitch.workloads.base import TOLERANCES
 
     args = [x.cuda() for x in inputs]
-    out = tvm_stitch.from_torch(model, inputs, target="cuda", dtype=dtype, tune="model")(*args)
-    out = out.float().cpu().numpy()
+    theirs_args = [x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in args]
+    half = None
     try:
         half = copy.deepcopy(model).to(getattr(torch, dtype)).cuda()
         with torch.no_grad():
-            theirs = half(*[x.to(getattr(torch, dtype)) if x.is_floating_point() else x
-                            for x in args])
+            theirs = half(*theirs_args)
         theirs = theirs.float().cpu().numpy()
-    except Exception as err:  # noqa: BLE001 - ours is still judged, every row
+    except Exception as err:  # ours is still judged, every row
+        if held:
+            raise
         logging.getLogger(__name__).warning("PyTorch %s failed: %s", dtype, err)
         theirs = None
+    example = (half, theirs_args) if held else (model, inputs)
+    out = tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model")(*args)
+    out = out.float().cpu().numpy()
     return _verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype)
 
 
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
-          seq: int = 37, head_dim: int | None = None, dtype: str = "float16") -> dict:
+          seq: int = 37, head_dim: int | None = None, dtype: str = "float16",
+          held: bool = False) -> dict:
     """One family through ``from_torch`` on llvm (numerics, float32) and a CUDA build in
     ``dtype`` (kernels); with ``gpu``, through ``from_torch`` on the GPU in ``dtype`` instead
-    (numerics)."""
+    (numerics), given the model on the GPU in ``dtype`` with ``held``."""
     import torch
 
     row = {"model": name}
@@ -255,7 +315,8 @@ def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
     except Exception as err:  # noqa: BLE001 - a config this transformers does not take
         row["llvm"] = row["cuda"] = f"not built: {type(err).__name__}: {err}"[:160]
         return row
-    row["attn"] = getattr(getattr(model.inner, "config", None), "_attn_implementation", "")
+    row["attn"] = getattr(getattr(getattr(model, "inner", None), "config", None),
+                          "_attn_implementation", "")
     with torch.no_grad():
         ref = model(*inputs).numpy()
     # rows of padding tokens: the mask's zeros (token models with --mask)
@@ -268,7 +329,7 @@ def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        row["cuda"] = (_on_gpu(model, inputs, ref, padded, dtype) if gpu
+        row["cuda"] = (_on_gpu(model, inputs, ref, padded, dtype, held) if gpu
                        else _built(model, inputs, dtype))
     except Exception as err:  # noqa: BLE001
         row["cuda"] = f"failed: {type(err).__name__}: {error_line(err)}"[:160]
@@ -287,12 +348,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--attn", choices=["sdpa", "eager"], default=None,
                         help="attention implementation (default: what transformers picks)")
-    parser.add_argument("--only", nargs="*", choices=sorted(FAMILIES), default=None)
+    parser.add_argument("--only", nargs="*", choices=sorted([*FAMILIES, *ZOO]), default=None)
+    parser.add_argument("--zoo", action="store_true",
+                        help="the zoo's models instead of the families (" + ", ".join(ZOO) + ")")
+    parser.add_argument("--names", action="store_true",
+                        help="print the names the other flags select, one a line, and stop")
     parser.add_argument("--mask", action="store_true",
                         help="token models also take an attention mask (left padding)")
     parser.add_argument("--gpu", action="store_true",
                         help="on a GPU host: run the compiled 16-bit model on the GPU (the "
                         "cost model's tiles) against PyTorch float32, instead of llvm + a build")
+    parser.add_argument("--held", action="store_true",
+                        help="with --gpu: give from_torch the model as a user holds it, in "
+                        "--dtype on the GPU with CUDA inputs")
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
                         help="the CUDA side's dtype (the llvm check is float32)")
     parser.add_argument("--seq", type=int, default=37, help="tokens a sequence (default 37)")
@@ -300,10 +368,17 @@ def main(argv=None) -> int:
                         help="heads of this size, two a layer (Swin: two, then four; default: "
                         "each family's table, mostly 48)")
     args = parser.parse_args(argv)
+    if args.held and not args.gpu:
+        parser.error("--held runs on the GPU: give --gpu too")
+    names = args.only or (ZOO if args.zoo else list(FAMILIES))
+    if args.names:
+        print(*names, sep="\n")
+        return 0
     bad = 0
     print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")
-    for name in args.only or FAMILIES:
-        row = check(name, args.attn, args.mask, args.gpu, args.seq, args.head_dim, args.dtype)
+    for name in names:
+        row = check(name, args.attn, args.mask, args.gpu, args.seq, args.head_dim, args.dtype,
+                    args.held)
         print(f"{name:16s} {row.get('attn', ''):6s} {row['llvm']:28s} {row['cuda']:10s} "
               f"{row.get('kernels', '')}", flush=True)
         for line in row.get("left", []):

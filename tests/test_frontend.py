@@ -47,6 +47,21 @@ def test_from_torch_checks_its_inputs(bert):
         fn(ids.float(), torch.ones_like(ids))
 
 
+def test_inputs_that_are_unaligned_views_are_taken():
+    """A boolean key mask sliced out of a larger tensor starts 13 bytes in: TVM's DLPack import
+    refuses data not 64-byte aligned, so the call copies it."""
+    from tvm_stitch.workloads.zoo import masked_attention
+
+    q, k, v = (torch.randn(2, 2, 13, 16) for _ in range(3))
+    keys = torch.ones(3, 13, dtype=torch.bool)
+    keys[2, 9:] = False
+    mask = keys[1:]  # contiguous, 13 bytes past an aligned start
+    assert mask.is_contiguous() and mask.data_ptr() % 64
+    model = masked_attention(causal=False)
+    fn = tvm_stitch.from_torch(model, (q, k, v, mask), target="llvm")
+    torch.testing.assert_close(fn(q, k, v, mask), model(q, k, v, mask), rtol=1e-5, atol=1e-5)
+
+
 def test_an_import_failure_says_what_failed(monkeypatch):
     """TVM's importer failing with a bare ``assert`` (no message) is still the clear
     ``RuntimeError`` naming it — not an ``IndexError`` from reading the message's last line."""
@@ -293,3 +308,298 @@ def test_a_bfloat16_model_on_the_gpu(bert):
     out = fn(ids.cuda(), mask.cuda()).last_hidden_state
     rtol, atol = TOLERANCES["bfloat16"]
     torch.testing.assert_close(out.float().cpu(), ref, rtol=rtol, atol=atol)
+
+
+def _state(net) -> dict:
+    """Every parameter, gradient and buffer of ``net``: the object, its data's address, dtype
+    and device, and each module's training flag."""
+    state = {f"{k} flag": m.training for k, m in net.named_modules()}
+    for k, t in [*net.named_parameters(), *net.named_buffers()]:
+        state[k] = (t, t.data_ptr(), t.dtype, t.device)
+        if t.grad is not None:
+            state[f"{k} grad"] = (t.grad, t.grad.data_ptr(), t.grad.dtype, t.grad.device)
+    return state
+
+
+def _assert_same_state(net, before: dict) -> None:
+    after = _state(net)
+    assert after.keys() == before.keys()
+    for k, was in before.items():
+        now = after[k]
+        if isinstance(was, tuple):
+            assert now[0] is was[0] and now[1:] == was[1:], k
+        else:
+            assert now == was, k
+
+
+@pytest.mark.parametrize("kernel", ["efficient", "flash", "cudnn"])
+def test_fused_attention_kernels_are_decomposed(kernel):
+    """What ``scaled_dot_product_attention`` becomes where it is exported on CUDA — PyTorch's
+    fused kernels, which TVM's importer lacks ("Unsupported function types") — is imported as
+    the CPU's export is (products and a softmax, the same Relax module): a forward calling the
+    kernel itself (exported on the CPU through its meta function) compiles and matches."""
+    import tvm
+
+    from tvm_stitch.frontend import import_torch
+
+    aten, sdpa = torch.ops.aten, torch.nn.functional.scaled_dot_product_attention
+
+    class Fused(torch.nn.Module):
+        def forward(self, q, k, v, bias):
+            if kernel == "efficient":
+                return aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0]
+            if kernel == "cudnn":
+                return aten._scaled_dot_product_cudnn_attention(
+                    q, k, v, bias, False, 0.0, False, scale=0.3)[0]
+            return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+
+    class Composite(torch.nn.Module):
+        def forward(self, q, k, v, bias):
+            if kernel == "efficient":
+                return sdpa(q, k, v, attn_mask=bias)
+            if kernel == "cudnn":
+                return sdpa(q, k, v, attn_mask=bias, scale=0.3)
+            return sdpa(q, k, v, is_causal=True) + 0 * bias.sum()
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 12, 16) for _ in range(3))
+    bias = torch.randn(2, 1, 12, 12)
+    if kernel != "flash":  # the flash kernel's export takes no mask: ours adds a product
+        tvm.ir.assert_structural_equal(import_torch(Fused(), (q, k, v, bias)).mod,
+                                       import_torch(Composite(), (q, k, v, bias)).mod)
+    fn = tvm_stitch.from_torch(Fused(), (q, k, v, bias), target="llvm")
+    torch.testing.assert_close(fn(q, k, v, bias), Composite()(q, k, v, bias),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("dtype", "attn", "compute"), [
+    ("float16", "sdpa", None), ("bfloat16", "eager", "bfloat16"), ("float16", "eager", "float16"),
+])
+def test_a_16_bit_model_on_the_cpu(dtype, attn, compute):
+    """A float16 or bfloat16 model on the CPU, with SDPA or eager attention, example inputs
+    in its dtype (token ids and an ``inputs_embeds`` keyword): compiled on llvm (float32 by
+    default) it gives what its float32 version gives, and it is given back as it was —
+    training flags, tensor objects, data, dtypes."""
+    import copy
+
+    import transformers
+
+    from tvm_stitch.workloads.base import TOLERANCES
+
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=40, vocab_size=100,
+                                  attn_implementation=attn)
+    torch.manual_seed(0)
+    net = transformers.BertModel(cfg, add_pooling_layer=False).to(getattr(torch, dtype))
+    ids = torch.randint(0, 100, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    embeds = torch.randn(2, 9, 32).to(net.dtype)
+    with torch.no_grad():
+        ref = copy.deepcopy(net).float().eval()
+        want = ref(ids, mask).last_hidden_state
+        want_embeds = ref(inputs_embeds=embeds.float(), attention_mask=mask).last_hidden_state
+    net.train()
+    before = _state(net)
+    rtol, atol = TOLERANCES[compute or "float32"]
+    fn = tvm_stitch.from_torch(net, (ids, mask), target="llvm", dtype=compute)
+    torch.testing.assert_close(fn(ids, mask).last_hidden_state.float(), want,
+                               rtol=rtol, atol=atol)
+    _assert_same_state(net, before)
+    tokens = {"inputs_embeds": embeds, "attention_mask": mask}
+    fn = tvm_stitch.from_torch(net, (), target="llvm", dtype=compute, example_kwargs=tokens)
+    torch.testing.assert_close(fn(**tokens).last_hidden_state.float(), want_embeds,
+                               rtol=rtol, atol=atol)
+    _assert_same_state(net, before)
+
+
+def test_floating_keyword_inputs_are_exported_in_float32():
+    """A floating keyword input of a float16 model is exported as a positional one is: in
+    float32 with the model, and the compiled model takes it in float16."""
+    net = torch.nn.Linear(8, 4).half()
+    x = torch.randn(3, 8).half()
+    fn = tvm_stitch.from_torch(net, (), target="llvm", example_kwargs={"input": x})
+    want = torch.nn.functional.linear(x.float(), net.weight.float(), net.bias.float())
+    torch.testing.assert_close(fn(input=x), want, rtol=1e-4, atol=1e-4)
+    assert net.weight.dtype == torch.float16
+
+
+def test_token_ids_outside_the_vocabulary_are_an_index_error(bert):
+    """An id outside an embedding table — too large or negative — raises ``IndexError`` as
+    PyTorch does, naming the input (TVM's ``take`` would clamp it); ids within the tables give
+    the model's output.  ``check_indices=False`` (or the attribute) turns the check off."""
+    ids = torch.randint(0, 500, (2, 9))
+    mask = torch.ones_like(ids)
+    types = torch.zeros_like(ids)
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    fn = tvm_stitch.from_torch(bert, (), target="llvm", example_kwargs=tokens)
+    assert fn.check_indices and fn.imported.index_bounds == {0: 500, 2: 2}
+    with torch.no_grad():
+        ref = bert(**tokens).last_hidden_state
+    torch.testing.assert_close(fn(**tokens).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    edge = ids.clone()
+    edge[0, 0], edge[1, 8] = 0, 499
+    with torch.no_grad():
+        ref = bert(edge, mask, types).last_hidden_state
+    torch.testing.assert_close(fn(edge, mask, types).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    for bad in (500, -1):
+        wrong = ids.clone()
+        wrong[1, 3] = bad
+        with pytest.raises(IndexError, match="index out of range in self"), torch.no_grad():
+            bert(wrong, mask, types)
+        with pytest.raises(IndexError, match=rf"index out of range in self: input 0 \(input_ids\) "
+                           rf"holds {bad}, outside the 500 rows"):
+            fn(wrong, mask, types)
+    with pytest.raises(IndexError, match=r"input 2 \(token_type_ids\) holds 2, outside the 2 rows"):
+        fn(input_ids=ids, attention_mask=mask, token_type_ids=types + 2)
+    fn.check_indices = False
+    fn(wrong, mask, types)  # clamped, not checked
+    fn = tvm_stitch.from_torch(bert, (ids, mask), target="llvm", check_indices=False)
+    assert not fn.check_indices
+    fn(wrong, mask)
+
+
+def test_the_inputs_checked_are_those_an_embedding_reads():
+    """An input reaches its table through casts and reshapes and is checked against the
+    smallest table it indexes; an index that is no embedding's (``table[idx]``, which PyTorch
+    takes negative) is not checked."""
+
+    class Lookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big, self.small = torch.nn.Embedding(10, 4), torch.nn.Embedding(6, 4)
+            self.scale = torch.nn.Parameter(torch.randn(5, 4))
+
+        def forward(self, ids, idx):
+            flat = ids.long().reshape(-1)
+            return self.big(flat) + self.small(flat.view(1, -1).squeeze(0)) * self.scale[idx]
+
+    torch.manual_seed(0)
+    net = Lookup().eval()
+    ids = torch.randint(0, 6, (2, 3), dtype=torch.int32)
+    idx = torch.tensor([4, 0, 2, 4, 3, 1])
+    fn = tvm_stitch.from_torch(net, (ids, idx), target="llvm")
+    assert fn.imported.index_bounds == {0: 6}
+    with torch.no_grad():
+        torch.testing.assert_close(fn(ids, idx), net(ids, idx), rtol=1e-5, atol=1e-5)
+    fn(ids, idx - 5)  # not checked
+    wrong = ids.clone()
+    wrong[0, 1] = 7  # inside the big table, outside the small one
+    with pytest.raises(IndexError, match=r"input 0 \(ids\) holds 7, outside the 6 rows"):
+        fn(wrong, idx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("family", "attn", "dtype"), [
+    ("bert", "sdpa", "float16"), ("bert", "eager", "bfloat16"), ("llama", "sdpa", "float16"),
+    ("llama", "sdpa", "bfloat16"),
+])
+def test_a_model_held_on_the_gpu(family, attn, dtype):
+    """The README's one line for a model on the GPU (``model.half().cuda()``, CUDA inputs,
+    transformers' SDPA — which exports as fused kernels on CUDA — or eager attention): it
+    matches the model's own output, costs no second copy of the weights on the GPU (PyTorch's
+    allocator's peak), and the model is given back as it was: on the GPU, in its dtype, the
+    same tensors at the same addresses, its training flags."""
+    import copy
+
+    import transformers
+
+    from tvm_stitch.workloads.base import TOLERANCES
+
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=96, vocab_size=500,
+                                      attn_implementation=attn)
+        net = transformers.BertModel(cfg, add_pooling_layer=False)
+        ids = torch.randint(0, 500, (2, 45), device="cuda")
+        mask = torch.ones_like(ids)
+        mask[1, 30:] = 0
+        inputs, kwargs = (ids, mask), {}
+    else:
+        net = make_model(MODELS["llama"], "tiny", attn_implementation=attn)
+        inputs, kwargs = (torch.randint(0, 1000, (2, 37), device="cuda"),), {"use_cache": False}
+    net = net.to(getattr(torch, dtype)).cuda().eval()
+    with torch.no_grad():
+        theirs = net(*inputs, **kwargs).last_hidden_state.float()
+        ref = copy.deepcopy(net).float()(*inputs, **kwargs).last_hidden_state
+    net.train()
+    before = _state(net)
+    weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn = tvm_stitch.from_torch(net, inputs, target="cuda", dtype=dtype,
+                               example_kwargs=kwargs, tune="model")
+    assert torch.cuda.max_memory_allocated() - base < weight_bytes / 2
+    _assert_same_state(net, before)
+    assert all(p.is_cuda and p.dtype == getattr(torch, dtype) for p in net.parameters())
+    out = fn(*inputs).last_hidden_state
+    assert out.is_cuda
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.float(), theirs, rtol=rtol, atol=atol)
+    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    # no index check by default on CUDA (it waits for the GPU); asked for, as on the CPU
+    assert not fn.check_indices
+    wrong = inputs[0].clone()
+    wrong[1, 5] = net.config.vocab_size
+    fn.check_indices = True
+    with pytest.raises(IndexError, match=r"input 0 \(\w+\) holds"):
+        fn(wrong, *inputs[1:])
+
+
+@pytest.mark.gpu
+def test_device_constants_of_a_model_on_the_gpu():
+    """A model on the GPU whose forward makes a tensor on its input's device, with a
+    ``position_ids`` buffer and a tensor it holds as a plain attribute (on the GPU, which
+    ``Module.to`` does not move): compiled (``check_indices=True``) it matches, and the
+    attribute is the same tensor on the GPU afterwards."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.pos = torch.nn.Embedding(50, 32), torch.nn.Embedding(16, 32)
+            self.register_buffer("position_ids", torch.arange(16).unsqueeze(0), persistent=False)
+            self.lin = torch.nn.Linear(32, 32)
+            self.scale = torch.linspace(0.5, 1.5, 32)
+
+        def forward(self, ids):
+            n = ids.shape[1]
+            steps = torch.arange(n, device=ids.device, dtype=self.lin.weight.dtype)
+            h = self.emb(ids) + self.pos(self.position_ids[:, :n]) * self.scale
+            return self.lin(h) + steps[:, None]
+
+    torch.manual_seed(0)
+    net = Net().half().cuda().eval()
+    net.scale = scale = net.scale.half().cuda()
+    ids = torch.randint(0, 50, (2, 12), device="cuda")
+    with torch.no_grad():
+        ref = net(ids).float()
+    fn = tvm_stitch.from_torch(net, (ids,), target="cuda", dtype="float16", tune="model",
+                               check_indices=True)
+    assert net.scale is scale and scale.is_cuda and net.position_ids.is_cuda
+    torch.testing.assert_close(fn(ids).float(), ref, rtol=2e-2, atol=2e-2)
+    with pytest.raises(IndexError, match=r"input 0 \(ids\) holds 50"):
+        fn(torch.full_like(ids, 50))
+
+
+@pytest.mark.gpu
+def test_sdpa_exported_on_cuda_is_imported():
+    """The second line of defence where it is needed: ``scaled_dot_product_attention``
+    exported on CUDA (float16, a boolean mask) holds no fused kernel after
+    :func:`tvm_stitch.frontend.decompositions` and imports into Relax."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from tvm_stitch.frontend import decompositions
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    mask = torch.rand(2, 1, 64, 64, device="cuda") > 0.2
+    exported = torch.export.export(Attention(), (q, k, v, mask)).run_decompositions(
+        decompositions())
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "_scaled_dot_product" in t], targets
+    from_exported_program(exported, keep_params_as_input=True, run_ep_decomposition=False)

@@ -5,7 +5,8 @@
 >>> fn = tvm_stitch.from_torch(model, (), example_kwargs=dict(tokens))
 >>> out = fn(**tokens)             # inputs by name
 
-The model is exported with ``torch.export`` in float32 and imported with TVM's
+The model is exported with ``torch.export`` in float32 on the CPU, wherever it lives and in
+whatever dtype (:func:`_converted`; it is given back as it was), and imported with TVM's
 ``from_exported_program``.  For ``float16``, ``relax.transform.ToMixedPrecision`` converts the
 module afterwards (float16 operands, float32 accumulation, float16 weights) and
 ``HalfActivations`` keeps the activations in float16 as ``model.half()`` does (reductions still
@@ -31,6 +32,8 @@ from .errors import error_line
 logger = logging.getLogger("tvm_stitch.frontend")
 
 DTYPES = ("float32", "float16", "bfloat16")
+#: bytes TVM wants a tensor's data aligned to (``from_dlpack`` refuses less)
+ALIGNMENT = 64
 
 
 @dataclasses.dataclass
@@ -48,6 +51,10 @@ class Imported:
     out_spec : object
         The pytree spec of the module's output (``torch.utils._pytree``), to rebuild it.
     dtype : str
+    index_bounds : dict of int to int
+        ``{input position: rows}``: the inputs whose values index an embedding table
+        (``aten.embedding``), with the rows of the smallest table each indexes
+        (:func:`_index_bounds`).
     """
 
     mod: tvm.IRModule
@@ -55,6 +62,7 @@ class Imported:
     num_inputs: int
     out_spec: object
     dtype: str
+    index_bounds: dict = dataclasses.field(default_factory=dict)
 
 
 def import_torch(
@@ -65,13 +73,15 @@ def import_torch(
     Parameters
     ----------
     module : torch.nn.Module
-        Put in eval mode and float32 for the export, and given back as it was (its tensors,
-        their dtypes, its training flags): while it is exported a float16 or bfloat16 model
-        has a float32 copy of its weights beside its own.  A ``forward`` taking ``use_cache``
-        (a ``transformers`` decoder) is exported with ``use_cache=False`` unless
-        ``example_kwargs`` sets it.
+        On the CPU or the GPU, in any floating dtype: put in eval mode, on the CPU and in
+        float32 for the export, and given back as it was (its tensors, their devices and
+        dtypes, its training flags): while it is exported a model on the GPU or in float16 or
+        bfloat16 has a float32 copy of its weights in CPU memory beside its own
+        (:func:`_converted`).  A ``forward`` taking ``use_cache`` (a ``transformers`` decoder)
+        is exported with ``use_cache=False`` unless ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
-        Inputs of the static shapes the compiled model will take.
+        Inputs of the static shapes the compiled model will take, on any device (copied to
+        the CPU for the export).
     dtype : {"float32", "float16", "bfloat16"}
         Compute dtype of the imported module.
     example_kwargs : dict, optional
@@ -95,16 +105,24 @@ def import_torch(
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     export_dtype = torch.float32 if convert else getattr(torch, dtype)
     example_kwargs = _without_cache(module, example_kwargs or {})
+
+    def on_cpu(a):  # an example input as the CPU's float32 export takes it
+        return a.to("cpu", export_dtype) if a.is_floating_point() else a.to("cpu")
+
     with _for_export(module, export_dtype):
-        args = tuple(a.to(export_dtype) if a.is_floating_point() else a for a in example_args)
-        tensors = {k: v for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
+        args = tuple(on_cpu(a) for a in example_args)
+        tensors = {k: on_cpu(v) for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
         with torch.no_grad():
             exported = _views_as_reshapes(
                 torch.export.export(_bind_constants(module, example_kwargs), args, kwargs=tensors)
             )
         try:
+            # PyTorch's decompositions as the importer runs them, and the fused attention
+            # kernels' own: decomposed where the importer would find them
+            exported = exported.run_decompositions(decompositions())
             mod = from_exported_program(
-                exported, keep_params_as_input=True, unwrap_unit_return_tuple=True
+                exported, keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                run_ep_decomposition=False,
             )
         except Exception as err:
             raise RuntimeError(
@@ -135,7 +153,107 @@ def import_torch(
         types = [str(v.ty.dtype) for v in mod["main"].params[num_inputs:]]
         weights = [as_dtype(w, t) if w.dtype == np.float32 and t in HALF else w
                    for w, t in zip(weights, types)]
-    return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype)
+    return Imported(mod, weights, num_inputs, exported.call_spec.out_spec, dtype,
+                    _index_bounds(exported))
+
+
+def decompositions() -> dict:
+    """PyTorch's core ATen decompositions (what ``from_exported_program`` runs by default), and
+    PyTorch's fused attention kernels decomposed into the math form the CPU's export records.
+
+    ``scaled_dot_product_attention`` decomposes on the device of the tensors it was exported
+    with: on the CPU into products and a softmax (``_scaled_dot_product_flash_attention_for_cpu``
+    has a decomposition), on CUDA into ``_scaled_dot_product_efficient_attention``, its flash
+    or cuDNN kernels, which have none and which TVM's importer lacks ("Unsupported function
+    types").  :func:`import_torch` exports on the CPU; should one of those kernels still be in a
+    program (a forward calling it), it becomes the CPU's form, which TVM imports and the stitch
+    recognizers know.  For inference only: the kernels' other outputs (log-sum-exp, dropout's
+    random state) are empty tensors, and a dropout probability other than zero is an error.
+
+    Returns
+    -------
+    dict
+        ``run_decompositions``' table.
+    """
+    import torch
+    from torch._decomp.decompositions import scaled_dot_product_flash_attention_for_cpu as cpu
+
+    aten = torch.ops.aten
+
+    def fused(query, key, value, mask, dropout_p, is_causal, scale, outputs):
+        out = cpu(query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)[0]
+        if outputs == 4:  # output, log_sumexp, philox_seed, philox_offset
+            return out, *(query.new_empty(0) for _ in range(3))
+        # output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, two of RNG state, debug mask
+        empty = [query.new_empty(0) for _ in range(6)]
+        return out, *empty[:3], query.size(2), key.size(2), *empty[3:]
+
+    def efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                  is_causal=False, *, scale=None):
+        return fused(query, key, value, attn_bias, dropout_p, is_causal, scale, 4)
+
+    def flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+              scale=None):
+        return fused(query, key, value, None, dropout_p, is_causal, scale, 9)
+
+    def cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+              return_debug_mask=False, *, scale=None):
+        return fused(query, key, value, attn_bias, dropout_p, is_causal, scale, 9)
+
+    def overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                     return_debug_mask=False, *, scale=None):
+        return fused(query, key, value, attn_bias, dropout_p, is_causal, scale, 9)
+
+    table = torch.export.default_decompositions()
+    table[aten._scaled_dot_product_efficient_attention.default] = efficient
+    table[aten._scaled_dot_product_flash_attention.default] = flash
+    table[aten._scaled_dot_product_cudnn_attention.default] = cudnn
+    table[aten._scaled_dot_product_fused_attention_overrideable.default] = overrideable
+    return table
+
+
+#: ATen operators that pass every value of their (integer) input on unchanged, between a model's
+#: input and the embedding lookup it feeds (``_to_copy`` only to an integer dtype)
+VALUE_KEEPING = frozenset({
+    "view", "reshape", "_unsafe_view", "clone", "alias", "contiguous", "unsqueeze", "squeeze",
+    "flatten", "permute", "transpose", "t", "expand", "_to_copy", "to",
+})
+
+
+def _index_bounds(exported) -> dict:
+    """``{input position: rows}``: the user inputs of ``exported`` whose values all index an
+    embedding table (``aten.embedding``'s indices, reached from the input through
+    :data:`VALUE_KEEPING` operators), with the rows of the smallest such table.
+
+    PyTorch raises ``IndexError`` for an id outside ``[0, rows)``; the ``take`` the lookup
+    becomes wraps it (the stitch pipeline; TVM's own pipeline clamps it):
+    :class:`StitchModule` checks these inputs instead.
+    """
+    import torch
+
+    users = list(exported.graph_signature.user_inputs)
+    bounds = {}
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.embedding.default:
+            continue
+        weight, ids = node.args[0], node.args[1]
+        table = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+        while (isinstance(ids, torch.fx.Node) and ids.op == "call_function"
+               and hasattr(ids.target, "overloadpacket")
+               and ids.target.overloadpacket.__name__ in VALUE_KEEPING
+               and isinstance(ids.meta.get("val"), torch.Tensor)
+               and not ids.meta["val"].is_floating_point()):
+            ids = ids.args[0]
+        if not (isinstance(ids, torch.fx.Node) and ids.op == "placeholder"
+                and ids.name in users and isinstance(table, torch.Tensor)):
+            continue
+        val = ids.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex():
+            continue
+        k, rows = users.index(ids.name), int(table.shape[0])
+        bounds[k] = min(rows, bounds.get(k, rows))
+        logger.debug("input %s indexes a table of %d rows (%s)", ids.name, rows, node.name)
+    return bounds
 
 
 def _exported_output_dtypes(mod, exported):
@@ -222,10 +340,8 @@ def _without_cache(module, kwargs: dict) -> dict:
 
 @contextlib.contextmanager
 def _for_export(module, dtype):
-    """``module`` in eval mode with floating parameters and buffers in ``dtype`` inside the
-    block, given back as it was after it, raised or not: ``Module.to`` gives parameters (and
-    their gradients) new data and every module new buffer objects; the old ones are kept and
-    put back, so nothing is rounded, and each submodule gets its training flag back.
+    """``module`` in eval mode on the CPU with floating parameters and buffers in ``dtype``
+    inside the block, given back as it was after it, raised or not (:func:`_converted`).
     Mixture-of-experts layers are exported as ``batched_mm`` meanwhile (:func:`_static_experts`)."""
     with _static_experts(module), _converted(module, dtype) as converted:
         yield converted
@@ -264,7 +380,18 @@ def _static_experts(module):
 
 @contextlib.contextmanager
 def _converted(module, dtype):
-    """``module`` in eval mode and ``dtype`` inside the block, as it was after it."""
+    """``module`` in eval mode on the CPU with floating parameters and buffers in ``dtype``
+    inside the block, as it was after it.
+
+    ``Module.to`` gives parameters (and their gradients) new data and every module new buffer
+    objects; the old ones are kept and put back, so nothing is rounded and every tensor is the
+    object it was, on its device.  Tensors that modules hold as plain attributes (neither
+    parameters nor buffers), on another device than the CPU, are on the CPU meanwhile (their
+    dtypes kept).  Each submodule gets its training flag back.  A model on the GPU is copied
+    to the CPU one tensor at a time, on the CPU side (no second copy of its weights on the
+    GPU): the export then records what a CPU model's records, which TVM imports (on CUDA
+    ``scaled_dot_product_attention`` decomposes to fused kernels TVM's importer lacks).
+    """
     import torch
 
     params = [(p, p.data, p.grad, p.grad.data if p.grad is not None else None)
@@ -274,9 +401,18 @@ def _converted(module, dtype):
     slots = [(m._parameters, name, t) for m in module.modules()
              for name, t in m._parameters.items()]
     slots += [(m._buffers, name, t) for m in module.modules() for name, t in m._buffers.items()]
+    attrs = [(vars(m), name, t) for m in module.modules() for name, t in vars(m).items()
+             if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta")]
     modes = [(m, m.training) for m in module.modules()]
+    moved = {p.device for p, *_ in params if p.device.type != "cpu"}
+    if moved:
+        logger.info("%s: exported from a %s copy on the CPU (it is on %s)",
+                    type(module).__name__, str(dtype).replace("torch.", ""),
+                    ", ".join(sorted(map(str, moved))))
     try:
-        yield module.to(dtype).eval()
+        for attrs_of, name, t in attrs:
+            attrs_of[name] = t.cpu()
+        yield module.to("cpu", dtype).eval()
     finally:
         with torch.no_grad():
             for p, data, grad, grad_data in params:
@@ -284,7 +420,7 @@ def _converted(module, dtype):
                 if grad is not None:
                     grad.data = grad_data
                     p.grad = grad
-        for slot, name, t in slots:
+        for slot, name, t in slots + attrs:
             slot[name] = t
         for m, training in modes:
             m.training = training
@@ -322,14 +458,20 @@ class StitchModule:
     ----------
     imported : Imported
     executable : tvm.relax.VMExecutable
+    check_indices : bool
+        Whether a call checks the inputs that index embedding tables (token ids;
+        :attr:`Imported.index_bounds`) and raises ``IndexError`` for an id outside its table,
+        as PyTorch does (the compiled lookup would wrap it).  On CUDA the check waits for the
+        GPU (one synchronisation a call): on by default on the CPU only.
     """
 
-    def __init__(self, imported: Imported, executable, device):
+    def __init__(self, imported: Imported, executable, device, check_indices: bool | None = None):
         self.imported = imported
         self.executable = executable
         self.device = device
         self.vm = relax.VirtualMachine(executable, device)
         self._cuda = device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
+        self.check_indices = not self._cuda if check_indices is None else bool(check_indices)
         from tvm_stitch.pipeline import num_input, prepare_args
 
         weights = [tvm.runtime.tensor(w, device=device) for w in imported.weights]
@@ -360,7 +502,12 @@ class StitchModule:
             want = getattr(torch, dtype)
             if arg.dtype != want and not (arg.is_floating_point() and want.is_floating_point):
                 raise TypeError(f"input {name}: dtype {arg.dtype}, compiled for {dtype}")
-            tensors.append(tvm.runtime.from_dlpack(arg.to(want).contiguous()))
+            tensor = arg.to(want).contiguous()
+            if tensor.data_ptr() % ALIGNMENT:  # a view (a slice, a numpy array's memory)
+                tensor = tensor.clone()  # PyTorch's allocators align; TVM takes aligned only
+            tensors.append(tvm.runtime.from_dlpack(tensor))
+        if self.check_indices:
+            self._check_indices(args)
         if self._cuda:
             with tvm_ffi.use_torch_stream():
                 out = self.vm["main"](*tensors, *self.params)
@@ -372,6 +519,25 @@ class StitchModule:
             return _pytree.tree_unflatten(flat, self.imported.out_spec)
         except (ValueError, TypeError):
             return flat[0] if len(flat) == 1 else tuple(flat)
+
+    def _check_indices(self, args) -> None:
+        """``IndexError`` where an input holds an id outside the embedding table it indexes
+        (PyTorch's error; TVM's ``take`` would wrap the id): one synchronisation on CUDA."""
+        import torch
+
+        bounds = self.imported.index_bounds
+        if not bounds:
+            return
+        outside = {k: (args[k] < 0) | (args[k] >= rows) for k, rows in bounds.items()}
+        if not torch.stack([o.any() for o in outside.values()]).any():
+            return
+        for k, o in outside.items():
+            if o.any():
+                raise IndexError(
+                    f"index out of range in self: input {k} ({self.inputs[k][0]}) holds "
+                    f"{int(args[k][o].flatten()[0])}, outside the {bounds[k]} rows of the "
+                    "embedding table it indexes"
+                )
 
     def _by_name(self, args: tuple, kwargs: dict) -> tuple:
         """``args`` followed by the remaining inputs taken from ``kwargs`` by name."""
@@ -435,16 +601,19 @@ def default_dtype(module, cuda: bool, example_args=()) -> str:
 
 
 def from_torch(
-    module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None, **options
+    module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None,
+    check_indices: bool | None = None, **options
 ) -> StitchModule:
     """Compile a PyTorch module with the stitch pipeline; call the result like the module.
 
     Parameters
     ----------
     module : torch.nn.Module
-        A model (Hugging Face or not); a `transformers` decoder runs without its KV cache.
+        A model (Hugging Face or not), on the CPU or the GPU, in float32, float16 or bfloat16,
+        with any attention implementation; given back as it was (:func:`import_torch`).  A
+        `transformers` decoder runs without its KV cache.
     example_args : tuple of torch.Tensor
-        Inputs with the static shapes to compile for.
+        Inputs with the static shapes to compile for, on either device.
     target : str or dict or tvm.target.Target
         ``"cuda"`` (the H100, sm_90a) or ``"llvm"``.
     dtype : {"float32", "float16", "bfloat16"}, optional
@@ -452,6 +621,11 @@ def from_torch(
         float16; :func:`default_dtype`); float32 on the CPU.
     example_kwargs : dict, optional
         Keyword inputs.
+    check_indices : bool, optional
+        Whether each call checks that the inputs indexing embedding tables (token ids) are
+        within them, raising ``IndexError`` as PyTorch does (the compiled lookup would wrap
+        an id outside).  Default: on the CPU yes; on CUDA no, as the check waits for the GPU
+        (one synchronisation a call).  :attr:`StitchModule.check_indices` changes it later.
     **options
         :func:`tvm_stitch.pipeline` options; on CUDA ``lift_params`` is on unless given
         (:func:`default_options`).
@@ -469,4 +643,4 @@ def from_torch(
     imported = import_torch(module, example_args, dtype, example_kwargs)
     options = default_options(target, **options)
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
-    return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0))
+    return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0), check_indices)
