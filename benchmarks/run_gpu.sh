@@ -8,7 +8,9 @@
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
 #       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time;
-#       FAMILY_FLAGS='--head-dim 128 --seq 130': other sizes)
+#       FAMILY_FLAGS='--head-dim 128 --seq 130': other sizes; '--held': from the model held on the
+#       GPU in float16; '--zoo': the zoo's models) | fuzz[:COUNT] (the differential fuzzer's programs
+#       built for and run on the GPU against llvm, JOBS at a time)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
@@ -125,13 +127,18 @@ for step in "$@"; do
             tag=${step/:/-}; [[ -n "${FAMILY_FLAGS:-}" ]] && tag="$tag$(echo "$FAMILY_FLAGS" | tr -d ' -')"
             mkdir -p "$out/$tag"
             rm -f "$out/$tag-failed.txt"
-            names=$(python3 -c "from tvm_stitch.benchmarks.hf_families import FAMILIES; print(*FAMILIES)")
+            names=$(python3 -m tvm_stitch.benchmarks.hf_families --names $flags)
             printf '%s\n' $names | xargs -P "${JOBS:-4}" -I{} sh -c "python3 -m \
                 tvm_stitch.benchmarks.hf_families $flags --only {} > $out/$tag/{}.log 2> $out/$tag/{}.err \
                 || echo {} >> $out/$tag-failed.txt"
             for n in $names; do tail -n +2 "$out/$tag/$n.log"; done | tee "$out/$tag.txt"
             tar -C "$out" -czf "$out/$tag-logs.tgz" "$tag" && rm -r "${out:?}/$tag"
             [[ -e "$out/$tag-failed.txt" ]] && status=1
+            ;;
+        fuzz|fuzz:*)
+            count=${step#fuzz}; count=${count#:}
+            python3 -m tvm_stitch.fuzz --gpu --count "${count:-300}" --seed "${SEED:-0}" \
+                --jobs "${JOBS:-4}" --out "$out/fuzz" 2>&1 | tee -a "$out/fuzz.log" || status=1
             ;;
         run)
             python3 -m tvm_stitch run --target cuda 2>&1 | tee "$out/run.log" || status=1

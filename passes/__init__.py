@@ -6,6 +6,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
 from .canonicalize import FoldStaticShapes
+from .check import CheckKernels, RecordKernels
 from .graphs import StageInputs
 from .launch import LaunchDependently
 from .mcfuser import FuseMBCI
@@ -16,11 +17,13 @@ __all__ = [
     "AccumulateFloat32",
     "AnalyzeTensorGraph",
     "AsBFloat16",
+    "CheckKernels",
     "ComputeFloat32",
     "FoldStaticShapes",
     "FuseMBCI",
     "HalfActivations",
     "LaunchDependently",
+    "RecordKernels",
     "ReportFusion",
     "StageInputs",
     "StitchFusion",

@@ -20,8 +20,11 @@ iteration).
 A cast of a table that is then gathered is applied to the gathered rows instead:
 ``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
 float32, which otherwise converts a whole embedding table on every call).  A gather in ``fast``
-mode (``nn.Embedding``'s; no bounds check: an index out of range reads outside the table, and
-TVM warns of a segfault at every legalization) clamps its indices instead (``clip``).
+mode (``nn.Embedding``'s and PyTorch indexing's; no bounds check: an index out of range reads
+outside the table, and TVM warns of a segfault at every legalization) wraps its indices instead
+(``wrap``): a negative index counts from the end, as PyTorch's indexing counts it, and any
+index stays inside the table (PyTorch raises for one outside; ``from_torch`` can check token
+ids).
 
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
 """
@@ -181,11 +184,22 @@ def _counted_from_the_start(index, table, take):
     return relax.const(np.where(values < 0, values + int(extent.value), values), values.dtype)
 
 
+def _rewrite_calls(pattern, rewriter, func):
+    """``rewrite_call`` whose ``rewriter`` sees calls only: the matcher also hands it a
+    variable bound to a matching call (``gv = lv1``), which is left as it is."""
+    return rewrite_call(
+        pattern, lambda expr, m: rewriter(expr, m) if isinstance(expr, relax.Call) else expr,
+        func)
+
+
 def _rewrites(func):
     """Scans over ``bool`` accumulate in ``int32``, comparisons of ``bool`` compare ``int8``,
     ``full`` of an infinity is a ``broadcast_to``, ``x ** k`` (k = 1..4) multiplications, a cast
-    table is gathered before it is cast, and clamps its indices; empty tensors are left out of
-    concatenations (TVM's GPU schedules fail on loops of no iteration)."""
+    table is gathered before it is cast, and wraps its indices; empty tensors are left out of
+    concatenations (TVM's GPU schedules fail on loops of no iteration); a sum, mean, maximum,
+    minimum or product over axes of one element is its input, reshaped (TVM's GPU schedule of
+    such a reduction fused with what follows writes the accumulator to the output and reads
+    it back: a wrong value; its stitched plans cannot be lowered)."""
     x, y = wildcard(), wildcard()
 
     def scan(expr, matches):
@@ -230,13 +244,27 @@ def _rewrites(func):
 
     def gather_first(expr, matches):
         table, index = matches[x], _counted_from_the_start(matches[y], matches[x], expr)
-        mode = "clip" if expr.attrs.mode == "fast" else expr.attrs.mode
+        mode = "wrap" if expr.attrs.mode == "fast" else expr.attrs.mode
         if isinstance(table, relax.Call) and table.op.name == "relax.astype":
             rows = relax.op.take(table.args[0], index, axis=expr.attrs.axis, mode=mode)
             return relax.op.astype(rows, str(expr.ty.dtype))
         if mode != expr.attrs.mode or not index.same_as(matches[y]):
             return relax.op.take(table, index, axis=expr.attrs.axis, mode=mode)
         return expr
+
+    def unit_reduction(expr, matches):
+        data = matches[x]
+        ty = data.ty
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return expr
+        dims = [getattr(d, "value", None) for d in ty.shape.values]
+        axes = expr.attrs.axis
+        axes = range(len(dims)) if axes is None else [int(a) % len(dims) for a in axes]
+        if not dims or any(dims[a] != 1 for a in axes):
+            return expr
+        logger.info("canonicalize: %s over axes of one element is its input, reshaped",
+                    expr.op.name)
+        return relax.op.reshape(data, expr.ty.shape)
 
     def concat(expr, matches):
         fields = list(getattr(matches[x], "fields", None) or [])  # a tuple written in place
@@ -248,11 +276,13 @@ def _rewrites(func):
         return kept[0] if len(kept) == 1 else relax.op.concat(kept, axis=expr.attrs.axis)
 
     for name in ("relax.cumsum", "relax.cumprod"):
-        func = rewrite_call(is_op(name)(x), scan, func)
-    func = rewrite_call(is_op("relax.concat")(x), concat, func)
-    func = rewrite_call(is_op("relax.take")(x, y), gather_first, func)
-    func = rewrite_call(is_op("relax.full")(x, y), full, func)
-    func = rewrite_call(is_op("relax.power")(x, y), power, func)
+        func = _rewrite_calls(is_op(name)(x), scan, func)
+    for name in ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod"):
+        func = _rewrite_calls(is_op(name)(x), unit_reduction, func)
+    func = _rewrite_calls(is_op("relax.concat")(x), concat, func)
+    func = _rewrite_calls(is_op("relax.take")(x, y), gather_first, func)
+    func = _rewrite_calls(is_op("relax.full")(x, y), full, func)
+    func = _rewrite_calls(is_op("relax.power")(x, y), power, func)
     for name in _COMPARISONS:
-        func = rewrite_call(is_op(name)(x, y), compare, func)
+        func = _rewrite_calls(is_op(name)(x, y), compare, func)
     return func

@@ -126,10 +126,10 @@ def test_negative_indices_count_from_the_end():
     np.testing.assert_array_equal(got, Heads()(x).numpy())
 
 
-def test_gathers_clamp_their_indices():
-    """``nn.Embedding``'s gather (``take`` in ``fast`` mode: no bounds check) clamps its indices:
-    a token id past the table reads its last row, not memory after it; the ids in range read
-    what they did."""
+def test_gathers_wrap_their_indices():
+    """``nn.Embedding``'s gather (``take`` in ``fast`` mode: no bounds check) wraps its indices:
+    an id past the table reads a row of the table, not memory after it; a negative one counts
+    from the end (PyTorch's indexing); the ids in range read what they did."""
     bb = relax.BlockBuilder()
     table = relax.Var("table", R.Tensor((5, 3), "float32"))
     ids = relax.Var("ids", R.Tensor((4,), "int32"))
@@ -138,9 +138,47 @@ def test_gathers_clamp_their_indices():
             out = bb.emit_output(relax.op.take(table, ids, axis=0, mode="fast"))
         bb.emit_func_output(out)
     mod = bb.get()
-    assert 'mode="clip"' in tvm_stitch.passes.FoldStaticShapes()(mod)["main"].script()
+    assert 'mode="wrap"' in tvm_stitch.passes.FoldStaticShapes()(mod)["main"].script()
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
     w = np.arange(15, dtype="float32").reshape(5, 3)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](
-        tvm.runtime.tensor(np.array([0, 4, 2, 9], "int32")), tvm.runtime.tensor(w))
-    np.testing.assert_array_equal(got.numpy(), w[[0, 4, 2, 4]])
+        tvm.runtime.tensor(np.array([0, -1, 2, 7], "int32")), tvm.runtime.tensor(w))
+    np.testing.assert_array_equal(got.numpy(), w[[0, 4, 2, 2]])
+
+
+def test_negative_index_tensors_count_from_the_end():
+    """``table[idx]`` with ``idx`` an input holding -1: PyTorch reads the last row (TVM's
+    ``take`` clamped it to row 0)."""
+    import torch
+
+    import tvm_stitch
+
+    class Rows(torch.nn.Module):
+        def forward(self, table, idx):
+            return table[idx] * 2
+
+    table, idx = torch.randn(6, 4), torch.tensor([-1, 0, 3, -6])
+    fn = tvm_stitch.from_torch(Rows(), (table, idx), target="llvm")
+    torch.testing.assert_close(fn(table, idx), Rows()(table, idx))
+
+
+def test_a_reduction_over_axes_of_one_element_is_its_input():
+    """``mean(x, -1)`` of ``(3, 1)`` rows (an RMSNorm of one-element rows): TVM's GPU schedule
+    of it, fused with what follows, wrote its accumulator to the output and read it back (a
+    wrong value on the GPU, TVM's default pipeline too); the stitch pipeline reshapes the input
+    instead, and a reduction over a longer axis is left as it is."""
+
+    def module(reduced):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", R.Tensor((3, 1), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                a = bb.emit(reduced(x))
+                b = bb.emit(relax.op.max(x, axis=[0, 1]))
+                out = bb.emit_output(relax.op.add(a, b))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    before = module(lambda x: relax.op.mean(x, axis=[1], keepdims=False))
+    expected = module(lambda x: relax.op.reshape(x, (3,)))
+    tvm.ir.assert_structural_equal(tvm_stitch.passes.FoldStaticShapes()(before), expected)

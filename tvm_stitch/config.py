@@ -114,6 +114,11 @@ class PipelineOptions:
         ``h100-launch-exit-2026-11-26.md``). Released at the start, a GEMM launched after a
         GEMM ran ~2 µs longer at 8×512 (``benchmarks/timeline.py``; why was not found).
         Earlier, on an H200, ``"start"`` was the faster (1×128 358.1 against 379.4).
+    check_kernels : bool
+        On CUDA, every kernel is lowered, generated and compiled once ahead of the build (NVRTC
+        where TVM has a CUDA runtime, ``nvcc`` on a machine without a GPU; one compile for the
+        module), and a kernel TVM cannot build is given TVM's default schedule instead, with
+        a warning: one defective kernel costs that kernel's speed, not the build.
     tune : {"measure", "model"}
         How the kernels' tiles are chosen for shapes the tuning database does not hold:
         ``"measure"`` runs MCFuser's search on the GPU (10-30 s a shape, kept in the database);
@@ -132,6 +137,7 @@ class PipelineOptions:
     lift_params: bool = False
     dependent_launch: bool = True
     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS
+    check_kernels: bool = True
     tune: str = "measure"
 
     def __post_init__(self):

@@ -10,7 +10,8 @@ Phases (each a list of passes, so reports can stop after fusion):
                [StitchSchedule], [fusion report]
 ``schedule``   [kernels without reductions in 16-byte pieces], dlight's default GPU schedules
                (none on CPU; a rule that fails on a kernel is logged and the next one tried),
-               [float16 arithmetic in float32]
+               [float16 arithmetic in float32], [every kernel built ahead: one that fails gets
+               TVM's schedule]
 ``lower``      dataflow lowering, [TVM's kernels launched dependently (sm_90)]
 ``finalize``   memory planning, CUDA graphs (when enabled), VM lowering
 
@@ -68,7 +69,8 @@ def _guarded(schedule_pass):
 class _Guarded(dl.ScheduleRule):
     """A dlight rule whose failure on a kernel is logged and passed over: the next rule is
     tried, as where the rule does not apply (dlight's GEMV rule asserts on a product whose
-    reduction has one step — attention over a single key)."""
+    reduction has one step — attention over a single key).  A failure of one of tvm-stitch's
+    own rules is a defect, logged as a warning."""
 
     def __init__(self, rule):
         self.rule = rule
@@ -76,10 +78,12 @@ class _Guarded(dl.ScheduleRule):
     def apply(self, func, target, tunable):
         try:
             return self.rule.apply(func, target, tunable)
-        except Exception as err:  # noqa: BLE001 - TVM's rule failed: the next one is tried
-            logger.info("dlight's %s rule failed on the kernel of blocks %s (%s: %s); the next "
-                        "rule is tried", type(self.rule).__name__, _blocks(func),
-                        type(err).__name__, error_line(err, "no message"))
+        except Exception as err:  # noqa: BLE001 - the rule failed: the next one is tried
+            ours = type(self.rule).__module__.startswith("tvm_stitch")
+            (logger.warning if ours else logger.info)(
+                "dlight's %s rule failed on the kernel of blocks %s (%s: %s); the next rule is "
+                "tried", type(self.rule).__name__, _blocks(func), type(err).__name__,
+                error_line(err, "no message"))
             return None
 
 
@@ -140,6 +144,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
     legalize = list(backend.legalize_passes(target))
     schedule = [p for p in legalize if p.info.name == "ApplyDefaultSchedule"]
     fusion = [p for p in legalize if p.info.name != "ApplyDefaultSchedule"]
+    tvm_schedule = list(schedule)
     if kind == "stitch":
         at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps") + 1
         if opts.analyze:
@@ -159,12 +164,15 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         fusion.insert(at, relax.transform.EliminateCommonSubexpr())
         if opts.report:
             fusion.append(passes.ReportFusion())
+        kernels = {}  # each kernel before any schedule, for CheckKernels' fallback
+        at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
+        fusion.insert(at, passes.RecordKernels(kernels))
         if opts.stitch:
             schedules = {}  # the patterns StitchFusion checked are scheduled once
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseOps")
             fusion.insert(at, passes.StitchFusion(schedules))
-            at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseTIR") + 1
-            fusion.insert(at, passes.StitchSchedule(schedules))
+            at = next(i for i, p in enumerate(fusion) if p.info.name == "StitchRecordKernels")
+            fusion.insert(at + 1, passes.StitchSchedule(schedules))
         if opts.lift_params:  # weight-only computations (joined weights) run once, apart
             fusion.append(relax.transform.LiftTransformParams())
         if target.kind.name == "cuda":  # kernels reading model inputs would cut CUDA graphs;
@@ -179,6 +187,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         schedule = [_guarded(p) for p in schedule]
         if opts.compute_fp32:
             schedule.append(passes.ComputeFloat32())
+        if opts.check_kernels and target.kind.name == "cuda":
+            schedule.append(passes.CheckKernels(kernels, tvm_schedule))
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
         hw = _hardware(target)

@@ -220,28 +220,14 @@ def nvcc_error(executable, arch: str = "sm_90a") -> str | None:
     PTX already), or None where it compiles or no ``nvcc`` is on the path.  A TVM without a
     CUDA runtime only generates that source — the GPU host compiles it when the library is
     loaded — so this is how a CPU machine learns it would not."""
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
+    from .codegen import check
     from .codegen.ptx import PREFIX
 
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return None
     # Triton's PTX travels as a prefixed "source"
-    sources = [s for s in _cuda_sources(executable) if not s.startswith(PREFIX)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, source in enumerate(sources):
-            path = Path(tmp) / f"kernels{i}.cu"
-            path.write_text(source)
-            res = subprocess.run([nvcc, f"-arch={arch}", "-ptx", str(path), "-o",
-                                  str(path.with_suffix(".ptx"))], capture_output=True, text=True,
-                                 check=False)
-            if res.returncode:
-                errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
-                return (errors or [res.stderr.strip() or "nvcc failed"])[0]
+    for source in _cuda_sources(executable):
+        why = None if source.startswith(PREFIX) else check.nvcc_error(source, arch)
+        if why:
+            return why
     return None
 
 

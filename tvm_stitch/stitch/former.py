@@ -119,14 +119,15 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     producer: dict = {}  # var -> binding index
     group_of: dict[int, Group] = {}
     upstream: dict = {}  # var -> ids of groups it depends on (transitively)
+    group_up: dict = {}  # group id -> ids of groups its members read (one kernel: all of it)
     groups: list[Group] = []
     leaves: dict[int, list] = {}  # elementwise bindings on inputs only, not yet in a pattern
     refused = []
-    readers: dict = {}  # var -> how many bindings read it (calls, tuples, anything)
+    readers: dict = {}  # var -> the bindings reading it (calls, tuples, anything)
     column_readers: dict = {}  # var -> column patterns reducing it (read from outside them)
-    for b in bindings:
+    for k, b in enumerate(bindings):
         for a in relax.analysis.free_vars(b.value):
-            readers[a] = readers.get(a, 0) + 1
+            readers.setdefault(a, []).append(k)
     for i, binding in enumerate(bindings):
         var = binding.var
         producer[var] = i
@@ -148,6 +149,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             g.layout.append(i)
             group_of[i] = g
             upstream[var] = up - {g.gid}
+            group_up.setdefault(g.gid, set()).update(up - {g.gid})
             continue
         if kinds is None and not up and _input_transpose(binding, nodes, inputs, readers):
             # a transpose of a function input read only by one consumer: if that consumer is
@@ -168,7 +170,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 if (
                     g is not None
                     and g.column == sig
-                    and _convex(g, inputs, producer, group_of, upstream)
+                    and _convex(g, inputs, producer, group_of, upstream, group_up)
                 ):
                     chosen = g
                     break
@@ -181,7 +183,8 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             chosen.add(i, column, reduced=True)
             group_of[i] = chosen
             up.discard(chosen.gid)
-            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
+            group_up.setdefault(chosen.gid, set()).update(up)
+            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings, readers)
             upstream[var] = up
             continue
         if kinds is None and (
@@ -202,7 +205,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 if g.column is None and out[: len(g.rows)] != g.rows:
                     refused.append((var.name, f"output {out} is not in the row space {g.rows}"))
                     continue
-                if not _convex(g, inputs, producer, group_of, upstream):
+                if not _convex(g, inputs, producer, group_of, upstream, group_up):
                     refused.append((var.name, "joining would make the pattern non-convex"))
                     continue
                 chosen = g
@@ -219,7 +222,8 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             chosen.add(i, kinds, reduced=chosen.column is not None and tuple(out) == chosen.rows)
             group_of[i] = chosen
             up.discard(chosen.gid)
-            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings)
+            group_up.setdefault(chosen.gid, set()).update(up)
+            _absorb_leaves(chosen, inputs, producer, leaves, group_of, bindings, readers)
         upstream[var] = up
     for g in groups:
         _drop_trailing_reshapes(g, bindings, group_of)
@@ -229,14 +233,36 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
     for g in groups:
         if g not in kept and g not in columns and len(g.kinds) > 1:
             refused.append((bindings[g.members[0]].var.name, "pattern without a row reduction"))
-    return _pack(kept, bindings, upstream) + columns, refused
+    return _pack(kept, group_up) + columns, refused
 
 
-def _convex(group, inputs, producer, group_of, upstream) -> bool:
+def _convex(group, inputs, producer, group_of, upstream, group_up) -> bool:
     """Whether a binding reading ``inputs`` can join ``group`` with no path leaving the group
-    and coming back (none of its inputs from outside depends on the group)."""
-    outside = [b for b in inputs if group_of.get(producer.get(b, -1)) is not group]
-    return not any(group.gid in upstream.get(b, set()) for b in outside)
+    and coming back (none of its inputs from outside depends on the group).  A value depends
+    on the groups upstream of it and, when a group computes it, on everything that group reads
+    now (a group is one kernel: a member joined later can make its earlier members' readers
+    wait for another group)."""
+    for b in inputs:
+        owner = group_of.get(producer.get(b, -1))
+        if owner is group:
+            continue
+        deps = set(upstream.get(b, set()))
+        if owner is not None:
+            deps |= group_up.get(owner.gid, set())
+        if group.gid in _closure(deps, group_up):
+            return False
+    return True
+
+
+def _closure(gids, group_up) -> set:
+    """``gids`` and every group they depend on through ``group_up``, transitively."""
+    seen, stack = set(gids), list(gids)
+    while stack:
+        for g in group_up.get(stack.pop(), ()):
+            if g not in seen:
+                seen.add(g)
+                stack.append(g)
+    return seen
 
 
 def _column_kinds(nodes) -> list[OpKind] | None:
@@ -289,7 +315,7 @@ def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers):
     if not _layout_op(nodes, inputs):
         return None
     g = group_of.get(producer.get(inputs[0], -1))
-    if g is None or not g.has_reduce or readers.get(inputs[0], 0) != 1:
+    if g is None or not g.has_reduce or len(readers.get(inputs[0], ())) != 1:
         return None
     if g.layout and producer[inputs[0]] != g.layout[-1]:
         return None
@@ -306,7 +332,7 @@ def _input_transpose(binding, nodes, inputs, readers) -> bool:
     if not _layout_op(nodes, inputs) or any(n.detail != "transpose" for n in nodes):
         return False
     # read elsewhere too, or an output of the block: it stays a kernel of its own
-    return readers.get(binding.var, 0) == 1 and isinstance(binding.var, relax.DataflowVar)
+    return len(readers.get(binding.var, ())) == 1 and isinstance(binding.var, relax.DataflowVar)
 
 
 def _layout_op(nodes, inputs) -> bool:
@@ -314,14 +340,16 @@ def _layout_op(nodes, inputs) -> bool:
     return bool(nodes) and len(inputs) == 1 and all(n.kind is OpKind.INJECTIVE for n in nodes)
 
 
-def _pack(groups, bindings, upstream) -> list[Group]:
-    """Kernel packing: independent patterns over the same number of rows share one kernel."""
+def _pack(groups, group_up) -> list[Group]:
+    """Kernel packing: independent patterns over the same number of rows share one kernel (no
+    path between them, through any group)."""
     packed: list[Group] = []
     ids: dict[int, set] = {}
     for g in groups:
-        deps = set().union(*(upstream.get(bindings[i].var, set()) for i in g.members))
+        deps = _closure(group_up.get(g.gid, set()), group_up)
         for h in packed:
-            h_deps = set().union(*(upstream.get(bindings[i].var, set()) for i in h.members))
+            h_deps = _closure(set().union(*(group_up.get(x, set()) for x in ids[h.gid])),
+                              group_up)
             if (
                 math.prod(g.rows) == math.prod(h.rows)
                 and not deps & ids[h.gid]
@@ -337,13 +365,19 @@ def _pack(groups, bindings, upstream) -> list[Group]:
     return packed
 
 
-def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings) -> None:
+def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings, readers) -> None:
     """Pull the input-only elementwise producers of ``inputs`` (and theirs) into ``group``: a
-    cast of the input, a mask's or a weight's cast are recomputed inside the pattern."""
+    cast of the input, a mask's or a weight's cast are recomputed inside the pattern.  A leaf
+    that a binding outside the pattern has read already stays out: that reader may feed the
+    pattern (a reshape of the leaf normalized by it), and the pattern would both produce and
+    wait for it."""
     stack = list(inputs)
+    now = max(group.members)
     while stack:
         j = producer.get(stack.pop())
         if j is None or j not in leaves or j in group_of:
+            continue
+        if any(r < now and group_of.get(r) is not group for r in readers.get(bindings[j].var, ())):
             continue
         group.add(j, leaves.pop(j), reduced=False)
         group_of[j] = group

@@ -17,7 +17,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from tvm_stitch.graph.tir_walk import is_one
+from tvm_stitch.graph.tir_walk import is_one, iter_exprs
 
 #: bytes a thread loads or stores at once (``ld.global.v4.b32``)
 VECTOR_BYTES = 16
@@ -53,12 +53,24 @@ class VectorizedInjective(GPUScheduleRule):
         vector = _vector(sch.get(block), [sch.get(loop) for loop in loops])
         if vector is None:
             return None
+        # arithmetic is computed element by element into registers and stored in one piece:
+        # float16 arithmetic is computed in float32 later (ComputeFloat32), and TVM's CUDA C
+        # of an 8-lane float32 vector (a constant printed as make_ulonglong4 of eight floats)
+        # or of a vector of booleans (a mask computed in the kernel) is not valid C; moving
+        # values stays vectorized throughout
+        compute = block if _arithmetic(sch.get(block)) else None
+        if compute is not None:
+            block = sch.cache_write(compute, 0, "local")
+            loops = sch.get_loops(block)
         # the lanes split off the last axis alone, so the row indices do not depend on them
         columns, lanes = sch.split(loops[-1], [None, vector])
         bx, tx = sch.split(sch.fuse(*loops[:-1], columns), [None, self.threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(lanes)
+        if compute is not None:
+            sch.compute_at(compute, tx, preserve_unit_loops=True)
+            sch.unroll(sch.get_loops(compute)[-1])
         return sch
 
 
@@ -108,6 +120,16 @@ def _vector(block, loops) -> int | None:
     if not all(_compact(b) for b in walking):
         return None
     return vector
+
+
+def _arithmetic(block) -> bool:
+    """Whether ``block``'s stored value computes anything (loads, casts, selects and constants
+    only move values; indices do not count)."""
+    if not isinstance(block.body, tvm.tirx.BufferStore):
+        return True
+    moves = (tvm.ir.expr.TensorLoad, tvm.tirx.Cast, tvm.tirx.Select, tvm.tirx.FloatImm,
+             tvm.tirx.IntImm)
+    return not all(isinstance(e, moves) for e in iter_exprs(block.body.value))
 
 
 def _compact(buf) -> bool:

@@ -177,6 +177,13 @@ def _pattern(nodes) -> tuple[list[Op], int, int]:
         raise IllegalPatternError("scalar output")
     rows = math.prod(out[:-1]) if len(out) > 1 else 1
     cols = out[-1]
+    reduced = {math.prod(e for _, e in n.spatial) for n in nodes if n.kind is OpKind.ROW_REDUCE}
+    if len(reduced) > 1:
+        raise IllegalPatternError(f"reductions over different row counts {sorted(reduced)}")
+    if reduced and math.prod(out) == next(iter(reduced)):
+        # one value per row (a reduction without keepdims, or what is computed from it):
+        # every output axis is a row axis, as for a (..., rows, 1) output
+        rows, cols = math.prod(out), 1
     for n, op in zip(nodes, ops):
         lead = n.out_shape[: len(out) - 1]
         if math.prod(lead) != rows and math.prod(n.out_shape) not in (rows, rows * cols):

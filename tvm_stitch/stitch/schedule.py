@@ -24,8 +24,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 
+from tvm_stitch.errors import error_line
 from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, iter_sblocks
 
 from .columns import apply_column_plan, column_plans, is_column_pattern
@@ -36,12 +36,6 @@ logger = logging.getLogger("tvm_stitch.stitch")
 #: Plans tried per pattern, cheapest first, before it is left to TVM; beyond them, the cheapest
 #: plan of each grouping of rows not tried yet (composition and rows per block).
 FALLBACK_PLANS = 4
-
-
-#: TVM's lowering of scheduled TIR for the GPU (``tvm.compile``'s, before code generation)
-_TIR_LOWERING = PIPELINE_MAP["s_tir"]
-#: what TVM's barrier placement (``ThreadSync``) says of a barrier inside a guard
-BARRIER_REFUSAL = "Cannot insert syncs inside condition"
 
 
 def schedule_pattern(
@@ -111,8 +105,7 @@ def _schedule_pattern(func, hw, gpu, thread_only):
         groupings.add(grouping)
         try:
             scheduled = apply(func, candidate, gpu=gpu)
-            if gpu:
-                _lowers(scheduled)
+            _lowers(scheduled, gpu)
             return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
             why = err if isinstance(err, IllegalPatternError) else repr(err)
@@ -123,28 +116,22 @@ def _schedule_pattern(func, hw, gpu, thread_only):
     return None, None, reasons
 
 
-def _lowers(func: tvm.tirx.PrimFunc) -> None:
-    """Raise :class:`IllegalPatternError` where TVM cannot place the barriers of ``func``: its
-    GPU lowering (TIR passes, then the shared-memory barriers: a few ms) is run ahead of the
-    build, so that plan gives way to the next instead of failing the build. Seen on BERT and
-    GPT-2 at one token: patterns over the heads' rows read a reduction over one element from
-    shared memory, and a warp plan's guard (the last block's rows, or the lanes past a
-    one-column row, hoisted around the row by ``HoistIfThenElse``) enclosed the barrier after
-    it. Only that refusal refuses the plan: the dry run lacks the build's later passes, and
-    any other error it meets (some contexts want ``MakePackedAPI`` first) says nothing of the
-    plan."""
+def _lowers(func: tvm.tirx.PrimFunc, gpu: bool) -> None:
+    """Raise :class:`IllegalPatternError` where TVM cannot lower ``func``: the target's own TIR
+    pipeline and finalizing passes (:func:`tvm_stitch.codegen.check.lower`) run on the kernel
+    alone ahead of the build — tens of milliseconds — so a plan TVM cannot lower gives way to
+    the next one instead of failing the build.  Seen: barriers inside a guard (patterns over
+    the heads' rows at one token), a reduction over a unit axis beside a row reduction (a
+    loop variable used before its definition)."""
+    from tvm_stitch.codegen.check import lower
+
     target = tvm.target.Target.current(allow_none=True)
-    if target is None or target.kind.name != "cuda":
-        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    func = func.with_attr("global_symbol", "main").with_attr("target", target)
+    if target is None or target.kind.name != ("cuda" if gpu else "llvm"):
+        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"} if gpu else "llvm")
     try:
-        with target:
-            s_tir.transform.ThreadSync("shared")(_TIR_LOWERING()[0](tvm.IRModule({"main": func})))
-    except Exception as err:  # only TVM's refusal of the barriers refuses the plan
-        if BARRIER_REFUSAL not in str(err):
-            logger.debug("dry lowering not conclusive: %s", type(err).__name__)
-            return
-        raise IllegalPatternError(f"TVM cannot place its barriers: {BARRIER_REFUSAL}") from err
+        lower(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    except Exception as err:  # any refusal of TVM's refuses the plan
+        raise IllegalPatternError(f"TVM cannot lower the plan: {error_line(err)}") from err
 
 
 def _is_column_pattern(func) -> bool:
@@ -194,9 +181,9 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         return _elementwise(sch, outputs, plan, bind, gpu)
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
-    # one value per row (a row sum kept as (..., rows, 1)): TVM's normalisation dropped the
-    # unit column loop; all its loops are the row, written by the row's threads alike
-    unit = {n for n in outputs if _unit_columns(sch, sch.get_sblock(n))}
+    # one value per row (a row sum kept as (..., rows, 1), or reduced without keepdims): all
+    # its loops are the row, written by the row's threads alike
+    unit = {n for n in outputs if _per_row(sch, sch.get_sblock(n), plan.rows)}
     stores = {}
     if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
@@ -319,10 +306,14 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
             ) from err
 
 
-def _unit_columns(sch, block) -> bool:
-    """Whether ``block`` writes a tensor whose last axis has extent 1."""
+def _per_row(sch, block, rows: int) -> bool:
+    """Whether ``block`` writes one value per row: a tensor whose last axis has extent 1, or
+    one of ``rows`` elements (a reduction without keepdims: every axis is a row axis)."""
     (write,) = sch.get(block).writes
-    return len(write.source.shape) > 1 and is_one(write.source.shape[-1])
+    shape = write.source.shape
+    if len(shape) > 1 and is_one(shape[-1]):
+        return True
+    return math.prod(int(d) for d in shape) == rows
 
 
 def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
@@ -434,7 +425,11 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
     bx, tx = sch.split(flat, [None, plan.threads])
     bind(bx, "blockIdx.x")
     bind(tx, "threadIdx.x")
-    sch.vectorize(vec)
+    # TVM's CUDA C has no vectors of booleans (a mask stored or read 8 at a time)
+    if _boolean(sch.get(store).writes[0].source):
+        sch.unroll(vec)
+    else:
+        sch.vectorize(vec)
     if not gpu:
         return _finish(sch, gpu)
     sch.compute_at(out, tx, preserve_unit_loops=True)
@@ -448,11 +443,17 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
 
 
 def _full_size_inputs(sch, block, shape):
-    """Inputs of ``block`` with the output's shape, read at the output's own position."""
+    """Inputs of ``block`` with the output's shape, read at the output's own position (but
+    booleans: TVM's CUDA C has no vectors of them)."""
     for r in sch.get(block).reads:
         buf = r.source
-        if [int(d) for d in buf.shape] == shape and _identity_loads(sch.get(block), buf):
+        if ([int(d) for d in buf.shape] == shape and not _boolean(buf)
+                and _identity_loads(sch.get(block), buf)):
             yield buf
+
+
+def _boolean(buf) -> bool:
+    return str(buf.dtype) == "bool"
 
 
 def _cpu_bind(sch):
