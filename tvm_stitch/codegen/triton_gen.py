@@ -862,13 +862,16 @@ def gemm_source(match, name: str) -> KernelSource:
                              "else:", *["    " + line for line in epilogues]]
                 constexprs.append("TMA_STORE")
             epilogues = ["rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", *epilogues]
+        # float32 products in IEEE precision, as PyTorch's (Triton's default is TF32); a
+        # 16-bit kernel's text is left as it was (its tuning records are found by its name)
+        ieee = ", DOT_PREC=DOT_PREC" if match.dtype == "float32" else ""
         persistent = [
             "pid_b = 0",
             "done = tl.program_id(0) - NUM_SMS",
             "for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):",
             "    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
             f"    acc0 = _tile_product_tma({zeros}, a_desc, b_desc, pid_m * BLOCK_M, "
-            f"{off_n}, {k}, BLOCK_K, {b_nk}{convert})",
+            f"{off_n}, {k}, BLOCK_K, {b_nk}{convert}{ieee})",
             "    # the epilogue's own tile counter keeps it apart from the pipelined prologue",
             "    done += NUM_SMS",
             "    pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)",

@@ -187,11 +187,13 @@ def _tile_product_tma(
     BLOCK_K: tl.constexpr,
     B_NK: tl.constexpr,
     OPERAND: tl.constexpr = None,
+    DOT_PREC: tl.constexpr = None,
 ):
     """``acc + A[off_m:+BM, :K] @ B[:K, off_n:+BN]`` with both tiles brought in by TMA (tensor
     descriptors; out-of-bounds elements read as zero, so no masks).  ``B_NK``: B's descriptor
     is over (N, K) (a Linear weight) and its tiles are transposed in the product, else over
-    (K, N).  ``OPERAND`` as for :func:`_tile_product`."""
+    (K, N).  ``OPERAND`` as for :func:`_tile_product`; ``DOT_PREC``: float32 products'
+    precision (``ieee``: as PyTorch multiplies them)."""
     for k0 in range(0, K, BLOCK_K):
         a = a_desc.load([off_m, k0])
         if B_NK:
@@ -201,7 +203,10 @@ def _tile_product_tma(
         if OPERAND is not None:
             a = a.to(OPERAND)
             b = b.to(OPERAND)
-        acc = tl.dot(a, b, acc)
+        if DOT_PREC is None:  # Triton's default (a string default fails in Triton 3.6)
+            acc = tl.dot(a, b, acc)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
     return acc
 
 
@@ -355,7 +360,8 @@ def _gemm_epilogue(
             pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _tile_product_tma(
-                acc, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_K, True
+                acc, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_K, True,
+                DOT_PREC=DOT_PREC,
             )
             done += NUM_SMS  # the epilogue's own counter keeps it apart from the prologue
             pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
