@@ -41,6 +41,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from tvm_stitch.analysis.static import static_values
 from tvm_stitch.errors import error_line
+from tvm_stitch.graph.tdg import static_shape
 
 from .module import replace_functions
 
@@ -254,10 +255,9 @@ def _rewrites(func):
 
     def unit_reduction(expr, matches):
         data = matches[x]
-        ty = data.ty
-        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        dims = static_shape(data.ty)
+        if dims is None:
             return expr
-        dims = [getattr(d, "value", None) for d in ty.shape.values]
         axes = expr.attrs.axis
         axes = range(len(dims)) if axes is None else [int(a) % len(dims) for a in axes]
         if not dims or any(dims[a] != 1 for a in axes):

@@ -18,7 +18,7 @@ from pathlib import Path
 import tvm
 from tvm.tirx.build import codegen_build, split_host_device_mods
 
-from tvm_stitch.errors import error_line
+from tvm_stitch.errors import error_summary
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target) -> dict:
@@ -55,7 +55,7 @@ def build_error(funcs: dict, target: tvm.target.Target) -> str | None:
                 if why:
                     return why
     except Exception as err:  # noqa: BLE001 - TVM's refusal is the answer
-        return f"{type(err).__name__}: {error_line(err, 'no message')}"
+        return error_summary(err)
     return None
 
 
@@ -75,11 +75,6 @@ def failing(funcs: dict, target: tvm.target.Target) -> dict:
 def _arch(target: tvm.target.Target) -> str:
     arch = target.attrs.get("arch")
     return str(arch) if arch else "sm_90a"
-
-
-def can_compile_cuda() -> bool:
-    """Whether generated CUDA C is compiled here: by NVRTC (a CUDA runtime) or ``nvcc``."""
-    return tvm.runtime.enabled("cuda") or shutil.which("nvcc") is not None
 
 
 def nvcc_error(source: str, arch: str = "sm_90a") -> str | None:

@@ -50,10 +50,6 @@ class Outcome:
     detail: str = ""
     error: float = 0.0
 
-    @property
-    def failed(self) -> bool:
-        return self.status in STAGES
-
 
 class _Warnings(logging.Handler):
     """Collects ``WARNING`` records of the ``tvm_stitch`` loggers."""
@@ -137,9 +133,9 @@ def _agrees(program: Program, got, default, reference) -> tuple[bool, float]:
 
 
 def _line(err: BaseException) -> str:
-    from tvm_stitch.errors import error_line
+    from tvm_stitch.errors import error_summary
 
-    return f"{type(err).__name__}: {error_line(err, 'no message')}"[:500]
+    return error_summary(err)[:500]
 
 
 def check(program: Program, cuda: bool = False, gpu: bool = False, nvcc: bool = True
@@ -153,9 +149,9 @@ def check(program: Program, cuda: bool = False, gpu: bool = False, nvcc: bool = 
         Also build for ``sm_90a`` here (and compile its CUDA C with ``nvcc`` where ``nvcc``
         is on the path and ``nvcc`` is set).
     gpu : bool
-        Also build for the local GPU, run there and compare.
+        Build for the local GPU instead (NVRTC compiles every kernel), run there and compare.
     nvcc : bool
-        Compile the ``sm_90a`` build's CUDA C with ``nvcc``.
+        Compile the ``sm_90a`` build's CUDA C with ``nvcc`` (without ``gpu``).
     """
     mod = program.module()
     args = program.arguments()
@@ -185,42 +181,33 @@ def check(program: Program, cuda: bool = False, gpu: bool = False, nvcc: bool = 
     ok, err = _agrees(program, got, default, reference)
     if not ok:
         return Outcome("mismatch", f"llvm: normalized error {err:.3g}", err)
-    if cuda:
-        failed = _check_cuda(mod, nvcc)
-        if failed is not None:
-            return failed
-    if gpu:
-        failed = _check_gpu(program, mod, args, default, reference)
+    if cuda or gpu:
+        failed = _check_cuda(program, mod, args, default, reference, gpu, nvcc)
         if failed is not None:
             return failed
     return Outcome("ok", error=err)
 
 
-def _check_cuda(mod, nvcc: bool) -> Outcome | None:
-    from tvm_stitch.report import nvcc_error
-
-    with _warnings() as warned:
-        try:
-            ex = build(mod, CUDA, "stitch", tune="model")
-        except Exception as err:  # noqa: BLE001 - the finding
-            return Outcome("cuda", _line(err))
-    if warned:
-        return Outcome("cuda", "fallback: " + warned[0])
-    why = nvcc_error(ex) if nvcc else None
-    return Outcome("nvcc", why) if why else None
-
-
-def _check_gpu(program, mod, args, default, reference) -> Outcome | None:
+def _check_cuda(program, mod, args, default, reference, gpu: bool, nvcc: bool
+                ) -> Outcome | None:
+    """The stitch build for ``sm_90a`` (status ``cuda``, or ``gpu`` on a GPU): a failure, a
+    fallback, then ``nvcc`` on its CUDA C (a machine without a GPU: the GPU's NVRTC compiled
+    every kernel already) or the run on the GPU against TVM's ``llvm`` outputs."""
     import tvm
 
+    from tvm_stitch.report import nvcc_error
+
+    stage = "gpu" if gpu else "cuda"
     with _warnings() as warned:
         try:
             ex = build(mod, CUDA, "stitch", tune="model")
-            got = run(ex, args, tvm.cuda(0))
+            got = run(ex, args, tvm.cuda(0)) if gpu else None
         except Exception as err:  # noqa: BLE001 - the finding
-            return Outcome("gpu", _line(err))
+            return Outcome(stage, _line(err))
     if warned:
-        return Outcome("gpu", "fallback: " + warned[0])
+        return Outcome(stage, "fallback: " + warned[0])
+    if not gpu:
+        why = nvcc_error(ex) if nvcc else None
+        return Outcome("nvcc", why) if why else None
     ok, err = _agrees(program, got, default, reference)
     return None if ok else Outcome("gpu", f"normalized error {err:.3g} on the GPU", err)
-

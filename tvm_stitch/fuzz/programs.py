@@ -125,6 +125,16 @@ class Program:
     def module(self, dtype: str | None = None) -> tvm.IRModule:
         """The Relax module ``main(*inputs) -> outputs``; ``dtype`` replaces every floating
         dtype of the program (a float64 reference of the same computation)."""
+        return self._build(dtype)[0]
+
+    def types(self) -> list[tuple]:
+        """``(shape, dtype)`` of every value, inputs first (Relax's own inference)."""
+        return [(tuple(int(d) for d in v.ty.shape.values), str(v.ty.dtype))
+                for v in self._build(None)[1]]
+
+    def _build(self, dtype):
+        """The module and every value's variable (an op's result may be bound after the
+        bindings of its parts: a normalization written as ops)."""
 
         def ty(d):
             return dtype if dtype and d.startswith("float") else d
@@ -140,7 +150,7 @@ class Program:
                 outs = [values[i] for i in self.outputs()]
                 out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(out)
-        return bb.get()
+        return bb.get(), values
 
     def arguments(self, dtype: str | None = None) -> list[np.ndarray]:
         """Inputs drawn from the program's seed (the same values in every dtype: 16-bit values

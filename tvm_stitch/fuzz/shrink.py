@@ -61,34 +61,11 @@ def _without(program: Program, k: int) -> Program | None:
 def _bypasses(program: Program, k: int):
     """``program`` with op ``k``'s readers reading one of its operands instead (where the
     operand's shape and dtype are the op's)."""
-    first = len(program.inputs)
-    shapes, dtypes = _types(program)
-    me = first + k
+    types = program.types()
+    me = len(program.inputs) + k
     for a in dict.fromkeys(program.ops[k].args):
-        if shapes[a] == shapes[me] and dtypes[a] == dtypes[me]:
+        if types[a] == types[me]:
             yield _renumber(program, {me}, {me: a})
-
-
-def _types(program: Program):
-    """Every value's shape and dtype, inputs first."""
-    inferred = _infer(program)
-    return ([tuple(i.shape) for i in program.inputs] + [s for s, _ in inferred],
-            [i.dtype for i in program.inputs] + [d for _, d in inferred])
-
-
-def _infer(program: Program) -> list[tuple]:
-    """``(shape, dtype)`` of each op's result, from Relax's own inference."""
-    from tvm import relax
-
-    mod = program.module()
-    out = []
-    for block in mod["main"].body.blocks:
-        for b in block.bindings:
-            if isinstance(b.value, relax.Tuple):
-                continue
-            ty = b.var.ty
-            out.append((tuple(int(d) for d in ty.shape.values), str(ty.dtype)))
-    return out
 
 
 def _renumber(program: Program, dropped: set, redirect: dict) -> Program:
