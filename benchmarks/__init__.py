@@ -4,6 +4,6 @@ Studies: ``bert`` (end to end), ``memory`` (memory-intensive subgraphs), ``gemm-
 Table II) and ``attention`` (MCFuser Table III).  Each prints a table and can write JSON lines.
 """
 
-from .studies import CASES, STUDIES, bench_instance, run_study
+from .bench import CASES, STUDIES, bench_instance, run_study
 
 __all__ = ["CASES", "STUDIES", "bench_instance", "run_study"]

@@ -26,7 +26,8 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.pipeline import as_target, num_input, prepare_args
+from tvm_stitch.library import prepare_args
+from tvm_stitch.pipeline import as_target, num_input
 from tvm_stitch.tune.measure import time_torch
 
 logger = logging.getLogger("tvm_stitch.bench")
@@ -111,7 +112,7 @@ _CHILD = """
 import json, sys, numpy as np, tvm
 from tvm import relax
 from tvm_stitch.benchmarks.harness import time_tvm
-from tvm_stitch.pipeline import prepare_args
+from tvm_stitch.library import prepare_args
 folder, func, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 inputs = None if sys.argv[4] == "-" else int(sys.argv[4])
 dev = tvm.cuda(0)
@@ -333,3 +334,75 @@ def format_table(records: list[Record]) -> str:
 
 def _num(v, fmt: str) -> str:
     return "" if v is None else format(v, fmt)
+
+
+def bound(inst):
+    """``inst`` with its weights bound as constants: the entry takes its inputs only."""
+    func = inst.mod[inst.func]
+    n = int(func.attrs["num_input"])
+    params = {p.name: a for p, a in zip(list(func.params)[n:], inst.args[n:])}
+    mod = relax.transform.BindParams(inst.func, params)(inst.mod)
+    return dataclasses.replace(inst, mod=mod, args=list(inst.args[:n]))
+
+
+def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
+                    fold_norms: bool = False, **params) -> list:
+    """``(match, source, shapes, graph)`` of each distinct GEMM kernel the stitch pipeline
+    generates for ``workload`` (instance ``params``); ``joined``: banded GEMMs (Q, K, V) read
+    their weights joined, as the pipeline's ``lift_params`` makes them; ``fold_norms``:
+    normalizations read only by GEMMs folded into them (through the weights, with
+    ``joined``), as the pipeline's ``fold_norms`` folds them."""
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.analysis.weights import join_weights, weight_tensors
+    from tvm_stitch.codegen.triton_gen import kernel_source
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+    from tvm_stitch.workloads import get_workload
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    inst = get_workload(workload).instance(dtype, **params)
+    mod = run_until(inst.mod, target, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    weights = weight_tensors(graph, mod[inst.func]) if joined else None
+    out, seen = [], set()
+    found_all = recognize(graph, fold_norms=fold_norms, weights=weights if fold_norms else None)
+    for found in (m for m in found_all.matches if m.family == "gemm"):
+        match = found
+        if joined and len(found.segments) > 1:  # scaled weights join as the pipeline's do
+            scaled = {d.name for d in found.derived if d.kind == "scaled"}
+            match, _ = join_weights(found, set(weights) | scaled)
+        source = kernel_source(match)
+        if source.name not in seen:
+            seen.add(source.name)
+            shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                      for t in [*source.inputs, *source.outputs] if t in graph.tensors}
+            # joined or derived weights (the bands' side by side, scaled, column sums) and
+            # row moments: tensors the graph does not hold
+            for view in match.views.values():
+                shapes.setdefault(view.tensor, (view.shape, view.dtype))
+            out.append((match, source, shapes, graph))
+    return out
+
+
+def ptxas_report(ptx: str) -> str:
+    """Registers, spills and any ``wgmma`` serialization ptxas reports for ``ptx`` (sm_90a;
+    the ptxas Triton ships)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                              check=True, capture_output=True, text=True).stderr
+    regs = re.findall(r"Used (\d+) registers", info)
+    spills = re.findall(r"(\d+) bytes spill stores", info)
+    serial = re.findall(r"serialized due to (.*?) in the function", info)
+    return (f"registers {','.join(regs)} spill stores {','.join(spills)}"
+            + (f"; wgmma SERIALIZED: {serial[0]}" if serial else ""))

@@ -97,13 +97,12 @@ def _best_of_top(pred, meas, k) -> float:
 def _gemm_kernels(workload, params, hw):
     """``(key, match, source, shapes)`` of each GEMM kernel the pipeline generates for
     ``workload`` (recognized with every family, as the pass does)."""
-    from tvm_stitch.passes.mcfuser import tuning_key
-
     from tvm_stitch.analysis.recognize import FAMILIES, recognize
     from tvm_stitch.codegen.triton_gen import kernel_source
     from tvm_stitch.graph import build_graph
     from tvm_stitch.pipeline import run_until
     from tvm_stitch.tune.database import TuningDatabase
+    from tvm_stitch.tune.policy import tuning_key
     from tvm_stitch.workloads import get_workload
 
     inst = get_workload(workload).instance("float16", **params)

@@ -21,7 +21,7 @@ set -uo pipefail
 out=${1:?usage: run_gpu.sh OUTDIR STEP...}
 shift
 mkdir -p "$out"
-source .gpu/setup.sh
+source benchmarks/gpu_env.sh
 export PYTHONUNBUFFERED=1
 # a warm start unless the call names its own database (or WARM=0): the measured searches of
 # earlier sessions (benchmarks/tuning/h100.json.xz, xz-compressed to travel light; merge

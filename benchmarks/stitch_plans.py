@@ -35,7 +35,7 @@ from tvm_stitch.stitch.plan import candidate_plans, pattern_ops
 from tvm_stitch.stitch.schedule import apply_plan
 from tvm_stitch.workloads import get_workload
 
-from .studies import _MEM_GPU
+from .bench import MEMORY_SHAPES_GPU
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
@@ -97,7 +97,7 @@ def sweep(dtype: str, top: int, hw: HardwareModel, only=()) -> list[dict]:
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     results = []
-    for name, kw in _MEM_GPU:
+    for name, kw in MEMORY_SHAPES_GPU:
         if only and name not in only:
             continue
         inst = get_workload(name).instance(dtype, **kw)

@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.graph import TensorDependencyGraph, build_graph
-from tvm_stitch.report import FusionReport, annotate, groups_of
+from tvm_stitch.graph.kernels import FusionReport, annotate, groups_of
 
 logger = logging.getLogger("tvm_stitch")
 

@@ -33,98 +33,19 @@ from tvm_stitch.analysis.weights import bound_weights, join_weights, weight_tens
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
-from tvm_stitch.codegen.triton_gen import UnsupportedKernelError, kernel_source, tma_layout
+from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
+from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 from tvm_stitch.errors import error_line
+from tvm_stitch.families.gemm.triton import tma_layout
 from tvm_stitch.graph import build_graph
+from tvm_stitch.tune.policy import KernelTuner
 
 from .order import topological
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
 
 _KERNEL_ATTRS = ("Primitive", "Composite", "Codegen")
-
-
-class _Tuner:
-    """Configs of generated kernels: tuning database first, else Algorithm 1 timing the kernel
-    itself, ranked by the cost model (or the cost model alone without a GPU)."""
-
-    def __init__(self, hw, database, on_device):
-        from tvm_stitch.cost.model import CostModel
-
-        self.hw, self.db, self.on_device = hw, database, on_device
-        self.seen: dict[str, dict] = {}  # model-only choices of this compile
-        self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
-        self.fitted = False  # fit when a kernel first needs a search, not when none does
-        self.rejected: set[str] = set()  # keys of records this compile does not use
-
-    def record(self, match, source) -> dict | None:
-        """The tuning database's config of the kernel, where it holds a usable one: a record
-        the kernel cannot launch (:func:`~tvm_stitch.tune.kernels.record_legality`) is
-        :meth:`reject`-ed."""
-        from tvm_stitch.tune.kernels import record_legality
-
-        key = tuning_key(self.db, match, source, self.hw)
-        rec = None if key in self.rejected else self.db.get(key)
-        if rec is None:
-            return None
-        why = record_legality(match, source, rec["config"], self.hw)
-        if why:
-            self.reject(match, source, why)
-            return None
-        return rec["config"]
-
-    def reject(self, match, source, why: str) -> None:
-        """Leave the tuning record of the kernel unused in this compile (the tiles are
-        searched as if there were none), with a warning saying ``why``."""
-        key = tuning_key(self.db, match, source, self.hw)
-        self.rejected.add(key)
-        logger.warning("%s: tuning record %s ignored (%s); tiles searched again",
-                       match.describe(), key, why)
-
-    def config(self, match, source, shapes, constants) -> dict:
-        from tvm_stitch.tune.kernels import tune_generated
-
-        key = tuning_key(self.db, match, source, self.hw)
-        recorded = self.record(match, source)
-        if recorded is not None:
-            return recorded
-        if key in self.seen:
-            return self.seen[key]
-        if not self.fitted:
-            self.fitted = True
-            if self.cost.fit_database(self.db):
-                logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
-        tuned = tune_generated(
-            match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
-        )
-        if self.on_device:  # model-only choices are not kept: a GPU compile measures them
-            self.db.put(
-                key,
-                tuned.config,
-                time_us=tuned.time * 1e6,
-                search_s=tuned.seconds,
-                correlation=tuned.result.correlation,
-                workload=tuned.workload,
-                measurements=tuned.measurements,
-            )
-            self.cost.fit_database(self.db)  # refit as measurements arrive
-        logger.info(
-            "%s: %s, %.1f us (%s)",
-            match.describe(),
-            tuned.config,
-            tuned.time * 1e6,
-            "measured" if self.on_device else "model",
-        )
-        self.seen[key] = tuned.config
-        return tuned.config
-
-
-def tuning_key(database, match, source, hw) -> str:
-    """The tuning database's key of a generated kernel: its name (family and content digest),
-    the frame's extents, dtype and architecture."""
-    ext = match.frame.extents
-    return database.key(source.name, [ext[a] for a in sorted(ext)], match.dtype, hw.arch)
 
 
 def _smem_limit() -> int:
@@ -160,17 +81,18 @@ class FuseMBCI:
         ``builder(match, source, config, shapes) -> (PrimFunc, external_mods)``; default
         :func:`embed_builder`, or :func:`plan_builder` with ``plan_only``.  Tests pass
         :func:`tvm_stitch.codegen.te_reference` builders to run the rewrite on a CPU.
-    families : tuple of str
+    mcfuser : tuple of str
         Which of ``"attention"``, ``"chain"``, ``"gemm"`` to rewrite.
     plan_only : bool
         Plan the launches without making the modules holding the kernels (fusion reports).
-    measure : bool
-        Search tiles by measuring on the GPU (when there is one); else the tuning database's
-        or the cost model's choice is taken (model choices are not stored).
+    tune : {"measure", "model"}
+        ``"measure"``: search tiles by measuring on the GPU (when there is one); ``"model"``
+        (or no GPU): the tuning database's or the cost model's choice is taken (model choices
+        are not stored). :class:`~tvm_stitch.tune.policy.KernelTuner` carries the policy out.
     fold_norms : bool
         Fold normalizations whose every reader is a GEMM kernel into those kernels (see
         :class:`tvm_stitch.config.PipelineOptions`).
-    join_weights : bool
+    lift_params : bool
         Concatenate the weights of a banded GEMM (parameters past the function's
         ``num_input``) into one tensor its kernel reads through one TMA descriptor (see
         :mod:`tvm_stitch.analysis.weights`); the concatenation is left in the function, for
@@ -184,20 +106,22 @@ class FuseMBCI:
     """
 
     def __init__(
-        self, database=None, builder=None, families=FAMILIES, plan_only=False, measure=True,
-        fold_norms=False, join_weights=False, dependent_launch=True,
+        self, database=None, builder=None, mcfuser=FAMILIES, plan_only=False, tune="measure",
+        fold_norms=False, lift_params=False, dependent_launch=True,
         launch_dependents=DEFAULT_LAUNCH_DEPENDENTS,
     ):
-        unknown = set(families) - set(FAMILIES)
+        unknown = set(mcfuser) - set(FAMILIES)
         if unknown:
             raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
+        if tune not in ("measure", "model"):
+            raise ValueError(f"tune takes 'measure' or 'model'; got {tune!r}")
         self.database = database
         self.builder = builder
-        self.families = tuple(families)
+        self.mcfuser = tuple(mcfuser)
         self.plan_only = plan_only
-        self.measure = measure
+        self.tune = tune
         self.fold_norms = fold_norms
-        self.join_weights = join_weights
+        self.lift_params = lift_params
         self.dependent_launch = dependent_launch
         self.launch_dependents = check_launch_dependents(launch_dependents)
 
@@ -215,7 +139,8 @@ class FuseMBCI:
             builder = plan_builder if self.plan_only else functools.partial(
                 embed_builder, dependent=self.dependent_launch,
                 launch_dependents=self.launch_dependents)
-        if not on_device and self.measure:
+        measure = self.tune == "measure"
+        if not on_device and measure:
             logger.info(
                 "tiles not measured (%s): from the tuning database, else the cost model", no_gpu
             )
@@ -225,9 +150,9 @@ class FuseMBCI:
         except ValueError as err:
             logger.info("Triton kernels not used: %s", err)
             return mod
-        tuner = _Tuner(hw, self.database or TuningDatabase(), on_device and self.measure)
-        return _Rewriter(mod, builder, tuner, self.fold_norms, self.join_weights).run(
-            self.families)
+        tuner = KernelTuner(hw, self.database or TuningDatabase(), on_device and measure)
+        return _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params).run(
+            self.mcfuser)
 
 
 class _Rewriter:

@@ -322,7 +322,7 @@ def _widen_calls(mod: tvm.IRModule, updates: dict) -> tvm.IRModule:
     """``mod`` with the calls of functions that gained outputs (a column pattern's partial
     sums, :func:`~tvm_stitch.stitch.columns.lift_partials`) passing them: Relax allocates the
     buffers, the callers see the results they saw before."""
-    from tvm_stitch.stitch.columns import PARTIALS_ATTR
+    from tvm_stitch.graph.kernels import PARTIALS_ATTR
 
     widened = {}
     for gv, func in updates.items():

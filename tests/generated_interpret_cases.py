@@ -19,11 +19,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 
-from tvm_stitch.analysis import recognize as recognize_module  # noqa: E402
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
 from tvm_stitch.analysis.weights import join_weights, weight_tensors  # noqa: E402
-from tvm_stitch.codegen import triton_gen  # noqa: E402
+from tvm_stitch.codegen import kernel_text, triton_gen  # noqa: E402
 from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
+from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE  # noqa: E402
+from tvm_stitch.families.gemm import recognize as recognize_module  # noqa: E402
+from tvm_stitch.families.gemm.triton import LATE_STATISTICS  # noqa: E402
 from tvm_stitch.graph import build_graph  # noqa: E402
 from tvm_stitch.pipeline import run_until  # noqa: E402
 from tvm_stitch.workloads import get_workload  # noqa: E402
@@ -116,11 +118,11 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
     if source.tma:
         runs.append((" tma", {"TMA": True}, tiles))
     if pieces:  # a row's moments from tiles wider than one piece
-        wide = {**TILES, "BLOCK_N": min(4 * chunk, triton_gen.GEMM_MAX_TILE)}
+        wide = {**TILES, "BLOCK_N": min(4 * chunk, GEMM_MAX_TILE)}
         runs.append((f" BLOCK_N={wide['BLOCK_N']}", {}, wide))
     if match.statistics and match.prologue is None:  # tiles over LATE_STATISTICS elements
         # combine the row statistics before the product loop, smaller ones after it
-        big = {**TILES, "BLOCK_M": 64, "BLOCK_N": 2 * triton_gen.LATE_STATISTICS // 64}
+        big = {**TILES, "BLOCK_M": 64, "BLOCK_N": 2 * LATE_STATISTICS // 64}
         runs.append((f" BLOCK_M=64 BLOCK_N={big['BLOCK_N']}", {}, big))
     if source.split_k:  # k split in 2, and in 3 (slices of unequal steps, maybe an empty one)
         runs += [(f" split-k {s}", {"SPLIT_K": s}, tiles) for s in (2, 3)]
@@ -130,14 +132,14 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
                        "TMA_STORE": False, **options})
         buffers = {
             name: torch.zeros(size, dtype=getattr(torch, dtype))
-            for name, (size, dtype) in triton_gen.split_k_buffers(source, match, consts).items()
+            for name, (size, dtype) in kernel_text.split_k_buffers(source, match, consts).items()
         }
         consts.update({"WS": None, "CNT": None, **buffers})
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
         got = [torch.zeros(shapes[t][0], dtype=getattr(torch, shapes[t][1]))
                for t in source.outputs]
         # a GEMM's A and B (and outputs)
-        descs = triton_gen.torch_descriptors(source, options, consts, args, got)
+        descs = kernel_text.torch_descriptors(source, options, consts, args, got)
         fn[source.grid(consts, match)](*args, *got, **descs, **consts)
         if "CNT" in buffers and buffers["CNT"].any():  # counters must be left zero
             got = [torch.full_like(g, float("nan")) for g in got]

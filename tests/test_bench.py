@@ -77,6 +77,7 @@ def test_cli_bench_gemm_chain(capsys):
     assert "G1 1x32x48x64x64 float32" in out and "TFLOP/s" in out
 
 
+@pytest.mark.slow
 def test_params_override_dedupes_cases():
     records = run_study("bert", "llvm", params={"batch": 1, "seq": 8}, echo=lambda _: None)
     assert {r.workload for r in records} == {"bert-tiny 1x8 float32"}
@@ -183,6 +184,7 @@ def test_profile_busy_counts_overlapping_kernels_once():
     assert _busy([], 3) == (0.0, 0.0)
 
 
+@pytest.mark.slow
 def test_hf_families_sweep_reports_each_family(capsys):
     """The families sweep on the CPU: Falcon (negative gather indices, multi-query attention)
     and Phi-3 (an empty rotary part), called with a left-padded attention mask, import, build

@@ -46,6 +46,7 @@ def test_8_lane_arithmetic_is_computed_in_registers_and_stored_in_one_piece(nvcc
     nvcc_compiles(source)
 
 
+@pytest.mark.slow
 def test_a_kernel_nvcc_rejects_gets_tvms_schedule(monkeypatch, caplog, nvcc_compiles):
     """The 8-lane kernel scheduled as before the fix (vectors of float32 arithmetic): the
     check finds nvcc's error and the kernel is TVM's; the rest of the build is unchanged."""

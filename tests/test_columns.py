@@ -10,9 +10,10 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
+from tvm_stitch.graph.kernels import PARTIALS_ATTR
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.report import cuda_source, fused_module, fusion_report
-from tvm_stitch.stitch.columns import PARTIALS_ATTR, apply_column_plan, column_plans
+from tvm_stitch.stitch.columns import apply_column_plan, column_plans
 from tvm_stitch.workloads import get_workload
 from tvm_stitch.workloads.subgraphs import relax_function
 

@@ -19,6 +19,7 @@ def bert():
     return transformers.BertModel(cfg, add_pooling_layer=False).eval()
 
 
+@pytest.mark.slow
 def test_from_torch_returns_the_models_output(bert):
     ids = torch.randint(0, 500, (2, 13))
     mask = torch.ones(2, 13, dtype=torch.int64)
@@ -34,6 +35,10 @@ def test_from_torch_returns_the_models_output(bert):
     with torch.no_grad():
         ref2 = bert(ids2, mask).last_hidden_state
     torch.testing.assert_close(fn(ids2, mask).last_hidden_state, ref2, rtol=1e-4, atol=1e-4)
+    # positional inputs are named as the model's forward names them, and taken by those names
+    assert [name for name, _, _ in fn.inputs] == ["input_ids", "attention_mask"]
+    torch.testing.assert_close(fn(input_ids=ids2, attention_mask=mask).last_hidden_state, ref2,
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_from_torch_checks_its_inputs(bert):
@@ -76,6 +81,7 @@ def test_an_import_failure_says_what_failed(monkeypatch):
         tvm_stitch.from_torch(torch.nn.Linear(4, 3), (torch.randn(2, 4),), target="llvm")
 
 
+@pytest.mark.slow
 def test_inputs_by_name(bert):
     """A model compiled from keyword inputs, as a tokenizer returns them, is called the same
     way; a name that is not an input, or a missing one, is an error that lists the inputs."""
@@ -95,6 +101,7 @@ def test_inputs_by_name(bert):
         fn(input_ids=ids, attention_mask=mask)
 
 
+@pytest.mark.slow
 def test_the_module_is_given_back_as_it_was():
     """Compiling does not change the user's model: a float16 model in training mode stays so
     (it is exported in float32 and eval mode) with the same tensor objects (weights, buffers,
@@ -136,6 +143,7 @@ def test_the_module_is_given_back_as_it_was():
     assert torch.equal(net[0].weight, before) and net[0].weight.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_from_torch_decoder_with_a_causal_mask():
     """LLaMA (grouped K/V heads, rotary embeddings, a causal mask built from indices): its mask
     is folded at compile time and the model runs on llvm, which TVM's default pipeline cannot."""
@@ -148,6 +156,7 @@ def test_from_torch_decoder_with_a_causal_mask():
     torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_is_exported_with_static_experts(caplog):
     """Mixtral as ``transformers`` builds it computes its experts with ``grouped_mm``, a custom
     operator TVM cannot import.  ``from_torch`` exports it with transformers' ``batched_mm``
@@ -172,6 +181,7 @@ def test_a_mixture_of_experts_is_exported_with_static_experts(caplog):
     torch.testing.assert_close(fn(ids).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_decoder_as_transformers_builds_it():
     """GPT-2 with transformers' defaults — ``scaled_dot_product_attention`` and ``use_cache``
     on — in one line: no KV cache is exported (a cache object is no tensor ``torch.export``
@@ -238,6 +248,7 @@ def test_bfloat16_is_the_default_for_a_bfloat16_model_on_cuda(bert):
     assert default_dtype(relu, True, (torch.ones(2, dtype=torch.int64),)) == "float16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_a_model_compiled_in_bfloat16(family, bert):
     """``dtype="bfloat16"`` on llvm: bfloat16 weights and activations, float32 accumulation, a
@@ -375,6 +386,7 @@ def test_fused_attention_kernels_are_decomposed(kernel):
 @pytest.mark.parametrize(("dtype", "attn", "compute"), [
     ("float16", "sdpa", None), ("bfloat16", "eager", "bfloat16"), ("float16", "eager", "float16"),
 ])
+@pytest.mark.slow
 def test_a_16_bit_model_on_the_cpu(dtype, attn, compute):
     """A float16 or bfloat16 model on the CPU, with SDPA or eager attention, example inputs
     in its dtype (token ids and an ``inputs_embeds`` keyword): compiled on llvm (float32 by
@@ -424,6 +436,7 @@ def test_floating_keyword_inputs_are_exported_in_float32():
     assert net.weight.dtype == torch.float16
 
 
+@pytest.mark.slow
 def test_token_ids_outside_the_vocabulary_are_an_index_error(bert):
     """An id outside an embedding table — too large or negative — raises ``IndexError`` as
     PyTorch does, naming the input (TVM's ``take`` would clamp it); ids within the tables give

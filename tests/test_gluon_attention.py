@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon form of the generated attention (tvm_stitch.codegen.gluon_attention):
+"""The warp-specialized Gluon form of the generated attention (tvm_stitch.families.attention.gluon):
 when it applies and why not, its sm_90a PTX on any machine, its numerics against the TE
 reference on the GPU (Gluon has no interpreter), and the search measuring it."""
 
@@ -10,8 +10,9 @@ import tvm
 
 from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.codegen import embed
-from tvm_stitch.codegen.gluon_attention import WS_TILES, gluon_version, ws_legality
+from tvm_stitch.codegen.kernel_text import gluon_version
 from tvm_stitch.codegen.triton_gen import kernel_source
+from tvm_stitch.families.attention.gluon import WS_TILES, ws_legality
 from tvm_stitch.graph import build_graph
 from tvm_stitch.pipeline import run_until
 from tvm_stitch.workloads import get_workload
@@ -118,8 +119,9 @@ def test_warp_specialized_attention_numerics(name, dtype, params):
     """Every tiling of the Gluon form against the TE reference compiled for the CPU."""
     import torch
 
+    from tvm_stitch.codegen.kernel_text import launch_constexprs, torch_descriptors
     from tvm_stitch.codegen.te_reference import reference_func
-    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, torch_descriptors
+    from tvm_stitch.codegen.triton_gen import load
 
     match, source, shapes, graph = _attention(name, dtype, **params)
     rng = np.random.default_rng(0)
@@ -159,10 +161,9 @@ def test_warp_specialized_attention_numerics(name, dtype, params):
 
 def _stored_ws(tmp_path, monkeypatch, inst):
     """A tuning database holding the warp-specialized form for ``inst``'s attention."""
-    from tvm_stitch.passes.mcfuser import tuning_key
-
     import tvm_stitch
     from tvm_stitch.tune.database import TuningDatabase
+    from tvm_stitch.tune.policy import tuning_key
 
     graph = build_graph(run_until(inst.mod, CUDA, "StitchFuseMBCI"), legalize=False)
     match = recognize(graph, ("attention",)).matches[0]

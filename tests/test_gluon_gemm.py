@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon form of the generated GEMM (tvm_stitch.codegen.gluon_gemm): when it
+"""The warp-specialized Gluon form of the generated GEMM (tvm_stitch.families.gemm.gluon): when it
 applies and why not, its sm_90a PTX on any machine, its numerics against the TE reference on
 the GPU (Gluon has no interpreter), the search seeding it, and a stored choice built by the
 pipeline."""
@@ -12,17 +12,12 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm_stitch.benchmarks.ws_gemm import generated_gemms
+from tvm_stitch.benchmarks.harness import generated_gemms
 
 from tvm_stitch.codegen import embed
-from tvm_stitch.codegen.gluon_attention import gluon_version
-from tvm_stitch.codegen.gluon_gemm import (
-    WS_GEMM_TILES,
-    default_registers,
-    staging_legality,
-    ws_config,
-    ws_legality,
-)
+from tvm_stitch.codegen.kernel_text import gluon_version
+from tvm_stitch.families.gemm.gluon import staging_legality, ws_legality
+from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_TILES, default_registers, ws_config
 from tvm_stitch.workloads import get_workload
 
 pytestmark = pytest.mark.skipif(gluon_version() is not None, reason=str(gluon_version()))
@@ -72,13 +67,14 @@ def test_warp_specialized_gemm_compiles_for_hopper():
     assert len(symbols) == 2 and all("ws" in s for s in symbols)
 
 
+@pytest.mark.slow
 def test_epilogue_reads_of_the_warp_specialized_form_are_masked():
     """A residual read in the epilogue (FFN-out) comes by TMA into each consumer's staging
     tile, issued before the product loop (rows past the 200 tokens read as zeros: the
     descriptor's bounds), and is read from it in the accumulator's layout after the products;
     the epilogue partition's reads (bias, residual) are pointer loads with their rows masked
     (a 192-row tile divides no power of two), issued before it waits for the product."""
-    from tvm_stitch.codegen.gluon_gemm import tile_read
+    from tvm_stitch.families.gemm.gluon import tile_read
 
     match, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x768x3072")
     view = tile_read(match)
@@ -107,7 +103,7 @@ def test_epilogue_partition_takes_the_staged_products():
     the bias before waiting for the product and stores by TMA.  For the joined Q/K/V bands
     ptxas keeps the wgmmas asynchronous (the consumers' own banded epilogue makes it
     serialize them)."""
-    from tvm_stitch.benchmarks.ws_gemm import ptxas_report
+    from tvm_stitch.benchmarks.harness import ptxas_report
 
     gemms = _gemms("bert-base", batch=1, seq=200, layers=1, joined=True)
     match, source, shapes, _ = _by_shape(gemms, "200x3072x768")
@@ -164,6 +160,7 @@ def test_epilogue_partition_stores_through_pointers():
         ws_config(3, 128, 64, 4, 0, 1)
 
 
+@pytest.mark.slow
 def test_gluon_erf_is_the_triton_forms():
     """The Gluon GEMM's GELU erf is the Triton form's ``_erf_abs``: the same coefficients,
     the sign set by its bit and NaN kept by the minimum (``min.NaN``), no selects."""
@@ -188,7 +185,7 @@ def test_staged_value_is_what_the_model_rounds():
     a folded normalization): rounded once, as the model rounds it. A product read in another
     type, or in two different rounded values, is not staged."""
     from tvm_stitch.analysis.elem import Const, Leaf, Op
-    from tvm_stitch.codegen.gluon_gemm import staged_product
+    from tvm_stitch.families.gemm.gluon import staged_product
 
     acc = Leaf("acc", ("m", "n"), "float32")
     bias = Leaf("bias", ("n",), "float16")
@@ -205,12 +202,13 @@ def test_staged_value_is_what_the_model_rounds():
     assert staged_product(seg(Op("add", (cast, wide), "float16")), "float16") is None
 
 
+@pytest.mark.slow
 def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
     """Where the products cannot be staged the kernel has no epilogue partition (a launch
     with ``EW`` fails to compile, saying why), the consumers' epilogue compiles as before,
     and the search does not seed ``EW``; ``ws_config`` refuses an epilogue partition of 8
     warps with three consumers (their registers do not fit)."""
-    from tvm_stitch.codegen import gluon_gemm
+    from tvm_stitch.families.gemm import gluon as gluon_gemm
     from tvm_stitch.tune.kernels import gemm_ws_seeds
 
     match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
@@ -227,6 +225,7 @@ def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
         ws_config(3, 128, 64, 4, 8)
 
 
+@pytest.mark.slow
 def test_folded_norms_keep_the_warp_specialized_form():
     """BERT-base with its LayerNorms folded through the weights (``fold_norms``, 200 tokens):
     the GEMM writing a normalized row also writes its two moments in pieces (48 a row of 768:
@@ -289,7 +288,7 @@ def test_folded_norms_keep_the_warp_specialized_form():
 def test_moments_wider_than_a_column_tile_are_refused(monkeypatch):
     """A tile sums its row into its first piece: pieces wider than the Gluon form's 128
     columns would have every tile write the same piece; such a GEMM keeps the Triton forms."""
-    from tvm_stitch.analysis import recognize
+    from tvm_stitch.families.gemm import recognize
 
     monkeypatch.setattr(recognize, "MOMENT_CHUNKS", (256, 256))
     gemms = _gemms("bert-base", batch=1, seq=200, layers=1, joined=True, fold_norms=True)
@@ -304,6 +303,7 @@ def test_moments_wider_than_a_column_tile_are_refused(monkeypatch):
         ("bert-base", "float32", dict(batch=1, seq=64), "64x768x768", "16-bit float"),
     ],
 )
+@pytest.mark.slow
 def test_warp_specialized_gemm_says_why_not(name, dtype, params, shape, reason):
     match, source, _, _ = _by_shape(_gemms(name, dtype, **params), shape)
     assert reason in ws_legality(match) and source.ws is None
@@ -387,13 +387,13 @@ def test_search_seeds_the_warp_specialized_gemm():
     assert not any(s["launch"].get("EW") for s in gemm_ws_seeds(staging=False))
 
 
+@pytest.mark.slow
 def test_a_stored_warp_specialized_gemm_is_built(tmp_path, monkeypatch):
     """The tuning database's choice of the Gluon form is what the pipeline embeds (three
     descriptors encoded by the host), and the library exports."""
-    from tvm_stitch.passes.mcfuser import tuning_key
-
     import tvm_stitch
     from tvm_stitch.tune.database import TuningDatabase
+    from tvm_stitch.tune.policy import tuning_key
 
     match, source, _, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
     db = TuningDatabase(tmp_path / "tuning.json")
@@ -444,8 +444,9 @@ def test_warp_specialized_gemm_numerics(name, params):
     import torch
     from triton.runtime.errors import OutOfResources
 
+    from tvm_stitch.codegen.kernel_text import launch_constexprs, torch_descriptors
     from tvm_stitch.codegen.te_reference import reference_func
-    from tvm_stitch.codegen.triton_gen import launch_constexprs, load, torch_descriptors
+    from tvm_stitch.codegen.triton_gen import load
 
     checked = 0
     for match, source, shapes, graph in _gemms(name, **params):

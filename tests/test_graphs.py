@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import tvm
 import tvm_stitch.passes
 from tvm.script import ir as I
@@ -90,6 +91,7 @@ def _graph_regions(mod, func: str = "forward", **options) -> int:
     return lowered[func].script().count("vm.builtin.cuda_graph.run_or_capture")
 
 
+@pytest.mark.slow
 def test_bert_runs_in_one_cuda_graph(tmp_path, monkeypatch):
     """HF BERT's attention kernels read the additive padding mask, an input of the imported
     model: without the copies the CUDA graph is cut at the second layer's attention (2 regions

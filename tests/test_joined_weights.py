@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm_stitch.benchmarks.bound_weights import bound
-from tvm_stitch.benchmarks.harness import run_tvm
+from tvm_stitch.benchmarks.harness import bound, run_tvm
 
 import tvm_stitch
 from tvm_stitch.analysis.recognize import recognize
@@ -145,7 +144,7 @@ def test_alike_bands_share_one_epilogue():
 def test_bands_that_differ_keep_their_own_epilogues():
     """Bands whose epilogues differ in more than tensors and integers (a float constant, an
     operation, a dtype) get no shared epilogue: each runs its own, predicated."""
-    from tvm_stitch.codegen.triton_gen import _shared_epilogue
+    from tvm_stitch.families.gemm.triton import _shared_epilogue
 
     class Seg:
         outputs = ()
@@ -220,6 +219,7 @@ def test_from_torch_joins_the_weights_on_cuda(tmp_path, monkeypatch):
     assert all((3 * hidden, hidden) in shapes for shapes in layers)
 
 
+@pytest.mark.slow
 def test_bound_weights_are_joined_at_compile_time(tmp_path, monkeypatch):
     """Weights bound into the module as constants are joined without ``lift_params``: the
     Q/K/V kernel reads one constant, the bands' constants concatenated in band order (as the

@@ -12,7 +12,6 @@ import pytest
 import tvm
 from tvm import relax, te
 from tvm_stitch.passes import FuseMBCI
-from tvm_stitch.passes.mcfuser import tuning_key
 
 import tvm_stitch
 from tvm_stitch.analysis.recognize import recognize
@@ -22,6 +21,7 @@ from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.graph import build_graph
 from tvm_stitch.pipeline import run_until
 from tvm_stitch.tune.database import TuningDatabase
+from tvm_stitch.tune.policy import tuning_key
 from tvm_stitch.workloads import get_workload
 from tvm_stitch.workloads.subgraphs import relax_function
 
@@ -71,6 +71,7 @@ def run_llvm(mod, inst):
     return vm[inst.func](*[tvm.runtime.tensor(a) for a in inst.args]).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq", [19, 67, 200])
 def test_bert_layers_become_kernel_calls(database, seq):
     """Per layer: Q, K and V as one kernel, attention, output projection (+ residual), FFN in
@@ -268,7 +269,7 @@ def _attention_module(axis=-1, twice=False):
 def test_unrecognized_attention_is_left_to_tvm(database, caplog, kwargs, reason):
     mod = legalized(_attention_module(**kwargs))
     with CUDA, caplog.at_level("INFO", logger="tvm_stitch.recognize"):
-        out = FuseMBCI(database, reference_builder([]), families=("attention", "chain"))(mod)
+        out = FuseMBCI(database, reference_builder([]), mcfuser=("attention", "chain"))(mod)
     tvm.ir.assert_structural_equal(out, mod)
     assert reason in caplog.text
 
@@ -427,7 +428,7 @@ def test_a_cpu_machine_compiles_for_the_gpu(tmp_path, caplog, monkeypatch):
 
 def test_unknown_family_is_an_error():
     with pytest.raises(ValueError, match="unknown kernel families"):
-        FuseMBCI(families=("conv",))
+        FuseMBCI(mcfuser=("conv",))
     with pytest.raises(ValueError, match="mcfuser takes"):
         tvm_stitch.pipeline(CUDA, mcfuser=("linear",))
 
@@ -445,7 +446,7 @@ def test_tuning_database_is_used_first(database):
     database.put(key, stored)
     calls = []
     with CUDA:
-        FuseMBCI(database, placeholder_builder(calls), families=("gemm",))(legalized(inst.mod))
+        FuseMBCI(database, placeholder_builder(calls), mcfuser=("gemm",))(legalized(inst.mod))
     configs = {len(m.segments): config for m, _, config in calls}
     assert configs[3] == stored
     assert configs[1] != stored  # chosen by the analytical model

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -168,6 +171,29 @@ def test_evolutionary_search_model_only_is_deterministic_and_good():
     assert seen == sorted(seen, reverse=True)  # the best time never gets worse
     exhaustive = min(model(c) for c in space.candidates())
     assert result.best_time <= 1.15 * exhaustive
+
+
+@pytest.mark.slow
+def test_model_only_search_is_the_same_in_every_process(tmp_path):
+    """Candidates the model ties on are ranked in one order whatever Python's string hashing
+    (a build without a GPU picks the same tiles from one process to the next)."""
+    script = (
+        "import re, tvm, tvm_stitch\n"
+        "from tvm_stitch.report import cuda_source\n"
+        "from tvm_stitch.workloads import get_workload\n"
+        "target = tvm.target.Target({'kind': 'cuda', 'arch': 'sm_90a'})\n"
+        "for name in ('G2', 'G10'):\n"
+        "    mod = get_workload(name).instance('float16').mod\n"
+        "    ex = tvm.compile(mod, target, relax_pipeline=tvm_stitch.pipeline(target))\n"
+        "    print(sorted(set(re.findall(r'stitch_chain_\\w+', cuda_source(ex)))))\n"
+    )
+    outs = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed,
+                            "TVM_STITCH_TUNING_DB": str(tmp_path / "db.json")}).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1, outs
 
 
 def test_evolutionary_search_measures_top_n_and_correlates():

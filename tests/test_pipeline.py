@@ -24,7 +24,8 @@ def _run(ex, inst, dev=None):
 # the nn model in float16 is left out on the CPU: LLVM takes minutes over the float16 erf
 @pytest.mark.parametrize(
     "workload, dtype",
-    [("bert-tiny", "float32"), ("hf-bert-tiny", "float32"), ("hf-bert-tiny", "float16")],
+    [("bert-tiny", "float32"), ("hf-bert-tiny", "float32"),
+     pytest.param("hf-bert-tiny", "float16", marks=pytest.mark.slow)],
 )
 def test_bert_tiny_matches_torch_on_llvm(workload, dtype):
     inst = get_workload(workload).instance(dtype, batch=2, seq=19)
@@ -134,6 +135,7 @@ def _kernels(source: str) -> dict:
     return {h.group(1): source[h.end():end] for h, end in zip(heads, ends)}
 
 
+@pytest.mark.slow
 def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
     """On sm_90 TVM's own kernels (the embeddings' gathers, the LayerNorms, copies) of at most
     one block per SM are launched like the generated ones (programmatic dependent launch): each

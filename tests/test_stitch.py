@@ -141,7 +141,7 @@ def test_elementwise_pattern_gets_thread_composition(nvcc_compiles):
     nvcc_compiles(src)
 
 
-#: the memory study's shapes on the GPU (benchmarks/studies.py), BERT's among them
+#: the memory study's shapes on the GPU (benchmarks/bench.py), BERT's among them
 BENCH_SHAPES = [
     ("layernorm", 4096, 768),
     ("layernorm", 4096, 1024),
@@ -156,6 +156,7 @@ BENCH_SHAPES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize(("name", "rows", "cols"), BENCH_SHAPES)
 def test_benchmark_shapes_build_for_sm90(name, rows, cols, dtype, nvcc_compiles):

@@ -32,6 +32,7 @@ def interpreted():
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_erf_to_absolute_accuracy_under_interpreter(interpreted):
     """``_erf_abs`` (GELU's erf): within 1.2e-7 of float64 erf, NaN kept, the sign of zero."""
     (case,) = [r for r in interpreted if r["case"] == "erf absolute"]
@@ -325,7 +326,8 @@ def test_generated_attention_loads_through_tma_where_it_can():
     import tvm_stitch
     from tvm_stitch.analysis.recognize import recognize
     from tvm_stitch.codegen import embed
-    from tvm_stitch.codegen.triton_gen import attention_tma, kernel_source
+    from tvm_stitch.codegen.triton_gen import kernel_source
+    from tvm_stitch.families.attention.triton import attention_tma
     from tvm_stitch.graph import build_graph
     from tvm_stitch.workloads import get_workload
 
@@ -394,7 +396,7 @@ def test_only_whole_tiles_round_in_pairs():
     ``paired`` nothing changes."""
     from tvm_stitch.analysis.elem import Const, Leaf, Op
     from tvm_stitch.analysis.indexing import Strided
-    from tvm_stitch.codegen.triton_gen import ElemPrinter
+    from tvm_stitch.codegen.elem_printer import ElemPrinter
 
     s = Leaf("s", ("m", "n"), "float32")
     mask = Leaf("mask", ("n",), "float32")
@@ -436,7 +438,7 @@ def test_erf_printed_to_the_accuracy_its_sum_needs():
     keeps libdevice's, and the two forms of one erf are two values."""
     from tvm_stitch.analysis.elem import Const, Leaf, Op, offset_erf
     from tvm_stitch.analysis.indexing import Strided
-    from tvm_stitch.codegen.triton_gen import ElemPrinter
+    from tvm_stitch.codegen.elem_printer import ElemPrinter
 
     x = Leaf("x", ("i",), "float16")
     u = Op("mul", (x, Const(0.7071067811865476, "float16")), "float16")
@@ -531,8 +533,8 @@ def test_softmax_scale_comes_out_of_the_row_maxima():
     that log2 e would scale past float32's range), stay as written and the softmax computes
     ``exp2((y − max) · log2 e)``."""
     from tvm_stitch.analysis.elem import Const, Iter, Leaf, Op
-    from tvm_stitch.codegen.triton_gen import LOG2E, softmax_exp2
-    from tvm_stitch.codegen.triton_gen import scaled_logits as _scaled_logits
+    from tvm_stitch.families.attention.triton import LOG2E, softmax_exp2
+    from tvm_stitch.families.attention.triton import scaled_logits as _scaled_logits
 
     s = Leaf("s", (), "float32")
 

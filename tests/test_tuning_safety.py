@@ -247,6 +247,7 @@ def test_a_kernel_failing_to_build_costs_only_itself(tmp_path, caplog):
     assert "left to TVM: RuntimeError: no kernel for attention" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_failed_moments_writer_leaves_its_readers_to_tvm(tmp_path, caplog):
     """The GEMMs normalizing their rows read the moments another kernel writes: where that
     kernel fails, they are left to TVM too, and the rest of the function is still rewritten,

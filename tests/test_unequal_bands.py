@@ -155,6 +155,7 @@ def interpret_cases() -> None:
                 cases.run_case(f"{name} {dtype}", match, graph, rng)
 
 
+@pytest.mark.slow
 def test_generated_kernels_under_the_interpreter(tmp_path):
     """The Triton text of each kernel against its TE reference (float32 and float16)."""
     here = Path(__file__).parent

@@ -108,6 +108,7 @@ def test_hf_bert_float16_import_uses_mixed_precision():
         assert node.out_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_zoo_models_keep_the_layers_asked_for():
     """``layers=N`` builds the zoo model with its first N layers (for bisecting a model's
     numerics or timing one layer); the PyTorch baselines are built alike."""

@@ -25,11 +25,13 @@ from tvm_stitch.passes import FuseMBCI
 
 import tvm_stitch
 from tvm_stitch.analysis.elem import Iter, Op, leaves, walk
-from tvm_stitch.analysis.recognize import recognize, visible_logits
+from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.codegen.te_reference import reference_func
 from tvm_stitch.codegen.triton_gen import kernel_source
+from tvm_stitch.families.attention.recognize import visible_logits
 from tvm_stitch.graph import build_graph
-from tvm_stitch.pipeline import num_input, prepare_args, run_until
+from tvm_stitch.library import prepare_args
+from tvm_stitch.pipeline import num_input, run_until
 from tvm_stitch.tune.database import TuningDatabase
 from tvm_stitch.workloads import get_workload
 
@@ -119,7 +121,7 @@ def test_zoo_kernels_mean_what_the_model_means(tmp_path, caplog, name, dtype, fo
 
     with CUDA, caplog.at_level("INFO", logger="tvm_stitch.mcfuser"):
         mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=bool(fold),
-                       join_weights=fold == "through")(legalized(inst.mod))
+                       lift_params=fold == "through")(legalized(inst.mod))
     assert "attention" in calls and "gemm" in calls
     # every zoo model has a norm before a GEMM
     assert ("normalized" in calls) == (fold == "folded")
@@ -147,6 +149,7 @@ MORE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MORE))
 def test_more_models_mean_what_they_mean(tmp_path, name):
     """Models no zoo test was written for, float16, norms folded through the weights: their
@@ -167,11 +170,12 @@ def test_more_models_mean_what_they_mean(tmp_path, name):
 
     with CUDA:
         mod = FuseMBCI(TuningDatabase(tmp_path / "db.json"), build, fold_norms=True,
-                       join_weights=True)(legalized(inst.mod))
+                       lift_params=True)(legalized(inst.mod))
     assert {"attention", "gemm", "through"} <= set(calls)
     np.testing.assert_allclose(run_llvm(mod, inst), inst.reference()[0], *inst.tolerance)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_pytorchs_attention_kernel_is_recognized_like_eager_attention(tmp_path, name):
     """The zoo (and HF BERT) built with transformers' default attention, SDPA,
@@ -261,6 +265,7 @@ def test_folded_norms_leave_the_kernel_list(name, tmp_path, monkeypatch):
     assert plain.kernels - folded.kernels == SAVED[name]
 
 
+@pytest.mark.slow
 def test_generated_kernels_under_the_interpreter(tmp_path):
     """The Triton text of every distinct kernel against its TE reference (irregular shapes)."""
     script = Path(__file__).with_name("generated_interpret_cases.py")

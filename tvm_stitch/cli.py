@@ -72,18 +72,24 @@ def cmd_run(args) -> int:
     planning need none), then checks both pipelines against PyTorch on llvm."""
     from tvm_stitch.benchmarks import bench_instance
     from tvm_stitch.benchmarks.harness import format_table, measure_limits
+    from tvm_stitch.console import filtered_stderr, say, step
     from tvm_stitch.pipeline import as_target
     from tvm_stitch.report import compare_pipelines
 
     _need_gpu(args.target)
     inst = _instance(args)
     target = as_target(args.target)
-    if target.kind.name == "llvm":
+    on_cpu = target.kind.name == "llvm"
+    if on_cpu:
         from tvm_stitch.workloads import get_workload
 
         gpu = get_workload(args.workload).instance("float16", **_params(args.param))
-        print(f"What tvm-stitch builds for an H100 (planned on this machine): {gpu.name}")
-        reports = compare_pipelines(gpu.mod, "cuda")
+        say(f"tvm-stitch run {args.workload}: this machine runs llvm, and tvm-stitch builds for "
+            "NVIDIA GPUs. So it shows (1) what the stitch pipeline makes of the model for a GPU "
+            "(sm_90a, planned here: no GPU needed), then (2) both pipelines' numbers against "
+            "PyTorch on llvm.\n\n")
+        with step(f"(1) planning {gpu.name} for CUDA"), filtered_stderr():
+            reports = compare_pipelines(gpu.mod, "cuda")
         for report in reports.values():
             print(report.format())
         before, after = reports.get("default"), reports["stitch"]
@@ -93,26 +99,32 @@ def cmd_run(args) -> int:
             if before
             else f"{after.kernels} kernels (TVM's default pipeline failed: see the warning)"
         )
-        print(
-            f"=> {summary}"
-            "\n   (on a GPU host: tvm-stitch run --target cuda; or build the GPU executable "
-            f"here: tvm-stitch build {args.workload} --target cuda -o DIR, then on the GPU "
-            "host: tvm-stitch check DIR)\n"
-        )
-        print(f"Checked on this CPU (llvm): {inst.name}, both pipelines against PyTorch")
+        print(f"=> on the GPU: {summary}\n")
+        label = f"(2) checking {inst.name} on llvm, both pipelines against PyTorch"
     else:
         cmd_report(args)
+        label = f"timing {inst.name} on {args.target}"
     limits = measure_limits("cuda" if target.kind.name == "cuda" else "cpu")
     try:
         import torch  # noqa: F401
     except ImportError:
         print("torch is not installed: comparing the two TVM pipelines with each other only")
         inst.torch_fns.clear()
-    records = bench_instance("run", inst, target, limits, torch_baselines=bool(inst.torch_fns))
+    with step(label), filtered_stderr():
+        records = bench_instance("run", inst, target, limits,
+                                 torch_baselines=bool(inst.torch_fns))
     print(format_table(records))
-    bad = [r.impl for r in records if r.impl.startswith("tvm") and r.correct is False]
+    if on_cpu:
+        say("\n\nThe llvm timings are not the point: the stitch pipeline's kernels are GPU "
+            "kernels, and on a CPU it leaves the model to TVM's own CPU schedules. What llvm "
+            "shows is that both pipelines compute the model's numbers. On a GPU host: "
+            f"tvm-stitch run {args.workload} --target cuda; or build here and run there: "
+            f"tvm-stitch build {args.workload} --target cuda -o DIR, then tvm-stitch check DIR "
+            "(which needs only TVM's runtime).")
+    ours = [r for r in records if r.impl.startswith("tvm-stitch")]
+    bad = [r.impl for r in ours if r.correct is not True]
     if bad:
-        print(f"error: wrong results from {bad}")
+        print(f"error: {', '.join(bad)} failed or gave wrong results")
         return 1
     return 0
 
@@ -177,10 +189,8 @@ def cmd_build(args) -> int:
     with tvm.transform.PassContext(config=graphs):
         ex = tvm.compile(inst.mod, target, relax_pipeline=pipeline(target))
     seconds = time.perf_counter() - start
-    folder = library.save(
-        ex, args.output, target, args.workload, inst.dtype, _params(args.param),
-        compile_s=seconds,
-    )
+    folder = library.save(ex, args.output, inst, target, args.workload, _params(args.param),
+                          compile_s=seconds)
     print(f"{inst.name}: compiled for {args.target} in {seconds:.1f} s, saved to {folder}")
     print(f"run it where the device is: tvm-stitch check {folder}")
     return 0
@@ -275,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_list)
 
     args = parser.parse_args(argv)
+    from tvm_stitch.console import quiet_warnings
+
+    quiet_warnings()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 
 import numpy as np
@@ -325,7 +326,6 @@ def _without_cache(module, kwargs: dict) -> dict:
     """``kwargs`` with ``use_cache=False`` where ``module.forward`` takes ``use_cache`` and the
     caller left it unset: a compiled model of static shapes keeps no KV cache, and a
     ``transformers`` cache object is no tensor ``torch.export`` can return."""
-    import inspect
 
     try:
         takes = "use_cache" in inspect.signature(module.forward).parameters
@@ -442,6 +442,13 @@ def _bind_constants(module, kwargs: dict):
         def forward(self, *args, **tensors):
             return self.inner(*args, **tensors, **constants)
 
+    # the inputs keep the model's own names (torch.export names them after the signature)
+    with contextlib.suppress(TypeError, ValueError):
+        inner = inspect.signature(module.forward)
+        kept = [p for name, p in inner.parameters.items() if name not in constants]
+        if all(p.kind not in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in kept):
+            this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            Bound.forward.__signature__ = inner.replace(parameters=[this, *kept])
     return Bound()
 
 
@@ -472,7 +479,8 @@ class StitchModule:
         self.vm = relax.VirtualMachine(executable, device)
         self._cuda = device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
         self.check_indices = not self._cuda if check_indices is None else bool(check_indices)
-        from tvm_stitch.pipeline import num_input, prepare_args
+        from tvm_stitch.library import prepare_args
+        from tvm_stitch.pipeline import num_input
 
         weights = [tvm.runtime.tensor(w, device=device) for w in imported.weights]
         # compiled with lift_params: the weights' own computations (joined Q/K/V weights) once
@@ -562,7 +570,7 @@ def default_options(target, **options) -> dict:
     entry's parameters, so the option's change of them costs nothing there (for
     ``tvm.compile`` it stays opt-in). Hugging Face BERT-base on an H100, same run, measured
     before Q, K and V over their own weights had the warp-specialized GEMM too:
-    ``benchmarks/results/h100-from-torch-defaults-2026-11-27.md``.
+    ``docs/results/h100-from-torch-defaults-2026-11-27.md``.
 
     Parameters
     ----------

@@ -150,11 +150,9 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.analyze:
             fusion.insert(at, passes.AnalyzeTensorGraph())
         if opts.mcfuser and target.kind.name == "cuda":
-            measure = opts.tune == "measure"
             fusion.insert(
-                at, passes.FuseMBCI(families=tuple(opts.mcfuser), plan_only=plan_only,
-                                    measure=measure, fold_norms=opts.fold_norms,
-                                    join_weights=opts.lift_params,
+                at, passes.FuseMBCI(mcfuser=opts.mcfuser, plan_only=plan_only, tune=opts.tune,
+                                    fold_norms=opts.fold_norms, lift_params=opts.lift_params,
                                     dependent_launch=opts.dependent_launch,
                                     launch_dependents=opts.launch_dependents)
             )
@@ -258,28 +256,6 @@ def pipeline(target=None, **options) -> tvm.transform.Pass:
     return _pipeline
 
 
-def prepare_args(vm, func: str, args: list, num_input: int | None) -> list:
-    """The arguments of ``vm[func]`` for ``args`` (inputs, then weights, as the module before
-    compilation took them): a module compiled with ``lift_params`` takes what its
-    ``<func>_transform_params`` makes of the weights (computed here, once: keep the result for
-    every call); any other module, ``args`` unchanged.
-
-    Parameters
-    ----------
-    vm : tvm.relax.VirtualMachine
-    func : str
-        The entry function.
-    args : list of tvm.runtime.Tensor
-    num_input : int or None
-        The entry's ``num_input`` attribute before compilation (how many of ``args`` are
-        inputs); None when it had none (nothing was lifted).
-    """
-    name = f"{func}_transform_params"
-    if num_input is None or not vm.module.implements_function(name):
-        return list(args)
-    return [*args[:num_input], *vm[name](list(args[num_input:]))]
-
-
 def num_input(mod: tvm.IRModule, func: str) -> int | None:
     """The ``num_input`` attribute of ``mod[func]`` (how many parameters are inputs, the rest
     weights), or None."""
@@ -307,3 +283,6 @@ def register() -> None:
 
     if "stitch" not in relax_pipeline.PIPELINE_MAP:
         relax_pipeline.register_pipeline("stitch")(lambda **options: pipeline(None, **options))
+
+
+register()  # relax_pipeline="stitch" once the package is imported

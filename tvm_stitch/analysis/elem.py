@@ -10,8 +10,8 @@ into the indices; a cast, a scale, a mask or a softmax appears as the operators 
 however the front end spelled them.
 
 The result is plain data: recognizers match it (:mod:`tvm_stitch.analysis.recognize`), the
-Triton printer prints it (:mod:`tvm_stitch.codegen.triton_gen`) and a TE builder evaluates it for
-the reference implementations the CPU tests run.
+Triton printer prints it (:mod:`tvm_stitch.codegen.elem_printer`) and a TE builder evaluates it
+for the reference implementations the CPU tests run.
 """
 
 from __future__ import annotations

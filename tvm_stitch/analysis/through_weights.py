@@ -26,7 +26,10 @@ import hashlib
 
 from tvm import tirx
 
+from tvm_stitch.graph import TensorInfo
+
 from .elem import Const, Elem, Leaf, Op, Reduce, format_elem, leaves, outer_leaves, replace, walk
+from .match import Segment, views
 from .moments import depends
 from .weights import weight_axis
 
@@ -176,10 +179,6 @@ def fold_through_weights(graph, match, weights) -> tuple:
     weights : collection of str
         Graph tensors that are weights (parameters past ``num_input``).
     """
-    from tvm_stitch.graph import TensorInfo
-
-    from .recognize import Segment, _views
-
     a = match.accesses["a"]
     x = Leaf(a.tensor, tuple(a.index), graph.tensors[a.tensor].dtype)
     if x.dtype != match.dtype:
@@ -227,5 +226,5 @@ def fold_through_weights(graph, match, weights) -> tuple:
     new = dataclasses.replace(match, segments=segments, prologue=None,
                               accesses={**match.accesses, "a": a},
                               derived=(*match.derived, *derived))
-    new.views = _views(graph, new)
+    new.views = views(graph, new)
     return new, derived

@@ -6,8 +6,8 @@ bands' ``B`` are whole 2-D weights of the function (parameters past its ``num_in
 out alike, they can be concatenated along their column axis into one tensor: each band then
 reads a consecutive column range of it, and the kernel's persistent TMA formulation — one
 descriptor, one pipelined product loop over every band's tiles — applies (see
-:func:`tvm_stitch.codegen.triton_gen.tma_layout`).  The concatenation depends on weights only:
-``relax.transform.LiftTransformParams`` moves it into the module's ``*_transform_params``
+:func:`tvm_stitch.families.gemm.triton.tma_layout`).  The concatenation depends on weights
+only: ``relax.transform.LiftTransformParams`` moves it into the module's ``*_transform_params``
 function, run once when the weights are loaded, not per call.  Weights bound into the module as
 constants (:func:`bound_weights`) are joined at compile time instead: one constant.
 

@@ -26,6 +26,7 @@ import tvm
 
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 
+from .ptx import TENSORMAP, build_module
 from .triton_kernels import kernel, precision
 
 _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
@@ -130,13 +131,7 @@ class Launch:
             return BaseKernel()._create_cuda_module(
                 self.ptx, self.arg_types, self.tags, self.symbol
             )
-        from .ptx import build_module
-
         return build_module(self.ptx, self.symbol, self.arg_types, self.tags)
-
-
-#: a kernel argument that is a TMA descriptor the host makes (a CUtensorMap passed by value)
-TENSORMAP = "tensormap"
 
 
 def _tensormap_module(ptx: str, arg_types: list, tags: list, symbol: str):
@@ -197,7 +192,7 @@ def plan_launch(
         :class:`SharedMemoryError` (it would fail at launch).
     descriptors : dict, optional
         Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
-        the host (:class:`~tvm_stitch.codegen.triton_gen.Descriptor`) over that buffer
+        the host (:class:`~tvm_stitch.codegen.kernel_text.Descriptor`) over that buffer
         parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
     dependent : bool
         Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
@@ -230,7 +225,7 @@ def plan_launch(
             block = desc.block(consts)
             layout = ""  # a Gluon kernel's descriptor names its shared-memory layout
             if _is_gluon(fn):
-                from .gluon_attention import smem_layout
+                from .kernel_text import smem_layout
 
                 layout = f",{smem_layout(*block, desc.dtype)!r}"
             signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}"
@@ -488,7 +483,8 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
     """
-    from .triton_gen import launch_constexprs, load, split_k_buffers
+    from .kernel_text import launch_constexprs, split_k_buffers
+    from .triton_gen import load
 
     fn = load(source, config)
     constexprs = launch_constexprs(source, match, config, fn.arg_names)
@@ -544,14 +540,14 @@ def launch_options(source, config: dict) -> dict:
     stages, or for a warp-specialized form (``WS``) its 4 warps per partition and the register
     limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
     if config.get("WS") and source.family == "gemm":
-        from .gluon_gemm import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
+        from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
 
         if config.get("EW"):  # an epilogue partition
             key = (int(config["WS"]), int(config["EW"]))
             return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[key][0]}
         return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}
     if config.get("WS"):
-        from .gluon_attention import WS_MAXNREG
+        from tvm_stitch.families.attention.gluon import WS_MAXNREG
 
         return {"num_warps": 4, "maxnreg": WS_MAXNREG}
     return _launch(config)

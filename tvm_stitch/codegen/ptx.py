@@ -18,6 +18,8 @@ PREFIX = "#error tvm-stitch: Triton PTX, import tvm_stitch before loading this l
 _COMPILE = "tvm_callback_cuda_compile"
 _POSTPROC = "tvm_callback_cuda_postproc"
 _pending = threading.local()
+#: a kernel argument that is a TMA descriptor the host makes (a CUtensorMap passed by value)
+TENSORMAP = "tensormap"
 
 
 def as_source(ptx: str) -> str:
@@ -63,8 +65,6 @@ def build_module(ptx: str, symbol: str, arg_types: list, tags: list):
 
     install()
     from tvm.tirx.script.builder import ir as T
-
-    from .embed import TENSORMAP
 
     # a TMA descriptor passed by value: TVM's generator marks it in the function table
     params = [tvm.tirx.Var(f"arg{i}", T.handle("tensormap").ty if t == TENSORMAP else t)

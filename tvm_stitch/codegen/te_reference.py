@@ -1,6 +1,6 @@
 """A recognized kernel's meaning as a TE PrimFunc, for checking recognition on a CPU.
 
-:func:`reference_func` builds, from a :class:`~tvm_stitch.analysis.recognize.Match` and its
+:func:`reference_func` builds, from a :class:`~tvm_stitch.analysis.match.Match` and its
 generated source, a PrimFunc with the launch's signature (inputs ``I0..``, outputs ``O0..``) that
 computes what the Triton kernel computes — operands read through their strided views, element
 expressions evaluated as printed, the softmax in float32 and normalised at the end as the
@@ -18,7 +18,7 @@ from tvm.ir.prim import expr as P
 from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Reduce
 from tvm_stitch.analysis.indexing import Strided, as_int64, dtype_of
 
-from .triton_gen import UnsupportedKernelError, _extra_views
+from .kernel_text import UnsupportedKernelError, extra_views
 
 _F32 = "float32"
 _ZERO = tirx.const(0, "int64")
@@ -171,7 +171,7 @@ def _reader(full, rows):
 
 def _gemm(match, tensors, shapes) -> dict:
     views = match.views
-    extras = _extra_views(match)
+    extras = extra_views(match)
     ext = match.frame.extents
     a = views["a"]
     stats = _statistics(match, tensors, extras)
@@ -236,7 +236,7 @@ def _product(match, tensors, a, bv, n_axis, k, extras, stats):
 
 def _attention(match, tensors, shapes) -> dict:
     views = match.views
-    extras = _extra_views(match)
+    extras = extra_views(match)
     ext = match.frame.extents
     q, k, v = views["q"], views["k"], views["v"]
     group = match.group
@@ -340,7 +340,7 @@ def _chain(match, tensors, shapes) -> dict:
         def acc(cc):
             return e[as_int64(cc.get("b", _ZERO)), as_int64(cc.get("h", _ZERO)), cc["m"], cc["d"]]
 
-        ev = _Evaluator(match, tensors, _extra_views(match), cs, {t: acc for t in out.accumulators})
+        ev = _Evaluator(match, tensors, extra_views(match), cs, {t: acc for t in out.accumulators})
         return ev(out.elem)
 
     return {out.tensor: _write(match, out, views["out0"], value_at, shapes)}

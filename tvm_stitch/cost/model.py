@@ -117,7 +117,7 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     ws = bool(launch.get("WS")) and w.family == "attention"
     if infeasible(w, tiles, launch):
         return {**_INFEASIBLE, "time": math.inf}
-    # a warp-specialized Gluon GEMM (:mod:`~tvm_stitch.codegen.gluon_gemm`): ``WS`` consumer
+    # a warp-specialized Gluon GEMM (:mod:`~tvm_stitch.families.gemm.gluon`): ``WS`` consumer
     # warpgroups of ``tiles["m"]`` rows each share B's tile, persistent over the tiles, a
     # loading warp filling a TMA ring; ``EW`` epilogue warps run a tile's epilogue during the
     # next tile's products

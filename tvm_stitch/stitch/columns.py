@@ -33,16 +33,16 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from tvm_stitch.graph.access import Dependence
 from tvm_stitch.graph.classify import OpKind
+from tvm_stitch.graph.kernels import PARTIALS_ATTR
 from tvm_stitch.graph.tdg import prim_func_nodes
 from tvm_stitch.graph.tir_walk import iter_realizes
 from tvm_stitch.hardware import HardwareModel
 
+from .bind import cpu_bind, finish
 from .plan import IllegalPatternError, _bytes, _latency
 
 #: Op kinds a column pattern may hold besides its column reductions.
 _ELEMENTWISE = (OpKind.LIGHT_ELEMWISE, OpKind.EXPENSIVE_ELEMWISE, OpKind.BROADCAST)
-#: Attribute of a scheduled PrimFunc: how many of its last parameters are lifted partials.
-PARTIALS_ATTR = "tvm_stitch.partials"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +343,7 @@ def _apply(func, plan, gpu):
             sch.compute_inline(sch.get_sblock(n))
         except Exception as err:
             raise IllegalPatternError(f"cannot recompute {n} where it is read: {err}") from err
-    bind = sch.bind if gpu else _schedule()._cpu_bind(sch)
+    bind = sch.bind if gpu else cpu_bind(sch)
     # each reduction's loops: (outer, column, reduced), fused
     for n in reductions:
         block = sch.get_sblock(n)
@@ -379,7 +379,7 @@ def _apply(func, plan, gpu):
             _unpredicated(sch, block)
     if plan.chunks > 1:
         _first_phase(sch, rfs, plan, bind, gpu)
-    scheduled = _schedule()._finish(sch, gpu)
+    scheduled = finish(sch, gpu)
     return lift_partials(scheduled, partials)
 
 
@@ -447,12 +447,6 @@ def _first_phase(sch, rfs, plan, bind, gpu):
         if gpu:
             sch.annotate(ki, "pragma_unroll_explicit", 0)
             sch.annotate(ki, "pragma_auto_unroll_max_step", 8)
-
-
-def _schedule():
-    from . import schedule  # imports this module
-
-    return schedule
 
 
 def lift_partials(func: tvm.tirx.PrimFunc, names) -> tvm.tirx.PrimFunc:

@@ -28,6 +28,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm_stitch.errors import error_line
 from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, iter_sblocks
 
+from .bind import cpu_bind, finish
 from .columns import apply_column_plan, column_plans, is_column_pattern
 from .plan import IllegalPatternError, KernelPlan, candidate_plans
 
@@ -176,7 +177,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
                 inlined.add(name)
             except Exception:  # noqa: BLE001 - TVM refuses to inline it: it stays a sub-root
                 pass
-    bind = sch.bind if gpu else _cpu_bind(sch)
+    bind = sch.bind if gpu else cpu_bind(sch)
     if plan.composition == "thread":
         return _elementwise(sch, outputs, plan, bind, gpu)
     # with 128-bit accesses an output is computed element by element into registers and
@@ -274,7 +275,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
             columns(sch.fuse(*inner) if len(inner) > 1 else inner[0], vectorize=True)
             if gpu:
                 _thread_private(sch, cache, threads * vector, vector)
-    return _finish(sch, gpu)
+    return finish(sch, gpu)
 
 
 def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
@@ -395,19 +396,6 @@ def _all_exprs(expr):
                 yield from _all_exprs(i)
 
 
-def _finish(sch, gpu: bool) -> tvm.tirx.PrimFunc:
-    """The scheduled function; on a GPU every block must run under ``blockIdx`` (a block left
-    outside would run on the host, over device memory)."""
-    if gpu:
-        for block, loops in iter_sblocks(sch.mod["main"].body):
-            tags = {
-                str(lp.thread_binding.thread_tag) for lp in loops if lp.thread_binding is not None
-            }
-            if not any(t.startswith("blockIdx") for t in tags):
-                raise IllegalPatternError(f"{block.name_hint} is not bound to thread blocks")
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
-
-
 def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
     """Thread composition: ``vector`` consecutive elements of a row per thread, threads over
     (rows × column vectors), ``plan.threads`` per block.  On a GPU the output is computed into
@@ -431,7 +419,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
     else:
         sch.vectorize(vec)
     if not gpu:
-        return _finish(sch, gpu)
+        return finish(sch, gpu)
     sch.compute_at(out, tx, preserve_unit_loops=True)
     sch.unroll(sch.get_loops(out)[-1])
     shape = [int(d) for d in sch.get(store).writes[0].source.shape]
@@ -439,7 +427,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
         load = sch.cache_read(out, buf.name, "local")
         sch.compute_at(load, tx, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(load)[-1])
-    return _finish(sch, gpu)
+    return finish(sch, gpu)
 
 
 def _full_size_inputs(sch, block, shape):
@@ -454,16 +442,6 @@ def _full_size_inputs(sch, block, shape):
 
 def _boolean(buf) -> bool:
     return str(buf.dtype) == "bool"
-
-
-def _cpu_bind(sch):
-    """Thread bindings on a CPU: blocks run in parallel, threads become serial loops."""
-
-    def bind(loop, tag):
-        if tag == "blockIdx.x":
-            sch.parallel(loop)
-
-    return bind
 
 
 def _thread_slice(ndim: int, span: int, vector: int) -> tvm.tirx.IndexMap:

@@ -106,7 +106,8 @@ def evolutionary_search(
         for cand in population:
             if cand not in estimates:
                 estimates[cand] = model(cand)
-        ranked = sorted(set(population), key=estimates.__getitem__)
+        # ties keep the population's order (a set's would change with string hashing per process)
+        ranked = sorted(dict.fromkeys(population), key=estimates.__getitem__)
         top = ranked[: cfg.top_n]
         for cand in top:
             if cand not in cache:

@@ -46,7 +46,7 @@ def _gemm_seed(m, n, k, warps, stages, persistent, split=1):
 #: tiles measured besides the search's picks (known to suit Hopper's tensor cores): a warpgroup
 #: takes 64 rows; FlashAttention runs 64-128 query rows against 32-128 keys.  GEMM seeds carry
 #: their launch: the best of a sweep of formulations on the H100 for BERT's GEMMs at 4096 and
-#: 128 tokens (``python -m tvm_stitch.benchmarks.gemm_study``)
+#: 128 tokens (``docs/results/h100-hopper-gemm-2026-11-23.md``)
 SEEDS = {
     "gemm_epilogue": [
         _gemm_seed(128, 256, 64, 8, 4, True),
@@ -73,21 +73,21 @@ SEEDS = {
 
 
 def ws_seeds() -> list[dict]:
-    """Seeds of the warp-specialized attention (:mod:`tvm_stitch.codegen.gluon_attention`):
+    """Seeds of the warp-specialized attention (:mod:`tvm_stitch.families.attention.gluon`):
     128 query rows per program, its key tiles and ring slots."""
-    from tvm_stitch.codegen.gluon_attention import WS_ROWS, WS_TILES
+    from tvm_stitch.families.attention.gluon import WS_ROWS, WS_TILES
 
     return [{"m": WS_ROWS, "n": n, "launch": {"num_warps": 4, "num_stages": slots, "WS": True}}
             for n, slots in WS_TILES]
 
 
 def gemm_ws_seeds(staging: bool = True) -> list[dict]:
-    """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.codegen.gluon_gemm`): a consumer
+    """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.families.gemm.gluon`): a consumer
     warpgroup's 64 rows, the column and k tiles, ``WS`` consumers, the ring's slots and the
     warps of an epilogue partition (``EW``, with ``PTR_STORE`` where it stores through
     pointers; left out without ``staging``, see
-    :func:`~tvm_stitch.codegen.gluon_gemm.staging_legality`)."""
-    from tvm_stitch.codegen.gluon_gemm import applicable_tiles, ws_config
+    :func:`~tvm_stitch.families.gemm.gluon.staging_legality`)."""
+    from tvm_stitch.families.gemm.gluon_launch import applicable_tiles, ws_config
 
     seeds = []
     for tiles in applicable_tiles(staging):
@@ -297,7 +297,7 @@ def tune_generated(
         launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
         if source.ws and on_device:  # the warp-specialized Gluon form, measured at its tiles
             # (measured only, as TMA stores: the model prices it as the Triton form)
-            from tvm_stitch.codegen.gluon_gemm import staging_legality
+            from tvm_stitch.families.gemm.gluon import staging_legality
 
             why = staging_legality(match)
             if why:
@@ -438,11 +438,15 @@ def launch_legality(match, source, config: dict) -> str | None:
 def _ws_legality(match, config: dict) -> str | None:
     """Why the warp-specialized form cannot run ``config``, or None: an attention's tiles of
     :data:`~tvm_stitch.cost.model.WS_ROWS` query rows; a GEMM's consumer warpgroups of
-    :data:`~tvm_stitch.codegen.gluon_gemm.WS_GEMM_ROWS` rows each and an epilogue partition
+    :data:`~tvm_stitch.families.gemm.gluon_launch.WS_GEMM_ROWS` rows each and an epilogue partition
     (``EW``, ``PTR_STORE``) it has registers for."""
     if match.family == "attention":
         return infeasible(Workload("attention", {}), {"m": config.get("BLOCK_M")}, config)
-    from tvm_stitch.codegen.gluon_gemm import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS, WS_GEMM_ROWS
+    from tvm_stitch.families.gemm.gluon_launch import (
+        WS_GEMM_EPILOGUE_REGS,
+        WS_GEMM_REGS,
+        WS_GEMM_ROWS,
+    )
 
     ws, ew = config["WS"], config.get("EW")
     if ws not in WS_GEMM_REGS or config.get("BLOCK_M") != WS_GEMM_ROWS:
@@ -455,7 +459,7 @@ def _ws_legality(match, config: dict) -> str | None:
 def generated_gemm_legality(match, spec: ChainSpec, cand) -> str | None:
     """Why a generated GEMM kernel cannot run ``cand`` well, or None: the GEMM template's rules
     (:func:`~tvm_stitch.codegen.triton_kernels.gemm_legality`), and a kernel writing a row's
-    moments in pieces (:func:`~tvm_stitch.analysis.recognize.moment_chunk` columns each) takes
+    moments in pieces (:func:`~tvm_stitch.families.gemm.recognize.moment_chunk` columns each) takes
     column tiles of whole pieces."""
     chunk = max((o.chunk for o in match.all_outputs), default=0)
     n = cand.tile_dict["n"]
@@ -471,12 +475,12 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
     import torch
 
     from tvm_stitch.codegen.embed import launch_options
-    from tvm_stitch.codegen.triton_gen import (
+    from tvm_stitch.codegen.kernel_text import (
         launch_constexprs,
-        load,
         split_k_buffers,
         torch_descriptors,
     )
+    from tvm_stitch.codegen.triton_gen import load
 
     constants = constants or {}
     inputs = []

@@ -1,0 +1,1 @@
+"""The attention family: two contractions with a row softmax between."""

@@ -1,0 +1,545 @@
+"""The ``attention`` family (:mod:`tvm_stitch.analysis.recognize` describes the families):
+``O = softmax(g(Q·Kᵀ)) · V`` (:func:`attention`), the softmax found in the element expression
+between the two products (:func:`match_softmax`, PyTorch's safe softmax too), Q and K read
+through constant scales, a float32 attention of 16-bit copies read at 16 bits, K/V shared by
+groups of query heads, and a causal mask recognized by its values (:func:`causal_offset`,
+:func:`visible_logits`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import ir
+from tvm.ir.prim import expr as P
+
+from tvm_stitch.analysis.elem import (
+    CompositionError,
+    Const,
+    Elem,
+    Iter,
+    Leaf,
+    Op,
+    Policy,
+    Reduce,
+    data_movement,
+    elementwise,
+    evaluate,
+    format_elem,
+    leaves,
+    replace,
+)
+from tvm_stitch.analysis.indexing import (
+    HALF,
+    Strided,
+    bind,
+    dtype_of,
+    new_var,
+    strided,
+    substitute,
+)
+from tvm_stitch.analysis.match import (
+    Access,
+    Frame,
+    Match,
+    NotRecognizedError,
+    all_accesses,
+    apply,
+    collapse_frame,
+    substituted,
+    view_of,
+)
+from tvm_stitch.analysis.regions import (
+    check_dtype,
+    float_cast,
+    is_var,
+    operand,
+    pair_output,
+    strip_casts,
+    uses,
+)
+from tvm_stitch.graph.access import vars_in
+
+
+def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop,
+                    widen=False) -> tuple:
+    """``(Access, factor)``: an operand read in place through data movement and products with
+    scalar constants (with ``widen``, also through a float32 copy of a 16-bit tensor), and the
+    product of those constants (``scaled_dot_product_attention`` decomposes to ``Q·√c`` and
+    ``K·√c``)."""
+    idx = tuple(frame.simplify(substitute(i, vmap)) for i in index)
+
+    def inline(node):
+        return node.output not in stop and (
+            data_movement(node) or _scalar_product(node) or (widen and _widening(node)))
+
+    elem = composer.element(tensor, idx, Policy(inline=inline))
+    factor = 1.0
+    while isinstance(elem, Op) and elem.op in ("mul", "cast"):
+        if elem.op == "cast":  # a widening (the only casts inlined): it changes no value
+            elem = elem.args[0]
+            continue
+        consts = [a for a in elem.args if isinstance(a, Const)]
+        if len(consts) != 1:
+            break
+        factor *= consts[0].value
+        elem = next(a for a in elem.args if a is not consts[0])
+    if not isinstance(elem, Leaf):
+        raise NotRecognizedError(f"{what} is not a view of a tensor: {format_elem(elem)}")
+    return Access(elem.tensor, elem.index), factor
+
+
+def _scalar_product(node) -> bool:
+    """A block that only multiplies one element by a constant of its own type."""
+    value = node.block.body.value if elementwise(node) else None
+    if not isinstance(value, P.Mul):
+        return False
+    args = (value.a, value.b)
+    return (sum(isinstance(x, ir.expr.TensorLoad) for x in args) == 1
+            and sum(isinstance(x, P.FloatImm) for x in args) == 1)
+
+
+def _widened_operand(graph, frame, composer, tensor, index, vmap, dtype, stop) -> Access:
+    """An operand that is a float32 cast of a view of a ``dtype`` tensor: that tensor's view."""
+    access = operand(graph, frame, composer, tensor, index, vmap, "V", stop, casts=True)
+    if graph.tensors[access.tensor].dtype != dtype:
+        raise NotRecognizedError(f"V is not a widened {dtype} view")
+    return access
+
+
+def _widening(node) -> bool:
+    """A block that only converts a 16-bit float element to float32 (exactly)."""
+    return (elementwise(node) and float_cast(node)
+            and dtype_of(node.block.body.value) == "float32"
+            and dtype_of(node.block.body.value.value) in HALF)
+
+
+# -- softmax ---------------------------------------------------------------------------------------
+def match_softmax(e: Elem, n_var, graph=None) -> Elem | None:
+    """``g`` when ``e == softmax_n(g)`` (any casts around it; max-subtracted or not), else None.
+
+    ``softmax_n(g) = exp(g - max_r g[n:=r]) / Σ_r exp(g - max_r g[n:=r])``; a division by the sum
+    or a product with its reciprocal.  A softmax whose rows of ``-inf`` logits give zeros
+    instead of NaN (PyTorch's safe softmax, :func:`safe_softmax`) is one too.
+    """
+    safe = safe_softmax(e, n_var, graph)
+    e = strip_casts(safe if safe is not None else e)
+    if not isinstance(e, Op):
+        return None
+    if e.op == "div":
+        num, den = e.args
+    elif e.op == "mul":
+        inv = [
+            a
+            for a in e.args
+            if isinstance(a, Op)
+            and a.op == "div"
+            and isinstance(a.args[0], Const)
+            and a.args[0].value == 1
+        ]
+        if len(inv) != 1:
+            return None
+        num = e.args[1] if e.args[0] is inv[0] else e.args[0]
+        den = inv[0].args[1]
+    else:
+        return None
+    den = strip_casts(den)
+    num = strip_casts(num)
+    if not (isinstance(den, Reduce) and den.op == "sum"):
+        return None
+    if not _same_over(num, n_var, den.body, den.var):
+        return None
+    if not (isinstance(num, Op) and num.op == "exp"):
+        return None
+    inner = strip_casts(num.args[0])
+    if isinstance(inner, Op) and inner.op == "sub":
+        g, mx = inner.args
+        mx = strip_casts(mx)
+        if isinstance(mx, Reduce) and mx.op == "max" and _same_over(g, n_var, mx.body, mx.var):
+            return g
+    return num.args[0]
+
+
+def safe_softmax(e: Elem, n_var, graph=None) -> Elem | None:
+    """``s`` when ``e`` is ``select(all_n(g == -inf), 0, s)`` (or the select the other way round
+    on the negated test) and ``s == softmax_n(g)``: the softmax with rows that have no finite
+    logit set to zero — what ``scaled_dot_product_attention`` decomposes to since PyTorch 2.5.
+    None otherwise (the zero may be a constant tensor of zeros of ``graph``)."""
+    e = strip_casts(e)
+    if not (isinstance(e, Op) and e.op == "select"):
+        return None
+    cond, yes, no = e.args
+    for zero, s, empty in ((yes, no, True), (no, yes, False)):
+        if not _zero(graph, strip_casts(zero)):
+            continue
+        g = match_softmax(s, n_var, graph)
+        if g is not None and _all_minus_inf(cond, g, n_var) is empty:
+            return s
+    return None
+
+
+def _zero(graph, e: Elem) -> bool:
+    """``e`` is zero: a constant, or a read of a constant tensor of zeros."""
+    if isinstance(e, Const):
+        return e.value == 0
+    value = graph.values.get(e.tensor) if graph is not None and isinstance(e, Leaf) else None
+    if not isinstance(value, ir.expr.Constant):
+        return False
+    return not value.value.numpy().any()
+
+
+def _boolean(e: Elem) -> tuple[Elem, bool]:
+    """``(x, positive)``: ``e`` is ``x`` (``positive``) or ``not x``, through logical nots and
+    casts between booleans and integers (which keep a truth value)."""
+    positive = True
+    while isinstance(e, Op):
+        if e.op == "cast" and _integral(e.dtype) and _integral(e.args[0].dtype):
+            e = e.args[0]
+        elif e.op == "not":
+            positive, e = not positive, e.args[0]
+        elif e.op in ("lt", "ne") and _zero(None, e.args[0]) and _integral(e.args[1].dtype):
+            e = e.args[1]  # 0 < x, 0 != x: x's truth (TVM's select on a boolean cast)
+        elif e.op in ("gt", "ne") and _zero(None, e.args[1]) and _integral(e.args[0].dtype):
+            e = e.args[0]
+        else:
+            break
+    return e, positive
+
+
+def _integral(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def _all_minus_inf(cond: Elem, g: Elem, n_var) -> bool | None:
+    """True where ``cond`` is ``all_n(g == -inf)`` (a row of the logits ``g`` with no finite
+    value), False where it is the negation, None where it is neither (or not recognized).
+
+    The test is a ``max`` (any) or ``min`` (all) over the key axis of ``g == -inf`` or
+    ``g != -inf``, with nots and boolean casts anywhere; ``g`` may be widened first."""
+    red, outer = _boolean(cond)
+    if not (isinstance(red, Reduce) and red.op in ("max", "min")):
+        return None
+    test, inner = _boolean(red.body)
+    if not (isinstance(test, Op) and test.op in ("eq", "ne")):
+        return None
+    a, b = (strip_casts(x) for x in test.args)
+    if isinstance(a, Const):
+        a, b = b, a
+    if not (isinstance(b, Const) and b.value == float("-inf")):
+        return None
+    if not _same_over(strip_casts(g), n_var, a, red.var):
+        return None
+    is_inf = (test.op == "eq") == inner  # the reduced predicate is "g == -inf"
+    if red.op == "min" and is_inf:  # all(g == -inf)
+        return outer
+    if red.op == "max" and not is_inf:  # any(g != -inf) = not all(g == -inf)
+        return not outer
+    return None
+
+
+def _same_over(a: Elem, a_var, b: Elem, b_var) -> bool:
+    """``a`` (over ``a_var``) and ``b`` (over ``b_var``) compute the same function."""
+    return a.key({a_var.name: "_j"}) == b.key({b_var.name: "_j"})
+
+
+def _half_attention(graph, frame, composer, c1, c2, vmap1, vmap2, stop):
+    """``(dtype, Q, K)`` where a float32 attention multiplies float32 copies of Q, K and V of
+    one 16-bit ``dtype`` (PyTorch's math kernel in a float16 export on the CPU): the kernel
+    reads the 16-bit tensors (the same products, accumulated in float32); else None (mixed
+    dtypes, or a V that is no such copy: the float32 attention as written)."""
+    try:
+        q = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop, widen=True)
+        k = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop, widen=True)
+        read = {graph.tensors[x.tensor].dtype for x, _ in (q, k)}
+        if len(read) != 1 or not read <= set(HALF):
+            return None
+        dtype = read.pop()
+        _widened_operand(graph, frame, composer, *c2.b, vmap2, dtype, stop)
+    except NotRecognizedError:
+        return None
+    return dtype, q, k
+
+
+def attention(graph, frame, composer, c1, c2, score, vmap2, region, stop) -> Match:
+    dtype = check_dtype(graph, c1)
+    s_leaves = [leaf for leaf in leaves(score) if leaf.tensor == c1.out]
+    if len({leaf.key() for leaf in s_leaves}) != 1:
+        raise NotRecognizedError("the logits read Q·Kᵀ at several positions")
+    s_index = s_leaves[0].index
+    if len(c1.m) != 1 or len(c1.n) != 1:
+        raise NotRecognizedError("Q·Kᵀ has several row or column axes")
+    # Q·Kᵀ's coordinates as expressions of the frame
+    out1 = c1.node.block.body.indices
+    vmap1 = {}
+    for var, expr in zip(out1, s_index):
+        vmap1[var] = expr
+    if not (
+        is_var(vmap1.get(c1.m[0].var), frame.vars["m"])
+        and is_var(vmap1.get(c1.n[0].var), frame.vars["n"])
+    ):
+        raise NotRecognizedError("the softmax does not run along Q·Kᵀ's key axis")
+    dk = int(c1.k.dom.extent)
+    vmap1[c1.k.var] = frame.axis("k", dk)
+    q, q_scale = _scaled_operand(graph, frame, composer, *c1.a, vmap1, "Q", stop)
+    k, k_scale = _scaled_operand(graph, frame, composer, *c1.b, vmap1, "K", stop)
+    if dtype == "float32":
+        half = _half_attention(graph, frame, composer, c1, c2, vmap1, vmap2, stop)
+        if half is not None:
+            dtype, (q, q_scale), (k, k_scale) = half
+    widened = check_dtype(graph, c2) != dtype
+    if widened and check_dtype(graph, c2) != "float32":
+        raise NotRecognizedError("the two products have different dtypes")
+    if q_scale * k_scale != 1:
+        # (c·Q)·(c'·K)ᵀ = c·c'·(Q·Kᵀ): the constants join the logits, Q and K are read in place
+        score = replace(score, lambda e: (
+            Op("mul", (e, Const(q_scale * k_scale, e.dtype)), e.dtype)
+            if isinstance(e, Leaf) and e.tensor == c1.out else None))
+    if widened:
+        # P·V in float32 on a widened copy of V (TVM's import of a float16 attention): V is read
+        # at its own precision and the product runs in it, as FlashAttention does
+        v = _widened_operand(graph, frame, composer, *c2.b, vmap2, dtype, stop)
+    else:
+        v = operand(graph, frame, composer, *c2.b, vmap2, "V", stop)
+    bad = [x for x in leaves(score) if x.tensor != c1.out and uses(x, frame.vars.get("d"))]
+    if bad:
+        raise NotRecognizedError("the logits depend on the head dimension")
+    output, covered = pair_output(graph, frame, composer, c1, c2, vmap2, region, stop)
+    match = Match(
+        "attention",
+        frame,
+        {"q": q, "k": k, "v": v},
+        dtype,
+        covered,
+        outputs=[output],
+        score=score,
+        score_tensor=c1.out,
+        acc_dtype=c2.acc_dtype,
+    )
+    return match
+
+
+# -- views and causal masks ------------------------------------------------------------------------
+def finalize_attention(graph, match: Match) -> None:
+    """:func:`~tvm_stitch.analysis.match.finalize` of an attention: its frame's batch axes
+    collapsed, its views with K/V shared by groups of query heads (:func:`_attention_finalize`)."""
+    collapse_frame(graph, match)
+    _attention_finalize(graph, match)
+
+
+def _attention_finalize(graph, match: Match) -> None:
+    """Views of an attention; a flattened (batch · heads) axis is split back when the accesses
+    need it, and K/V may be shared by groups of query heads."""
+    try:
+        _attention_views(graph, match)
+        _triangles_to_indices(graph, match)
+        match.causal = causal_offset(graph, match)
+        return
+    except NotRecognizedError as err:
+        first = err
+    frame = match.frame
+    if "h" not in frame.vars or "b" in frame.vars:
+        raise first
+    extent = frame.extents["h"]
+    for heads in range(2, extent):
+        if extent % heads:
+            continue
+        b, h = new_var("b"), new_var("h")
+        bind(frame.analyzer, b, extent // heads)
+        bind(frame.analyzer, h, heads)
+        trial = substituted(match, {frame.vars["h"]: b * heads + h})
+        if trial is None:
+            continue
+        trial.frame = Frame()
+        trial.frame.analyzer = frame.analyzer
+        trial.frame.vars = {"b": b, **{a: (h if a == "h" else v) for a, v in frame.vars.items()}}
+        trial.frame.extents = {"b": extent // heads, **frame.extents, "h": heads}
+        trial.views, trial.group = {}, 1
+        try:
+            _attention_views(graph, trial)
+        except NotRecognizedError:
+            continue
+        apply(match, trial)
+        match.frame, match.views, match.group = trial.frame, trial.views, trial.group
+        _triangles_to_indices(graph, match)
+        match.causal = causal_offset(graph, match)
+        return
+    raise first
+
+
+#: logits at or below this (or -inf) add nothing to a softmax: float16's lowest finite value,
+#: what float16 models mask with (``finfo(float16).min``; float32 ones use float32's, far below);
+#: ``exp(-65504 - max)`` underflows to 0 exactly in every float format
+MASKED = -65504.0
+
+
+def _constant_grid(graph, match, leaf):
+    """The values of a constant read by the logits over (query, key), or None."""
+    import numpy as np
+
+    value = graph.values.get(leaf.tensor)
+    view = match.views.get(("x", leaf.key()))
+    if not isinstance(value, ir.expr.Constant) or view is None:
+        return None
+    if any(s and a not in ("m", "n") for a, s in view.strides):
+        return None
+    data = value.value.numpy().reshape(-1)
+    rows = np.arange(match.frame.extents["m"])[:, None]
+    cols = np.arange(match.frame.extents["n"])[None, :]
+    stride = view.stride
+    return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
+
+
+def _triangles_to_indices(graph, match) -> None:
+    """A constant the logits read that takes one value above a diagonal (``key > query + c``)
+    and another elsewhere — a folded causal mask — becomes that comparison of the indices:
+    exactly the same values, and no tensor to read."""
+    import numpy as np
+
+    frame = match.frame
+    for leaf in leaves(match.score):
+        grid = _constant_grid(graph, match, leaf)
+        if grid is None or grid.size < 2:
+            continue
+        above, below = grid[0, -1], grid[0, 0]
+        first = np.flatnonzero(grid[0] != below)
+        if not len(first) or (grid == above).all():
+            continue
+        c = int(first[0]) - 1
+        rows, cols = np.indices(grid.shape)
+        upper = cols > rows + c
+        if not (np.all(grid[upper] == above) and np.all(grid[~upper] == below)):
+            continue
+        m, n = frame.vars["m"], frame.vars["n"]
+        cond = Iter(frame.simplify(n > m + c), "bool")
+        value = Op("select", (cond, Const(above.item(), leaf.dtype), Const(below.item(),
+                                                                            leaf.dtype)),
+                   leaf.dtype)
+        key = leaf.key()
+        match.score = replace(match.score, lambda e, key=key, value=value:
+                              value if isinstance(e, Leaf) and e.key() == key else None)
+        match.views.pop(("x", key), None)
+
+
+def causal_offset(graph, match) -> int | None:
+    """``c`` when the attention's logits are masked exactly where ``key > query + c``.
+
+    Decided on the values, not the spelling: every read of the logits besides ``Q·Kᵀ`` must be
+    a constant (a mask folded at compile time) indexed by (query, key); the logits are
+    evaluated with the product at 0, and the masked set (``-inf`` or below :data:`MASKED`) must
+    be the strict upper triangle shifted by ``c``.  Otherwise None.
+    """
+    import numpy as np
+
+    ext = match.frame.extents
+    m, n = ext["m"], ext["n"]
+    grids = {}
+    for leaf in leaves(match.score):
+        if leaf.tensor == match.score_tensor:
+            continue
+        grid = _constant_grid(graph, match, leaf)
+        if grid is None:
+            return None
+        grids[leaf.key()] = grid
+    rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
+
+    def read(leaf):
+        if leaf.tensor == match.score_tensor:
+            return np.zeros((m, n), "float32")
+        return grids[leaf.key()]
+
+    coords = {v.name: 0 for v in match.frame.vars.values()}
+    coords.update({match.frame.vars["m"].name: rows, match.frame.vars["n"].name: cols})
+    try:
+        logits = np.broadcast_to(evaluate(match.score, coords, read), (m, n)).astype("float64")
+    except (CompositionError, IndexError, ValueError, TypeError):
+        return None
+    masked = np.isneginf(logits) | (logits <= MASKED)
+    if not masked.any() or masked[:, 0].any():
+        return None
+    offset = int(np.argmax(masked[0])) - 1 if masked[0].any() else n - 1
+    if not np.array_equal(masked, cols > rows + offset):
+        return None
+    return offset
+
+
+def visible_logits(match) -> Elem | None:
+    """The logits of a causal attention over the keys every query sees (``key <= query +
+    causal``): each index comparison of (query, key) that is constant over that region becomes
+    its value and the selects on it fold away, so key blocks left of the diagonal are computed
+    without the mask (FlashAttention's split of the causal loop).  None when the attention is
+    not causal or no comparison folds.
+    """
+    import numpy as np
+
+    if match.causal is None or match.score is None:
+        return None
+    ext, names = match.frame.extents, {a: v.name for a, v in match.frame.vars.items()}
+    rows, cols = np.arange(ext["m"])[:, None], np.arange(ext["n"])[None, :]
+    seen = cols <= rows + match.causal
+    coords = {names["m"]: rows, names["n"]: cols}
+
+    def fold(e):
+        if isinstance(e, Iter):
+            if not {v.name for v in vars_in(e.expr)} <= set(coords):
+                return None
+            try:
+                values = np.broadcast_to(evaluate(e, coords, None), seen.shape)[seen]
+            except (CompositionError, TypeError, ValueError):
+                return None
+            if values.size and (values == values[0]).all():
+                return Const(values[0].item(), e.dtype)
+            return None
+        if isinstance(e, Op):
+            args = tuple(replace(a, fold) for a in e.args)
+            if e.op == "select" and isinstance(args[0], Const):
+                return args[1] if args[0].value else args[2]
+            if e.op in ("add", "sub") and isinstance(args[1], Const) and args[1].value == 0 \
+                    and args[0].dtype == e.dtype:
+                return args[0]
+            if e.op == "add" and isinstance(args[0], Const) and args[0].value == 0 \
+                    and args[1].dtype == e.dtype:
+                return args[1]
+            return Op(e.op, args, e.dtype)
+        return None
+
+    visible = replace(match.score, fold)
+    return None if visible.key() == match.score.key() else visible
+
+
+def _attention_views(graph, match) -> None:
+    """Every access by strides; K and V may be shared by groups of query heads (GQA)."""
+    frame = match.frame
+    axes = dict(frame.vars)
+    heads = frame.extents.get("h", 1)
+    views = {}
+    for role, access in all_accesses(match).items():
+        view = view_of(graph, access, axes, frame)
+        if view is None and role in ("k", "v") and "h" in frame.vars:
+            for group in range(2, heads + 1):
+                if heads % group == 0 and match.group in (1, group):
+                    view = _grouped(graph, access, frame, group)
+                    if view is not None:
+                        match.group = group
+                        break
+        if view is None:
+            raise NotRecognizedError(f"{role} ({access.tensor}) is not a strided view")
+        views[role] = view
+    if match.group > 1 and any(views[r].stride.get("h", 0) == 0 and heads > 1 for r in ("q",)):
+        raise NotRecognizedError("Q does not vary with the head")
+    match.views = views
+
+
+def _grouped(graph, access, frame, group) -> Strided | None:
+    """``access`` as a view over (…, h // group, …): each K/V head serves ``group`` query heads."""
+    h = frame.vars["h"]
+    hk, r = new_var("hk"), new_var("hr")
+    bind(frame.analyzer, hk, frame.extents["h"] // group)
+    bind(frame.analyzer, r, group)
+    index = tuple(frame.simplify(substitute(i, {h: hk * group + r})) for i in access.index)
+    axes = {a: (hk if a == "h" else v) for a, v in frame.vars.items()}
+    axes["hr"] = r
+    info = graph.tensors[access.tensor]
+    view = strided(access.tensor, info.shape, info.dtype, index, axes, frame.analyzer)
+    if view is None or view.stride.get("hr", 0) != 0:
+        return None
+    return dataclasses.replace(view, strides=tuple((a, s) for a, s in view.strides if a != "hr"))

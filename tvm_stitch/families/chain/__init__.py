@@ -1,0 +1,1 @@
+"""The chain family: two contractions, the second reading the first through casts."""

@@ -1,0 +1,1 @@
+"""The gemm family: a contraction with its epilogue, grouped by shared A."""

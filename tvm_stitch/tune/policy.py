@@ -1,0 +1,98 @@
+"""The tuning policy of a compile: where each generated kernel's tiles come from (the tuning
+database, a measured search, or the cost model) and what is kept."""
+
+from __future__ import annotations
+
+import logging
+
+from tvm_stitch.cost.model import CostModel
+
+from .kernels import record_legality, tune_generated
+
+logger = logging.getLogger("tvm_stitch.mcfuser")
+
+
+class KernelTuner:
+    """Configs of generated kernels: tuning database first, else Algorithm 1 timing the kernel
+    itself, ranked by the cost model (or the cost model alone without a GPU, or with
+    ``tune="model"``).
+
+    Parameters
+    ----------
+    hw : HardwareModel
+    database : TuningDatabase
+    on_device : bool
+        Measure (Algorithm 1 on this GPU) where the database holds no config; else take the
+        cost model's choice, which is not stored.
+    """
+
+    def __init__(self, hw, database, on_device):
+        self.hw, self.db, self.on_device = hw, database, on_device
+        self.seen: dict[str, dict] = {}  # model-only choices of this compile
+        self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
+        self.fitted = False  # fit when a kernel first needs a search, not when none does
+        self.rejected: set[str] = set()  # keys of records this compile does not use
+
+    def record(self, match, source) -> dict | None:
+        """The tuning database's config of the kernel, where it holds a usable one: a record
+        the kernel cannot launch (:func:`~tvm_stitch.tune.kernels.record_legality`) is
+        :meth:`reject`-ed."""
+        key = tuning_key(self.db, match, source, self.hw)
+        rec = None if key in self.rejected else self.db.get(key)
+        if rec is None:
+            return None
+        why = record_legality(match, source, rec["config"], self.hw)
+        if why:
+            self.reject(match, source, why)
+            return None
+        return rec["config"]
+
+    def reject(self, match, source, why: str) -> None:
+        """Leave the tuning record of the kernel unused in this compile (the tiles are
+        searched as if there were none), with a warning saying ``why``."""
+        key = tuning_key(self.db, match, source, self.hw)
+        self.rejected.add(key)
+        logger.warning("%s: tuning record %s ignored (%s); tiles searched again",
+                       match.describe(), key, why)
+
+    def config(self, match, source, shapes, constants) -> dict:
+        key = tuning_key(self.db, match, source, self.hw)
+        recorded = self.record(match, source)
+        if recorded is not None:
+            return recorded
+        if key in self.seen:
+            return self.seen[key]
+        if not self.fitted:
+            self.fitted = True
+            if self.cost.fit_database(self.db):
+                logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
+        tuned = tune_generated(
+            match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
+        )
+        if self.on_device:  # model-only choices are not kept: a GPU compile measures them
+            self.db.put(
+                key,
+                tuned.config,
+                time_us=tuned.time * 1e6,
+                search_s=tuned.seconds,
+                correlation=tuned.result.correlation,
+                workload=tuned.workload,
+                measurements=tuned.measurements,
+            )
+            self.cost.fit_database(self.db)  # refit as measurements arrive
+        logger.info(
+            "%s: %s, %.1f us (%s)",
+            match.describe(),
+            tuned.config,
+            tuned.time * 1e6,
+            "measured" if self.on_device else "model",
+        )
+        self.seen[key] = tuned.config
+        return tuned.config
+
+
+def tuning_key(database, match, source, hw) -> str:
+    """The tuning database's key of a generated kernel: its name (family and content digest),
+    the frame's extents, dtype and architecture."""
+    ext = match.frame.extents
+    return database.key(source.name, [ext[a] for a in sorted(ext)], match.dtype, hw.arch)
