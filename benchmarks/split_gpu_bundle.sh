@@ -10,7 +10,7 @@
 # the GPU host (the machine keeps /tmp while it stays warm, 30 s after a call):
 #
 #   call 1: carry [".gpu_a"], command: cp .gpu_a/part /tmp/gpu_parta
-#   call 2: carry [".gpu"],   command: source .gpu/setup.sh; ...
+#   call 2: carry [".gpu"],   command: source benchmarks/gpu_env.sh; ...  (TVM from .gpu/, the package staged)
 #
 # Later calls to the same warm machine carry .gpu without the part (setup.sh finds TVM installed).
 set -euo pipefail
