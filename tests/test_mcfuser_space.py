@@ -247,8 +247,8 @@ def test_gemm_space_holds_the_hopper_seeds_with_their_launches():
     spec = ChainSpec.gemm(4096, 3072, 768)
     space = build_search_space(spec, H100.smem_per_block, legal=lambda c: tk.gemm_legality(spec, c))
     assert all(c.tile_dict["m"] >= 64 for c in space.candidates())
-    seeded = _seeded(space, SEEDS["gemm_epilogue"])
-    assert len(seeded) == len(SEEDS["gemm_epilogue"])
+    seeded = _seeded(space, SEEDS["gemm"])
+    assert len(seeded) == len(SEEDS["gemm"])
     first, launch = seeded[0]
     assert first.tile_dict == {"m": 128, "n": 256, "k": 64}
     assert launch == {"num_warps": 8, "num_stages": 4, "PERSISTENT": True}

@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: one way: graph -> analysis (recognition, legality) -> cost/explore (decisions) ->
 #: codegen/stitch (kernels) -> tuning (searches that build and time kernels) -> passes -> the
 #: pipeline and its entry points -> tools.  A family folder spans layers: its recognition is
-#: analysis, its printers are codegen.
+#: analysis, its printers are codegen; the family registry (``families/__init__.py``) is data.
 LAYERS = [
-    ("foundation", ["_hooks", "errors", "config", "hardware", "console", "library", "codegen.ptx"]),
+    ("foundation", ["_hooks", "errors", "config", "hardware", "console", "library", "codegen.ptx",
+                    "families"]),
     ("graph", ["graph"]),
     ("analysis", ["analysis", "families", "families.*.recognize"]),
     ("cost/explore", ["cost", "explore"]),

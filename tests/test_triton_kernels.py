@@ -53,7 +53,7 @@ def _sig(pointers, ints):
 
 def test_ahead_of_time_ptx_for_sm90():
     chain = tk.compile_ptx(
-        "gemm_chain",
+        "chain",
         _sig(
             ["A", "B", "D", "E"],
             [
@@ -117,7 +117,7 @@ def test_ahead_of_time_ptx_for_sm90():
     )
     assert "ex2.approx" in attention  # the softmax's exp, fused between the two products
     gemm = tk.compile_ptx(
-        "gemm_epilogue",
+        "gemm",
         _sig(
             ["A", "B", "C", "Bias", "Res"],
             ["M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn", "s_rm", "s_rn"],
@@ -202,7 +202,7 @@ def _probe_launch(symbol, **options):
     from tvm_stitch.codegen import embed
 
     return embed.plan_launch(
-        "gemm_epilogue",
+        "gemm",
         [embed.Param(n, s, "float16") for n, s in (("A", (70, 64)), ("W", (48, 64)),
                                                     ("C", (70, 48)))],
         {"A": "A", "B": "W", "C": "C", "Bias": "A", "Res": "A", "M": 70, "N": 48, "K": 64,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-#: the kernel families generated in Triton (``mcfuser``'s values; recognition's vocabulary)
-FAMILIES = ("attention", "chain", "gemm")
+from tvm_stitch.families import FAMILIES
+
 #: where a dependently launched kernel releases the next launch (``launch_dependents``)
 LAUNCH_DEPENDENTS = ("start", "exit")
 #: the default: at its exit (measured: :class:`PipelineOptions`' ``launch_dependents``)

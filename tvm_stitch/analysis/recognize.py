@@ -38,7 +38,7 @@ import logging
 
 from tvm import ir, tirx
 
-from tvm_stitch.config import FAMILIES
+from tvm_stitch.families import FAMILIES
 from tvm_stitch.families.attention.recognize import (
     attention,
     finalize_attention,

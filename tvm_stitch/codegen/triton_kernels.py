@@ -496,7 +496,8 @@ def _attention(
     )
 
 
-_SOURCES = {"gemm_chain": _gemm_chain, "gemm_epilogue": _gemm_epilogue, "attention": _attention}
+#: the hand-written templates, by family (the names of ``tvm_stitch.config.FAMILIES``)
+_SOURCES = {"chain": _gemm_chain, "gemm": _gemm_epilogue, "attention": _attention}
 
 
 @functools.cache
@@ -585,7 +586,7 @@ def attention_config(cand) -> dict:
     return {"BLOCK_M": cand.tile_dict["m"], "BLOCK_N": cand.tile_dict["n"]}
 
 
-def default_launch(config: dict, family: str = "gemm_epilogue") -> dict:
+def default_launch(config: dict, family: str = "gemm") -> dict:
     """Launch options before the search refines them, three stages: a GEMM's warps by tile
     area; an attention's by query rows, a warpgroup (4 warps) per 64 (its score and output
     tiles are split by rows only, and a Hopper warpgroup's wgmma takes 64 rows)."""
@@ -603,13 +604,13 @@ SPLITS = (1, 2, 4, 8)
 LAUNCHES = {
     # PERSISTENT: one program per SM loading through TMA (the template's other formulation);
     # SPLIT_K: programs per output tile, each over a slice of k (generated kernels only)
-    "gemm_epilogue": [
+    "gemm": [
         {"num_warps": w, "num_stages": s, "PERSISTENT": p}
         for p in (False, True)
         for w in (4, 8)
         for s in (3, 4)
     ] + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]],
-    "gemm_chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
+    "chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
     "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
 }
 
@@ -665,7 +666,7 @@ def run_gemm_chain(a, b, d, config: dict, **launch):
     n, h = b.shape[2], d.shape[2]
     e = torch.empty((batch, m, h), dtype=a.dtype, device=a.device)
     grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(h, config["BLOCK_H"]), batch)
-    kernel("gemm_chain")[grid](
+    kernel("chain")[grid](
         a,
         b,
         d,
@@ -708,7 +709,7 @@ def run_gemm_epilogue(a, w, bias=None, residual=None, gelu=GELU_NONE, config=Non
             sms = torch.cuda.get_device_properties(a.device).multi_processor_count
             cfg.setdefault("NUM_SMS", sms)
         grid = (min(cfg.setdefault("NUM_SMS", 132), grid[0]),)
-    kernel("gemm_epilogue")[grid](
+    kernel("gemm")[grid](
         a,
         w,
         c,

@@ -48,7 +48,7 @@ def _gemm_seed(m, n, k, warps, stages, persistent, split=1):
 #: their launch: the best of a sweep of formulations on the H100 for BERT's GEMMs at 4096 and
 #: 128 tokens (``docs/results/h100-hopper-gemm-2026-11-23.md``)
 SEEDS = {
-    "gemm_epilogue": [
+    "gemm": [
         _gemm_seed(128, 256, 64, 8, 4, True),
         _gemm_seed(128, 256, 64, 8, 3, True),
         _gemm_seed(256, 128, 64, 8, 3, True),
@@ -68,7 +68,7 @@ SEEDS = {
         # (22.1 us for 4x16x512, against 24.1 for 64x64; results of 2026-11-24)
         {"m": 128, "n": 64, "launch": {"num_warps": 4, "num_stages": 2}},
     ],
-    "gemm_chain": [],
+    "chain": [],
 }
 
 
@@ -132,12 +132,12 @@ def _gemm_options(persistent: bool, split: bool = False,
     ``tma_store`` every persistent launch is also tried storing its tiles by TMA (measured
     only: the cost model prices both stores alike, so a model-only build stores by pointers)."""
     launches = [
-        o for o in tk.LAUNCHES["gemm_epilogue"]
+        o for o in tk.LAUNCHES["gemm"]
         if (persistent or not o["PERSISTENT"]) and (split or o.get("SPLIT_K", 1) == 1)
     ]
     seeds = [
         seed if persistent else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
-        for seed in SEEDS["gemm_epilogue"]
+        for seed in SEEDS["gemm"]
         if split or seed["launch"].get("SPLIT_K", 1) == 1
     ]
     if persistent and tma_store:
@@ -187,7 +187,7 @@ def tune_gemm(
         make,
         lambda c: tk.gemm_legality(spec, c),
         config,
-        "gemm_epilogue",
+        "gemm",
         tk.gemm_config,
         on_device,
         f"gemm {m}x{n}x{k}",
@@ -218,7 +218,7 @@ def tune_chain(batch, m, n, k, h, dtype, hw, config=PASS_SEARCH, on_device=True)
         make,
         lambda c: tk.chain_legality(spec, c),
         config,
-        "gemm_chain",
+        "chain",
         lambda c: tk.chain_config(spec, c),
         on_device,
         f"chain {batch}x{m}x{n}x{k}x{h}",
@@ -341,14 +341,14 @@ def generated_template(match) -> tuple:
             ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=_bytes(match.dtype)), batch=batch
         )
         return (spec, lambda c: generated_gemm_legality(match, spec, c), tk.gemm_config,
-                "gemm_epilogue")
+                "gemm")
     spec = ChainSpec.gemm_chain(
         batch, ext["m"], ext["n"], ext["k"], ext["d"], dtype_bytes=_bytes(match.dtype)
     )
     if match.family == "attention":
         return spec, lambda c: tk.attention_legality(spec, c), tk.attention_config, "attention"
     return (spec, lambda c: tk.chain_legality(spec, c), lambda c: tk.chain_config(spec, c),
-            "gemm_chain")
+            "chain")
 
 
 #: the template parameter of each loop's tile
