@@ -5,11 +5,15 @@
 #
 #   source benchmarks/gpu_env.sh; python3 -m pytest -q -m gpu tests/test_zoo.py
 source .gpu/setup.sh
-_stage=/tmp/tvm-stitch-pkg
-rm -rf "$_stage" && mkdir -p "$_stage"
-cp -r tvm_stitch "$_stage/tvm_stitch"
-cp -r passes "$_stage/tvm_stitch/passes"
-mkdir -p "$_stage/tvm_stitch/benchmarks" && cp benchmarks/*.py "$_stage/tvm_stitch/benchmarks/"
-export PYTHONPATH="$_stage${PYTHONPATH:+:$PYTHONPATH}"
-unset _stage
+
+# stage_tvm_stitch TREE DEST: TREE's tvm_stitch/, passes/ and benchmarks/*.py as DEST/tvm_stitch
+stage_tvm_stitch() {
+    rm -rf "$2" && mkdir -p "$2/tvm_stitch/benchmarks"
+    cp -r "$1/tvm_stitch/." "$2/tvm_stitch/"
+    cp -r "$1/passes" "$2/tvm_stitch/passes"
+    cp "$1"/benchmarks/*.py "$2/tvm_stitch/benchmarks/"
+}
+
+stage_tvm_stitch . /tmp/tvm-stitch-pkg
+export PYTHONPATH="/tmp/tvm-stitch-pkg${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONSAFEPATH=1  # python -m from the repository root must not find the unstaged tvm_stitch/

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import time
 
 import numpy as np
@@ -26,7 +25,9 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.library import prepare_args
+
+# compare and time_tvm are the harness's too (tvm-stitch check uses them with TVM's runtime only)
+from tvm_stitch.library import compare, prepare_args, time_tvm  # noqa: F401
 from tvm_stitch.pipeline import as_target, num_input
 from tvm_stitch.tune.measure import time_torch
 
@@ -172,17 +173,9 @@ def run_tvm(vm, inst, dev) -> tuple[list, list[np.ndarray]]:
 
 def device_args(vm, inst, dev) -> list:
     """``inst.args`` on ``dev``, as ``vm[inst.func]`` takes them (see
-    :func:`tvm_stitch.pipeline.prepare_args`)."""
+    :func:`tvm_stitch.library.prepare_args`)."""
     args = [tvm.runtime.tensor(a, device=dev) for a in inst.args]
     return prepare_args(vm, inst.func, args, num_input(inst.mod, inst.func))
-
-
-def time_tvm(vm, func: str, args, dev, budget_ms: float = 200.0) -> float:
-    """Median microseconds per call of ``vm[func](*args)``."""
-    probe = vm.time_evaluator(func, dev, number=1, repeat=1)(*args).mean
-    number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
-    result = vm.time_evaluator(func, dev, number=number, repeat=10)(*args)
-    return float(np.median(result.results)) * 1e6
 
 
 def time_tvm_graph(vm, func: str, args, budget_ms: float = 200.0) -> float:
@@ -269,22 +262,6 @@ def measure_limits(device: str) -> DeviceLimits:
 
 
 # -- comparison ------------------------------------------------------------------------------------
-def compare(outs: list[np.ndarray], refs: list[np.ndarray], tol) -> tuple[float, bool]:
-    """Max absolute error and whether every output is within ``(rtol, atol)``."""
-    rtol, atol = tol
-    if len(outs) != len(refs):
-        return float("inf"), False
-    err, ok = 0.0, True
-    for out, ref in zip(outs, refs):
-        got = np.asarray(out, dtype="float32")
-        if got.shape != ref.shape:
-            return float("inf"), False
-        diff = float(np.max(np.abs(got - ref))) if got.size else 0.0
-        err = diff if math.isnan(diff) else max(err, diff)  # NaN is never hidden by max()
-        ok = ok and bool(np.allclose(got, ref, rtol=rtol, atol=atol))
-    return err, ok
-
-
 def fill_rates(rec: Record, inst, limits: DeviceLimits) -> Record:
     """GB/s (memory-bound workloads) or TFLOP/s (GEMM workloads) from ``rec.graph_us`` (the
     CUDA-graph figure) when there is one, else from ``rec.time_us``."""

@@ -35,7 +35,7 @@ from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
 from tvm_stitch.codegen.triton_gen import kernel_source
-from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
+from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents, check_tune
 from tvm_stitch.errors import error_line
 from tvm_stitch.families.gemm.triton import tma_layout
 from tvm_stitch.graph import build_graph
@@ -113,13 +113,11 @@ class FuseMBCI:
         unknown = set(mcfuser) - set(FAMILIES)
         if unknown:
             raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
-        if tune not in ("measure", "model"):
-            raise ValueError(f"tune takes 'measure' or 'model'; got {tune!r}")
         self.database = database
         self.builder = builder
         self.mcfuser = tuple(mcfuser)
         self.plan_only = plan_only
-        self.tune = tune
+        self.tune = check_tune(tune)
         self.fold_norms = fold_norms
         self.lift_params = lift_params
         self.dependent_launch = dependent_launch

@@ -16,6 +16,13 @@ LAUNCH_DEPENDENTS = ("start", "exit")
 DEFAULT_LAUNCH_DEPENDENTS = "exit"
 
 
+def check_tune(value) -> str:
+    """``value`` if it is ``"measure"`` or ``"model"``; else a ``ValueError``."""
+    if value not in ("measure", "model"):
+        raise ValueError(f"tune takes 'measure' or 'model'; got {value!r}")
+    return value
+
+
 def check_launch_dependents(value) -> str:
     """``value`` if it is one of :data:`LAUNCH_DEPENDENTS`; else a ``ValueError``."""
     if value not in LAUNCH_DEPENDENTS:
@@ -82,8 +89,7 @@ class PipelineOptions:
             if f.type in ("bool", bool) and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
         check_launch_dependents(self.launch_dependents)
-        if self.tune not in ("measure", "model"):
-            raise ValueError(f"tune takes 'measure' or 'model'; got {self.tune!r}")
+        check_tune(self.tune)
         unknown = set(self.mcfuser) - set(FAMILIES)
         if isinstance(self.mcfuser, str) or unknown:
             raise ValueError(f"mcfuser takes a tuple of {FAMILIES}; got {self.mcfuser!r}")

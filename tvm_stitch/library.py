@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -122,8 +121,8 @@ def check(folder) -> dict:
                         meta["num_input"])
     out = vm[func](*args)
     outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
-    err, ok = _compare([o.numpy() for o in outs], expected, meta["tolerance"])
-    return {"workload": meta["name"], "time_us": _time(vm, func, args, dev), "max_err": err,
+    err, ok = compare([o.numpy() for o in outs], expected, meta["tolerance"])
+    return {"workload": meta["name"], "time_us": time_tvm(vm, func, args, dev), "max_err": err,
             "correct": ok}
 
 
@@ -149,8 +148,9 @@ def _num_input(func) -> int | None:
     return None if value is None else int(value)
 
 
-def _compare(outs, refs, tolerance) -> tuple[float, bool]:
-    rtol, atol = tolerance
+def compare(outs: list[np.ndarray], refs: list[np.ndarray], tol) -> tuple[float, bool]:
+    """Max absolute error and whether every output is within ``(rtol, atol)``."""
+    rtol, atol = tol
     if len(outs) != len(refs):
         return float("inf"), False
     err, ok = 0.0, True
@@ -164,13 +164,10 @@ def _compare(outs, refs, tolerance) -> tuple[float, bool]:
     return err, ok
 
 
-def _time(vm, func: str, args, dev, budget_s: float = 0.2) -> float:
-    """Median microseconds per call."""
-    start = time.perf_counter()
-    vm[func](*args)
-    dev.sync()
-    probe = time.perf_counter() - start
-    number = max(1, int(budget_s / 10 / max(probe, 1e-7)))
+def time_tvm(vm, func: str, args, dev, budget_ms: float = 200.0) -> float:
+    """Median microseconds per call of ``vm[func](*args)``."""
+    probe = vm.time_evaluator(func, dev, number=1, repeat=1)(*args).mean
+    number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
     result = vm.time_evaluator(func, dev, number=number, repeat=10)(*args)
     return float(np.median(result.results)) * 1e6
 

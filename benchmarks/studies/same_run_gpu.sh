@@ -14,10 +14,7 @@ shift 2
 source benchmarks/gpu_env.sh  # this tree, staged at /tmp/tvm-stitch-pkg
 export TRITON_DEFAULT_FP_FUSION=1
 staged=/tmp/tvm-stitch-base
-rm -rf "$staged" && mkdir -p "$staged/tvm_stitch/benchmarks"
-cp -r "$base/tvm_stitch/." "$staged/tvm_stitch/"
-cp -r "$base/passes" "$staged/tvm_stitch/passes"
-cp "$base"/benchmarks/*.py "$staged/tvm_stitch/benchmarks/"
+stage_tvm_stitch "$base" "$staged"
 new_path=$PYTHONPATH
 base_path=$staged:${PYTHONPATH#/tmp/tvm-stitch-pkg:}
 mkdir -p "$out"

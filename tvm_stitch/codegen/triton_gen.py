@@ -37,20 +37,33 @@ from tvm_stitch.families.gemm.triton import gemm_source
 logger = logging.getLogger("tvm_stitch.codegen")
 
 
+def _with_ws_form(source: KernelSource, match, name: str, gluon, print_ws) -> KernelSource:
+    """``source`` with its warp-specialized Gluon form (``print_ws(match, name)``, descriptors
+    from ``gluon.ws_descriptors``) where ``gluon.ws_legality`` allows one; else without, the
+    reason logged."""
+    why = gluon.ws_legality(match)
+    if why:
+        logger.info("%s: no warp-specialized form: %s", match.describe(), why)
+        return dataclasses.replace(source, ws=None, ws_descs=())
+    return dataclasses.replace(source, ws=print_ws(match, name),
+                               ws_descs=tuple(gluon.ws_descriptors(match)))
+
+
 def gemm_kernel(match, name: str) -> KernelSource:
     """A GEMM's kernel: its Triton form (:func:`~tvm_stitch.families.gemm.triton.gemm_source`)
     and, where it applies, its warp-specialized Gluon form
-    (:func:`~tvm_stitch.families.gemm.gluon.ws_form`)."""
-    return dataclasses.replace(gemm_source(match, name), **gemm_gluon.ws_form(match, name))
+    (:func:`~tvm_stitch.families.gemm.gluon.gemm_ws_source`)."""
+    return _with_ws_form(gemm_source(match, name), match, name, gemm_gluon,
+                         gemm_gluon.gemm_ws_source)
 
 
 def attention_kernel(match, name: str, paired: bool = True) -> KernelSource:
     """An attention's kernel: its Triton form
     (:func:`~tvm_stitch.families.attention.triton.attention_source`, ``paired`` as there) and,
     where it applies, its warp-specialized Gluon form
-    (:func:`~tvm_stitch.families.attention.gluon.ws_form`)."""
-    return dataclasses.replace(attention_source(match, name, paired),
-                               **attention_gluon.ws_form(match, name))
+    (:func:`~tvm_stitch.families.attention.gluon.attention_ws_source`)."""
+    return _with_ws_form(attention_source(match, name, paired), match, name, attention_gluon,
+                         attention_gluon.attention_ws_source)
 
 
 PRINTERS = {"gemm": gemm_kernel, "attention": attention_kernel, "chain": chain_source}

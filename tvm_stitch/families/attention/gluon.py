@@ -38,7 +38,6 @@ PTX on any machine.
 
 from __future__ import annotations
 
-import logging
 import re
 
 from tvm_stitch.codegen.elem_printer import ElemPrinter, write_output
@@ -60,8 +59,6 @@ from tvm_stitch.families.attention.triton import (
     scaled_logits,
     softmax_exp2,
 )
-
-logger = logging.getLogger("tvm_stitch.codegen")
 
 #: widest head tile: a consumer holds a 64×n float32 score tile and a 64×d output tile in
 #: registers (240 per thread)
@@ -464,14 +461,3 @@ def attention_ws_source(match, name: str) -> str:
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,
     )
-
-
-def ws_form(match, name: str) -> dict:
-    """The warp-specialized form of ``match``'s kernel ``name``: the ``ws`` (module text) and
-    ``ws_descs`` fields of its :class:`~tvm_stitch.codegen.kernel_text.KernelSource`, none
-    where :func:`ws_legality` refuses it (the reason logged)."""
-    why = ws_legality(match)
-    if why:
-        logger.info("%s: no warp-specialized form: %s", match.describe(), why)
-    return {"ws": None if why else attention_ws_source(match, name),
-            "ws_descs": () if why else tuple(ws_descriptors(match))}

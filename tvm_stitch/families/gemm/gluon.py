@@ -61,7 +61,6 @@ compilation to sm_90a PTX on any machine.
 
 from __future__ import annotations
 
-import logging
 import re
 
 from tvm_stitch.analysis.elem import Leaf, Op, leaves, reductions, replace, walk
@@ -86,7 +85,6 @@ from tvm_stitch.families.gemm.gluon_launch import (
 )
 from tvm_stitch.families.gemm.triton import n_axis_of, tma_descriptors, tma_layout
 
-logger = logging.getLogger("tvm_stitch.codegen")
 
 def ws_legality(match) -> str | None:
     """Why the warp-specialized Gluon form cannot compute the GEMM ``match``, or None.
@@ -789,14 +787,3 @@ def _reads(elem, tensors: set) -> bool:
     if isinstance(elem, Leaf):
         return elem.tensor in tensors
     return any(_reads(a, tensors) for a in getattr(elem, "args", ()))
-
-
-def ws_form(match, name: str) -> dict:
-    """The warp-specialized form of ``match``'s kernel ``name``: the ``ws`` (module text) and
-    ``ws_descs`` fields of its :class:`~tvm_stitch.codegen.kernel_text.KernelSource`, none
-    where :func:`ws_legality` refuses it (the reason logged)."""
-    why = ws_legality(match)
-    if why:
-        logger.info("%s: no warp-specialized form: %s", match.describe(), why)
-    return {"ws": None if why else gemm_ws_source(match, name),
-            "ws_descs": () if why else ws_descriptors(match)}
