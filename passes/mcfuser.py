@@ -28,7 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_stitch.analysis.recognize import FAMILIES, recognize
+from tvm_stitch.analysis.recognize import recognize
 from tvm_stitch.analysis.weights import bound_weights, join_weights, weight_tensors
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
@@ -37,6 +37,8 @@ from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents, check_tune
 from tvm_stitch.errors import error_line
+from tvm_stitch.families import FAMILIES
+from tvm_stitch.families import check as check_families
 from tvm_stitch.families.gemm.triton import tma_layout
 from tvm_stitch.graph import build_graph
 from tvm_stitch.tune.policy import KernelTuner
@@ -110,12 +112,9 @@ class FuseMBCI:
         fold_norms=False, lift_params=False, dependent_launch=True,
         launch_dependents=DEFAULT_LAUNCH_DEPENDENTS,
     ):
-        unknown = set(mcfuser) - set(FAMILIES)
-        if unknown:
-            raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
         self.database = database
         self.builder = builder
-        self.mcfuser = tuple(mcfuser)
+        self.mcfuser = check_families(mcfuser)
         self.plan_only = plan_only
         self.tune = check_tune(tune)
         self.fold_norms = fold_norms

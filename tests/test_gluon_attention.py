@@ -105,7 +105,7 @@ def test_warp_specialized_form_says_why_not(dtype, params, reason):
 
 def test_search_measures_the_warp_specialized_form():
     """The attention search seeds the Gluon form at each of its tilings (launch ``WS``)."""
-    from tvm_stitch.tune.kernels import ws_seeds
+    from tvm_stitch.families.attention.tune import ws_seeds
 
     seeds = ws_seeds()
     assert [(s["m"], s["n"], s["launch"]["num_stages"]) for s in seeds] == [

@@ -241,14 +241,14 @@ def test_gemm_space_holds_the_hopper_seeds_with_their_launches():
     """Every GEMM seed survives pruning and legality at BERT's shapes and is measured with its
     own launch (warps, stages, persistent); row tiles below a warpgroup's 64 rows are illegal."""
     from tvm_stitch.codegen import triton_kernels as tk
-    from tvm_stitch.tune.kernels import SEEDS
+    from tvm_stitch.families.gemm.tune import SEEDS
     from tvm_stitch.tune.measure import _seeded
 
     spec = ChainSpec.gemm(4096, 3072, 768)
     space = build_search_space(spec, H100.smem_per_block, legal=lambda c: tk.gemm_legality(spec, c))
     assert all(c.tile_dict["m"] >= 64 for c in space.candidates())
-    seeded = _seeded(space, SEEDS["gemm"])
-    assert len(seeded) == len(SEEDS["gemm"])
+    seeded = _seeded(space, SEEDS)
+    assert len(seeded) == len(SEEDS)
     first, launch = seeded[0]
     assert first.tile_dict == {"m": 128, "n": 256, "k": 64}
     assert launch == {"num_warps": 8, "num_stages": 4, "PERSISTENT": True}

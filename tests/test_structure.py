@@ -16,16 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The layers, lowest first: a module imports from its own layer or lower ones only. Data flows
 #: one way: graph -> analysis (recognition, legality) -> cost/explore (decisions) ->
 #: codegen/stitch (kernels) -> tuning (searches that build and time kernels) -> passes -> the
-#: pipeline and its entry points -> tools.  A family folder spans layers: its recognition is
-#: analysis, its printers are codegen; the family registry (``families/__init__.py``) is data.
+#: pipeline and its entry points -> tools.  A family folder spans layers (its recognition is
+#: analysis, its cost terms cost, its printers and reference codegen, its search tuning: see
+#: ``tvm_stitch/families/__init__.py``); the family registry itself is data.
 LAYERS = [
     ("foundation", ["_hooks", "errors", "config", "hardware", "console", "library", "codegen.ptx",
                     "families"]),
     ("graph", ["graph"]),
-    ("analysis", ["analysis", "families", "families.*.recognize"]),
-    ("cost/explore", ["cost", "explore"]),
-    ("codegen/stitch", ["codegen", "stitch", "families.*.triton", "families.*.gluon"]),
-    ("tuning", ["tune"]),
+    ("analysis", ["analysis", "families.*.recognize"]),
+    ("cost/explore", ["cost", "explore", "families.*.cost"]),
+    ("codegen/stitch", ["codegen", "stitch", "families.*.triton", "families.*.gluon",
+                        "families.*.gluon_launch", "families.*.reference"]),
+    ("tuning", ["tune", "families.*.tune"]),
     ("passes", ["passes"]),
     ("pipeline", ["pipeline", "report", "frontend", "workloads", "fuzz"]),
     ("tools", ["benchmarks", "cli", "__main__"]),

@@ -192,7 +192,7 @@ def test_moment_pieces_follow_the_rows(batch, seq, chunk):
     from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE
     from tvm_stitch.explore.tiling import Candidate, ChainSpec
     from tvm_stitch.families.gemm.recognize import moment_chunk
-    from tvm_stitch.tune.kernels import generated_gemm_legality
+    from tvm_stitch.families.gemm.tune import legality as generated_gemm_legality
 
     assert (moment_chunk(128, 768), moment_chunk(1024, 768), moment_chunk(4096, 768)) == (
         16, 32, 128)

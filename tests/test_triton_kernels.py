@@ -512,7 +512,7 @@ def test_paired_roundings_are_the_casts_on_the_gpu():
 def test_tma_stores_are_searched_beside_pointer_stores():
     """A GEMM that can store by TMA has each persistent launch (and seed) searched both ways;
     one-program-per-tile and split launches keep pointer stores; without the form, none."""
-    from tvm_stitch.tune.kernels import _gemm_options
+    from tvm_stitch.families.gemm.tune import template_options as _gemm_options
 
     plain, plain_seeds = _gemm_options(True, True)
     launches, seeds = _gemm_options(True, True, tma_store=True)

@@ -351,10 +351,10 @@ def test_tma_stores_on_the_gpu(tmp_path, monkeypatch, name, params):
     """GEMMs storing their tiles by TMA (``TMA_STORE``, descriptors over the outputs made by
     the executable's host code): every GEMM that can is built so, and the model gives
     PyTorch's numbers."""
-    from tvm_stitch.tune import kernels
+    from tvm_stitch.families.gemm import tune as kernels
 
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))
-    options = kernels._gemm_options
+    options = kernels.template_options
 
     def stores_only(persistent, split=False, tma_store=False):
         launches, seeds = options(persistent, split, tma_store)
@@ -363,7 +363,7 @@ def test_tma_stores_on_the_gpu(tmp_path, monkeypatch, name, params):
             seeds = [s for s in seeds if s["launch"].get("TMA_STORE")]
         return launches, seeds
 
-    monkeypatch.setattr(kernels, "_gemm_options", stores_only)
+    monkeypatch.setattr(kernels, "template_options", stores_only)
     inst = get_workload(name).instance("float16", **params)
     ex = tvm.compile(inst.mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
     ptx = "".join(m.inspect_source() for m in _cuda_modules(ex))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from tvm_stitch.families import FAMILIES
+from tvm_stitch.families import check as check_families
 
 #: where a dependently launched kernel releases the next launch (``launch_dependents``)
 LAUNCH_DEPENDENTS = ("start", "exit")
@@ -90,9 +91,10 @@ class PipelineOptions:
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
         check_launch_dependents(self.launch_dependents)
         check_tune(self.tune)
-        unknown = set(self.mcfuser) - set(FAMILIES)
-        if isinstance(self.mcfuser, str) or unknown:
-            raise ValueError(f"mcfuser takes a tuple of {FAMILIES}; got {self.mcfuser!r}")
+        try:
+            check_families(self.mcfuser)
+        except ValueError as err:
+            raise ValueError(f"mcfuser takes a tuple of kernel families: {err}") from None
 
     @classmethod
     def from_kwargs(cls, **options) -> PipelineOptions:

@@ -288,28 +288,9 @@ class Match:
     def describe(self, outputs: bool = False) -> str:
         """What the kernel computes, e.g. ``gemm 128x(128+128+128)x128 float16, 3 bands`` or
         ``attention 1x12x128x128 d64 float16, causal``; ``outputs`` adds the tensors written."""
-        ext = self.frame.extents
-        batch = f"{ext['b']}x" if ext.get("b", 1) > 1 else ""
-        if self.family == "gemm":
-            widths = [str(seg.n) for seg in self.segments]
-            n = widths[0] if len(widths) == 1 else f"({'+'.join(widths)})"
-            text = f"gemm {batch}{ext['m']}x{n}x{ext['k']} {self.dtype}"
-            if len(self.segments) > 1:
-                text += f", {len(self.segments)} bands"
-            if max(len(s.products) for s in self.segments) > 1:
-                text += ", 2 products"
-            if self.prologue is not None:
-                text += ", normalized A"
-        else:
-            heads = f"{ext.get('b', 1)}x{ext.get('h', 1)}x"
-            dims = f"{heads}{ext['m']}x{ext['n']} d{ext['k']}"
-            if ext["d"] != ext["k"]:
-                dims += f"/{ext['d']}"
-            text = f"{self.family} {dims} {self.dtype}"
-            if self.group > 1:
-                text += f", {self.group} heads per K/V head"
-            if self.causal is not None:
-                text += ", causal" + (f"{self.causal:+d}" if self.causal else "")
+        from tvm_stitch.families import part  # the registry: data only
+
+        text = part(self.family, "recognize").describe(self)
         if outputs:
             text += " -> " + ", ".join(o.tensor for o in self.all_outputs)
         return text
@@ -336,10 +317,29 @@ def finalize(graph, match: Match) -> None:
     match.views = views(graph, match)
 
 
+def pair_description(match: Match) -> str:
+    """What a kernel of two products computes, e.g. ``attention 1x12x128x128 d64 float16,
+    causal``: batch x heads x rows x keys, head dims, shared K/V heads, a causal mask."""
+    ext = match.frame.extents
+    heads = f"{ext.get('b', 1)}x{ext.get('h', 1)}x"
+    dims = f"{heads}{ext['m']}x{ext['n']} d{ext['k']}"
+    if ext["d"] != ext["k"]:
+        dims += f"/{ext['d']}"
+    text = f"{match.family} {dims} {match.dtype}"
+    if match.group > 1:
+        text += f", {match.group} heads per K/V head"
+    if match.causal is not None:
+        text += ", causal" + (f"{match.causal:+d}" if match.causal else "")
+    return text
+
+
 def collapse_frame(graph, match: Match) -> None:
-    """Merge the frame's axes where every access allows (GEMMs: batch, row and column axes;
-    other families: batch axes) and name the single ones ``b``/``m``/``n``."""
-    for prefix in ("b", "m", "n") if match.family == "gemm" else ("b",):
+    """Merge the frame's axes where every access allows (the family's ``COLLAPSE``, e.g. a
+    GEMM's batch, row and column axes; by default its batch axes) and name the single ones
+    ``b``/``m``/``n``."""
+    from tvm_stitch.families import part  # the registry: data only
+
+    for prefix in getattr(part(match.family, "recognize"), "COLLAPSE", ("b",)):
         _collapse(graph, match, prefix)
     _rename_single(match)
 

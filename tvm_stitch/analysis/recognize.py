@@ -38,16 +38,8 @@ import logging
 
 from tvm import ir, tirx
 
-from tvm_stitch.families import FAMILIES
-from tvm_stitch.families.attention.recognize import (
-    attention,
-    finalize_attention,
-    match_softmax,
-    safe_softmax,
-)
-from tvm_stitch.families.chain.recognize import chain
-from tvm_stitch.families.gemm.recognize import fold_norms as fold_norms_into_gemms
-from tvm_stitch.families.gemm.recognize import gemm, group_horizontal
+from tvm_stitch.families import FAMILIES, REGISTRY
+from tvm_stitch.families import check as check_families
 from tvm_stitch.graph import OpKind, TensorDependencyGraph
 
 from .elem import Composer, CompositionError, leaves
@@ -59,7 +51,6 @@ from .match import (
     NotRecognizedError,
     Recognition,
     contraction,
-    finalize,
 )
 from .regions import epilogue_regions, region_policy
 
@@ -72,16 +63,17 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
               weights=None) -> Recognition:
     """Every kernel of ``families`` in ``graph``, each contraction in at most one match.
 
-    Attention and chains are recognized first (they contain two contractions), then the remaining
-    contractions as GEMMs; with ``fold_norms``, normalizations whose every reader is a GEMM are
-    folded into those GEMMs (:func:`~.regions.norm_region`); GEMMs sharing their ``A`` operand
-    are then grouped (horizontal fusion).  With ``weights`` (the graph tensors that are weights), a
+    Families of two products (attention, chains) are recognized first, each contraction asking
+    the registry's two-product families in order which claims it; then the remaining
+    contractions by the one-product families (GEMMs), each family regrouping its matches after
+    (the GEMMs: with ``fold_norms``, normalizations whose every reader is a GEMM are folded into
+    those GEMMs, :func:`~.regions.norm_region`; GEMMs sharing their ``A`` operand are grouped,
+    SOUFFLE's horizontal fusion).  With ``weights`` (the graph tensors that are weights), a
     normalization a GEMM reads as ``A`` is folded through that GEMM's weights
-    (:mod:`.through_weights`) or not at all.
+    (:mod:`.through_weights`) or not at all.  The families' contract is in
+    :mod:`tvm_stitch.families`.
     """
-    unknown = set(families) - set(FAMILIES)
-    if unknown:
-        raise ValueError(f"unknown kernel families {sorted(unknown)}; known: {FAMILIES}")
+    families = check_families(families)
     rejected: list[tuple[str, str]] = []
     products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
     contractions = {}
@@ -90,56 +82,75 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
             contractions[node.name] = contraction(node)
         except NotRecognizedError as err:
             rejected.append((node.name, str(err)))
-    matches: list[Match] = []
-    taken: set[str] = set()
-    written: set[str] = set()  # tensors the accepted kernels write: later operands read them
-    read: set[str] = set()  # tensors the accepted kernels read: later epilogues end there
+    found = _Found()
     errors = (NotRecognizedError, CompositionError, UnsupportedExprError)
+    pairs = [f.name for f in REGISTRY.values() if _recognizer(f.name).PRODUCTS == 2]
     for name, c in contractions.items():
-        if "attention" not in families and "chain" not in families:
+        if not set(pairs) & set(families):
             break
         try:
-            match = _two_products(graph, c, contractions, families, frozenset(written))
+            match = _two_products(graph, c, contractions, pairs, families,
+                                  frozenset(found.written))
         except errors as err:
             rejected.append((name, str(err)))
             continue
-        if match is None or taken & set(match.covered):
+        if match is not None and not found.taken & set(match.covered):
+            found.add(match)
+    for family in (f for f in REGISTRY if f in families):
+        rec = _recognizer(family)
+        if rec.PRODUCTS != 1:
             continue
-        taken.update(match.covered)
-        written.update(o.tensor for o in match.all_outputs)
-        read.update(v.tensor for r, v in match.views.items() if not str(r).startswith("out"))
-        matches.append(match)
-    if "gemm" in families:
+        build = getattr(rec, family)
         # a product computed as another's partner (gate × up) is not a kernel of its own: the
         # first in program order keeps both
         for name, c in contractions.items():
-            if name in taken:
+            if name in found.taken:
                 continue
             try:
-                match = gemm(graph, c, frozenset(written), frozenset(read))
+                match = build(graph, c, frozenset(found.written), frozenset(found.read))
             except errors as err:
-                rejected.append((name, f"GEMM: {err}"))
+                rejected.append((name, f"{family}: {err}"))
                 continue
-            if taken & set(match.covered):
-                rejected.append((name, "computed inside another GEMM kernel"))
+            if found.taken & set(match.covered):
+                rejected.append((name, f"computed inside another {family} kernel"))
                 continue
-            taken.update(match.covered)
-            written.update(o.tensor for o in match.all_outputs)
-            read.update(v.tensor for r, v in match.views.items() if not str(r).startswith("out"))
-            matches.append(match)
-        if fold_norms:
-            matches = fold_norms_into_gemms(graph, contractions, matches, frozenset(written),
-                                            frozenset(read), rejected, weights)
-        matches = group_horizontal(graph, matches, rejected)
+            found.add(match)
+        if hasattr(rec, "regroup"):
+            found.matches = rec.regroup(graph, contractions, found.matches,
+                                        frozenset(found.written), frozenset(found.read),
+                                        rejected, weights, fold_norms)
     for name, why in rejected:
         logger.info("recognize: %s not fused: %s", name, why)
-    return Recognition(matches, rejected)
+    return Recognition(found.matches, rejected)
+
+
+def _recognizer(family: str):
+    return REGISTRY[family].module("recognize")
+
+
+class _Found:
+    """The accepted kernels, the contractions they cover, the tensors they write (later
+    operands read them) and read (later epilogues end there)."""
+
+    def __init__(self):
+        self.matches: list[Match] = []
+        self.taken: set[str] = set()
+        self.written: set[str] = set()
+        self.read: set[str] = set()
+
+    def add(self, match: Match) -> None:
+        self.taken.update(match.covered)
+        self.written.update(o.tensor for o in match.all_outputs)
+        self.read.update(v.tensor for r, v in match.views.items()
+                         if not str(r).startswith("out"))
+        self.matches.append(match)
 
 
 # -- attention and chains --------------------------------------------------------------------------
-def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match | None:
-    """Attention or a GEMM chain ending in ``c2``, or None when ``c2``'s A is not computed by
-    another product."""
+def _two_products(graph, c2: Contraction, contractions, pairs, families, stop) -> Match | None:
+    """A kernel of two products ending in ``c2`` (of the first of the two-product families
+    ``pairs`` that claims it), or None when ``c2``'s A is not computed by another product or
+    the family claiming it is not among ``families``."""
     frame = Frame()
     dims = {}
     vmap = {}
@@ -171,11 +182,12 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
     c1 = contractions[graph.tensors[firsts.pop()].producer]
     if c1 is c2:
         return None
-    score = match_softmax(region, frame.vars["n"], graph)
-    family = "attention" if score is not None else "chain"
+    family = next((f for f in pairs
+                   if _recognizer(f).claim(region, frame.vars["n"], graph) is not None), None)
     if family not in families:
         return None
-    build = attention if score is not None else chain
+    rec = _recognizer(family)
+    build = getattr(rec, family)
     last = None
     for region in epilogue_regions(graph, c2.out, stop):
         try:
@@ -190,14 +202,11 @@ def _two_products(graph, c2: Contraction, contractions, families, stop) -> Match
                 tuple(sub.simplify(substitute(i, vmap_t)) for i in c2.a[1]),
                 region_policy(graph, stop, inside),
             )
-            inner = (match_softmax(region_t, sub.vars["n"], graph) if score is not None
-                     else region_t)
+            inner = rec.claim(region_t, sub.vars["n"], graph)
             match = build(graph, sub, composer, c1, c2, inner, vmap_t, region, stop)
-            match.zero_empty_rows = safe_softmax(region_t, sub.vars["n"], graph) is not None
-            if match.family == "attention":
-                finalize_attention(graph, match)
-            else:
-                finalize(graph, match)
+            if hasattr(rec, "zero_empty_rows"):
+                match.zero_empty_rows = rec.zero_empty_rows(region_t, sub.vars["n"], graph)
+            rec.finalize(graph, match)
             return match
         except (NotRecognizedError, CompositionError, UnsupportedExprError) as err:
             last = err

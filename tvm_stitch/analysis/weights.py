@@ -103,7 +103,7 @@ def join_weights(match, weights) -> tuple:
         constants: :func:`bound_weights`).
     """
     segments = match.segments
-    if match.family != "gemm" or len(segments) < 2:
+    if len(segments) < 2:  # bands: products sharing A side by side (GEMMs)
         return None, "not a GEMM of several bands"
     if match.prologue is not None or any(len(s.products) != 1 for s in segments):
         return None, "a computed A or several products per band"

@@ -539,17 +539,10 @@ def launch_options(source, config: dict) -> dict:
     """Triton's compile options of ``source`` launched with ``config``: warps and pipeline
     stages, or for a warp-specialized form (``WS``) its 4 warps per partition and the register
     limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
-    if config.get("WS") and source.family == "gemm":
-        from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
-
-        if config.get("EW"):  # an epilogue partition
-            key = (int(config["WS"]), int(config["EW"]))
-            return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[key][0]}
-        return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}
     if config.get("WS"):
-        from tvm_stitch.families.attention.gluon import WS_MAXNREG
+        from tvm_stitch.families import part  # the registry: data only
 
-        return {"num_warps": 4, "maxnreg": WS_MAXNREG}
+        return part(source.family, "gluon").ws_launch_options(config)
     return _launch(config)
 
 

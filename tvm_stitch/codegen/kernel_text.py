@@ -167,43 +167,29 @@ class KernelSource:
         return self.ws_descs if config.get("WS") else self.descs
 
     def grid(self, config: dict, match) -> tuple:
-        """Programs along x, y for the tile sizes in ``config``."""
-        ext = match.frame.extents
-        if self.family == "gemm":
-            tiles = _gemm_tiles(match, config)
-            # persistent: the Triton form's (PERSISTENT) and the warp-specialized form, whose
-            # descriptors are its own (bands over B tensors of their own have no Triton one)
-            if (self.persistent and config.get("PERSISTENT")) or _consumers(config) > 1:
-                return (min(config["NUM_SMS"], tiles), 1)
-            return (tiles * config.get("SPLIT_K", 1), ext.get("b", 1))
-        if self.family == "attention":
-            tiles = (cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
-            if config.get("WS"):  # persistent: a program per SM, each over several tiles
-                return (min(tiles[0] * tiles[1], config["NUM_SMS"]), 1)
-            return tiles
-        return (
-            cdiv(ext["m"], config["BLOCK_M"]),
-            cdiv(ext["d"], config["BLOCK_H"]),
-            ext.get("b", 1) * ext.get("h", 1),
-        )
+        """Programs along x, y (, z) for the tile sizes in ``config`` (the family's
+        ``grid``)."""
+        from tvm_stitch.families import part  # the registry: data only
+
+        return part(self.family, "triton").grid(config, match, self)
 
 
 def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def _consumers(config: dict) -> int:
+def consumers(config: dict) -> int:
     """Consumer warpgroups of a warp-specialized GEMM launch (``WS``), else 1 — also where
     ``WS`` is a Triton GEMM's split-K workspace argument (a buffer among its constexprs)."""
     ws = config.get("WS")
     return int(ws) if isinstance(ws, int) and ws else 1
 
 
-def _gemm_tiles(match, config: dict) -> int:
+def output_tiles(match, config: dict) -> int:
     """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``: a
     warp-specialized launch's tile is ``WS`` consumers' ``BLOCK_M`` rows each."""
     tiles_n = sum(cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
-    rows = config["BLOCK_M"] * _consumers(config)
+    rows = config["BLOCK_M"] * consumers(config)
     return cdiv(match.frame.extents["m"], rows) * tiles_n
 
 
@@ -215,7 +201,7 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
               "NUM_SMS": 1, "SPLIT_K": 1, **config, **source.constexprs}
     consts["DOT_PREC"] = "ieee" if match.dtype == "float32" else "tf32"
     consts.setdefault("NB", config.get("num_stages", 2))  # a Gluon kernel's ring slots
-    consts["CONSUMERS"] = _consumers(config)  # the Gluon GEMM's consumer warpgroups
+    consts["CONSUMERS"] = consumers(config)  # the Gluon GEMM's consumer warpgroups
     consts["EW"] = int(config.get("EW") or 0)  # and its epilogue partition's warps
     consts["PTR_STORE"] = int(config.get("PTR_STORE") or 0)  # storing through pointers
     if consts["PERSISTENT"]:
@@ -233,7 +219,7 @@ def split_k_buffers(source: KernelSource, match, consts: dict) -> dict:
     split = consts.get("SPLIT_K", 1)
     if not source.split_k or split == 1:
         return {}
-    tiles = _gemm_tiles(match, consts) * match.frame.extents.get("b", 1)
+    tiles = output_tiles(match, consts) * match.frame.extents.get("b", 1)
     products = len(match.segments[0].products)
     per_tile = split * products * consts["BLOCK_M"] * consts["BLOCK_N"]
     return {"WS": (tiles * per_tile, "float32"), "CNT": (tiles, "int32")}

@@ -18,13 +18,13 @@ from tvm.ir.prim import expr as P
 from tvm_stitch.analysis.elem import Const, Elem, Iter, Leaf, Reduce
 from tvm_stitch.analysis.indexing import Strided, as_int64, dtype_of
 
-from .kernel_text import UnsupportedKernelError, extra_views
+from .kernel_text import UnsupportedKernelError
 
-_F32 = "float32"
-_ZERO = tirx.const(0, "int64")
+F32 = "float32"
+ZERO = tirx.const(0, "int64")
 
 
-def _read(view: Strided, tensor, coords: dict):
+def read(view: Strided, tensor, coords: dict):
     """Element ``coords`` (axis -> index expression) of ``view``, read from ``tensor``."""
     flat = tirx.const(view.offset, "int64")
     for axis, stride in view.strides:
@@ -43,7 +43,7 @@ def _cast(x, dtype):
     return x if dtype_of(x) == dtype else x.astype(dtype)
 
 
-class _Evaluator:
+class Evaluator:
     """Element expressions as TE expressions."""
 
     def __init__(self, match, tensors, views, coords, acc, stats=None):
@@ -60,7 +60,7 @@ class _Evaluator:
             if e.tensor in self.acc:
                 return _cast(self.acc[e.tensor](self.coords), e.dtype)
             view = self.views[e.key()]
-            return _read(view, self.tensors[view.tensor], self.coords)
+            return read(view, self.tensors[view.tensor], self.coords)
         if isinstance(e, Reduce):
             return self.stats[e.key()](self.coords)
         args = [self(a) for a in e.args]
@@ -112,13 +112,14 @@ def reference_func(match, source, shapes: dict) -> tvm.tirx.PrimFunc:
         t: te.placeholder(tuple(shapes[t][0]), shapes[t][1], f"I{i}")
         for i, t in enumerate(source.inputs)
     }
-    build = {"gemm": _gemm, "attention": _attention, "chain": _chain}[match.family]
-    outs = build(match, tensors, shapes)
+    from tvm_stitch.families import part  # the registry: data only
+
+    outs = part(match.family, "reference").reference(match, tensors, shapes)
     ordered = [outs[t] for t in source.outputs]
     return te.create_prim_func([*tensors.values(), *ordered])
 
 
-def _write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
+def write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
     """The output tensor: each of its elements maps back to frame coordinates through its view
     (a permutation of a dense layout: strides sorted descending are a mixed radix)."""
     shape, dtype = shapes[out.tensor]
@@ -140,7 +141,7 @@ def _write(match, out, view: Strided, value_at, shapes) -> te.Tensor:
     return te.compute(tuple(shape), element, name=f"out_{len(axes)}")
 
 
-def _statistics(match, tensors, extras) -> dict:
+def statistics(match, tensors, extras) -> dict:
     """Row statistics (reductions over a row) as tensors over the frame's row axes; Reduce key
     -> reader at coordinates."""
     ext = match.frame.extents
@@ -159,7 +160,7 @@ def _reduction(match, r, rows, tensors, extras, stats):
 
     def fcompute(*idx):
         coords = {**dict(zip(rows, idx)), r.var.name: rk}
-        ev = _Evaluator(match, tensors, extras, coords, {}, stats)
+        ev = Evaluator(match, tensors, extras, coords, {}, stats)
         return reducer(ev(r.body).astype(r.dtype), axis=rk)
 
     return fcompute
@@ -167,180 +168,3 @@ def _reduction(match, r, rows, tensors, extras, stats):
 
 def _reader(full, rows):
     return lambda c: full[tuple(as_int64(c[a]) for a in rows)]
-
-
-def _gemm(match, tensors, shapes) -> dict:
-    views = match.views
-    extras = extra_views(match)
-    ext = match.frame.extents
-    a = views["a"]
-    stats = _statistics(match, tensors, extras)
-    outs = {}
-    for si, seg in enumerate(match.segments):
-        accs = {}
-        for pi, (tensor, _) in enumerate(seg.products):
-            bv = views[f"b{si}.{pi}"]
-            n_axis = next((x for x, s in bv.strides if x.startswith("n") and s), "n")
-            product = _product(match, tensors, a, bv, n_axis, ext["k"], extras, stats)
-            full = te.compute((ext.get("b", 1), ext["m"], seg.n), product, name=f"acc{si}_{pi}")
-            accs[tensor] = (full, n_axis)
-        for oi, out in enumerate(seg.outputs):
-            n_axis = next(iter(accs.values()))[1]
-
-            def value_at(coords, out=out, accs=accs, n_axis=n_axis):
-                def acc_reader(name):
-                    full, _ = accs[name]
-                    return lambda c: full[as_int64(c.get("b", _ZERO)), c["m"], c[n_axis]]
-
-                accs_at = {t: acc_reader(t) for t in out.accumulators}
-                ev = _Evaluator(match, tensors, extras, coords, accs_at, stats)
-                return ev(out.elem)
-
-            if out.chunk:
-                outs[out.tensor] = _moments(out, value_at, n_axis, seg.n, shapes)
-            else:
-                outs[out.tensor] = _write(match, out, views[f"out{si}.{oi}"], value_at, shapes)
-    return outs
-
-
-def _moments(out, value_at, n_axis, n, shapes) -> te.Tensor:
-    """A row moment in pieces: ``out.elem`` summed over each ``out.chunk`` columns."""
-    shape, _ = shapes[out.tensor]
-    c = te.reduce_axis((0, out.chunk), "c")
-
-    def element(row, j):
-        col = as_int64(j) * out.chunk + c.var
-        value = value_at({"b": _ZERO, "m": row, n_axis: col}).astype(_F32)
-        return te.sum(tirx.if_then_else(col < n, value, tirx.const(0, _F32)), axis=c)
-
-    return te.compute(tuple(shape), element, name="moments")
-
-
-def _product(match, tensors, a, bv, n_axis, k, extras, stats):
-    """``fcompute(b, m, n)`` of ``Σ_k A[b, m, k] · B[b, k, n]`` in the accumulator's dtype
-    (``A`` computed by the prologue when there is one)."""
-    kr = te.reduce_axis((0, k), "kr")
-
-    def product(b, m, n):
-        # operands stored in another precision are converted to the product's first
-        if match.prologue is not None:
-            ev = _Evaluator(match, tensors, extras, {"b": b, "m": m, "k": kr}, {}, stats)
-            x = ev(match.prologue).astype(match.dtype)
-        else:
-            x = _read(a, tensors[a.tensor], {"b": b, "m": m, "k": kr}).astype(match.dtype)
-        y = _read(bv, tensors[bv.tensor], {"b": b, n_axis: n, "k": kr}).astype(match.dtype)
-        return te.sum(x.astype(match.acc_dtype) * y.astype(match.acc_dtype), axis=kr)
-
-    return product
-
-
-def _attention(match, tensors, shapes) -> dict:
-    views = match.views
-    extras = extra_views(match)
-    ext = match.frame.extents
-    q, k, v = views["q"], views["k"], views["v"]
-    group = match.group
-    batch, heads = ext.get("b", 1), ext.get("h", 1)
-    m, n, dk, dh = ext["m"], ext["n"], ext["k"], ext["d"]
-
-    def kv(bb, hh):
-        return {"b": bb, "h": tirx.floordiv(hh, group) if group > 1 else hh}
-
-    kr = te.reduce_axis((0, dk), "kr")
-    s = te.compute(
-        (batch, heads, m, n),
-        lambda bb, hh, i, j: te.sum(
-            _read(q, tensors[q.tensor], {"b": bb, "h": hh, "m": i, "k": kr}).astype(_F32)
-            * _read(k, tensors[k.tensor], {**kv(bb, hh), "n": j, "k": kr}).astype(_F32),
-            axis=kr,
-        ),
-        name="s",
-    )
-
-    def logits(bb, hh, i, j):
-        coords = {"b": bb, "h": hh, "m": i, "n": j}
-        ev = _Evaluator(
-            match,
-            tensors,
-            extras,
-            coords,
-            {match.score_tensor: lambda c: s[c["b"], c["h"], c["m"], c["n"]]},
-        )
-        return ev(match.score).astype(_F32)
-
-    g = te.compute((batch, heads, m, n), logits, name="g")
-    r1 = te.reduce_axis((0, n), "r1")
-    mx = te.compute((batch, heads, m), lambda bb, hh, i: te.max(g[bb, hh, i, r1], axis=r1))
-    if match.zero_empty_rows:
-        # a row of -inf logits: exponentials of 0 and a sum of 0 (divided by 1), zeros out
-        minus_inf = tirx.const(float("-inf"), _F32)
-        mx = te.compute((batch, heads, m), lambda bb, hh, i: tirx.Select(
-            mx[bb, hh, i] == minus_inf, tirx.const(0.0, _F32), mx[bb, hh, i]), name="mx_safe")
-    r2 = te.reduce_axis((0, n), "r2")
-    den = te.compute(
-        (batch, heads, m),
-        lambda bb, hh, i: te.sum(te.exp(g[bb, hh, i, r2] - mx[bb, hh, i]), axis=r2),
-    )
-    r3 = te.reduce_axis((0, n), "r3")
-    o = te.compute(
-        (batch, heads, m, dh),
-        lambda bb, hh, i, d: te.sum(
-            te.exp(g[bb, hh, i, r3] - mx[bb, hh, i]).astype(v.dtype).astype(_F32)
-            * _read(v, tensors[v.tensor], {**kv(bb, hh), "n": r3, "d": d}).astype(_F32),
-            axis=r3,
-        ),
-        name="o",
-    )
-    (out,) = match.outputs
-
-    def value_at(coords):
-        def acc(c):
-            bb, hh = as_int64(c.get("b", _ZERO)), as_int64(c.get("h", _ZERO))
-            total = den[bb, hh, c["m"]]
-            if match.zero_empty_rows:
-                total = tirx.Select(total == tirx.const(0.0, _F32), tirx.const(1.0, _F32), total)
-            return o[bb, hh, c["m"], c["d"]] / total
-
-        ev = _Evaluator(match, tensors, extras, coords, {t: acc for t in out.accumulators})
-        return ev(out.elem)
-
-    return {out.tensor: _write(match, out, views["out0"], value_at, shapes)}
-
-
-def _chain(match, tensors, shapes) -> dict:
-    views = match.views
-    ext = match.frame.extents
-    a, b, d = views["a"], views["b"], views["d"]
-    batch, heads = ext.get("b", 1), ext.get("h", 1)
-    kr = te.reduce_axis((0, ext["k"]), "kr")
-
-    def coords(bb, hh, **rest):
-        return {"b": bb, "h": hh, **rest}
-
-    c = te.compute(
-        (batch, heads, ext["m"], ext["n"]),
-        lambda bb, hh, i, j: te.sum(
-            _read(a, tensors[a.tensor], coords(bb, hh, m=i, k=kr)).astype(_F32)
-            * _read(b, tensors[b.tensor], coords(bb, hh, k=kr, n=j)).astype(_F32),
-            axis=kr,
-        ),
-    )
-    nr = te.reduce_axis((0, ext["n"]), "nr")
-    e = te.compute(
-        (batch, heads, ext["m"], ext["d"]),
-        lambda bb, hh, i, j: te.sum(
-            c[bb, hh, i, nr].astype(d.dtype).astype(_F32)
-            * _read(d, tensors[d.tensor], coords(bb, hh, n=nr, d=j)).astype(_F32),
-            axis=nr,
-        ),
-    )
-    (out,) = match.outputs
-
-    def value_at(cs):
-        def acc(cc):
-            return e[as_int64(cc.get("b", _ZERO)), as_int64(cc.get("h", _ZERO)), cc["m"], cc["d"]]
-
-        ev = _Evaluator(match, tensors, extra_views(match), cs, {t: acc for t in out.accumulators})
-        return ev(out.elem)
-
-    return {out.tensor: _write(match, out, views["out0"], value_at, shapes)}

@@ -1,7 +1,7 @@
 """Triton source for recognized kernels (:mod:`tvm_stitch.analysis.recognize`): the dispatch to
-the families' printers (:data:`PRINTERS`), the kernels' names, and their loading.
+the families' printers (:func:`printed`), the kernels' names, and their loading.
 
-One printer per family (``tvm_stitch/families/<family>/triton.py``) turns a
+One printer per family (``tvm_stitch/families/<family>/triton.py``'s ``kernel``) turns a
 :class:`~tvm_stitch.analysis.match.Match` into the text of one ``@triton.jit`` kernel: shapes,
 strides and offsets are literals, only the tensors' base pointers are arguments (inputs ``I0,
 I1, ...`` then outputs ``O0, ...``), and the tile sizes and launch options stay
@@ -28,50 +28,32 @@ import sys
 from pathlib import Path
 
 from tvm_stitch.codegen.kernel_text import KernelSource, UnsupportedKernelError, pointer_args
-from tvm_stitch.families.attention import gluon as attention_gluon
-from tvm_stitch.families.attention.triton import attention_source
-from tvm_stitch.families.chain.triton import chain_source
-from tvm_stitch.families.gemm import gluon as gemm_gluon
-from tvm_stitch.families.gemm.triton import gemm_source
+from tvm_stitch.families import REGISTRY
 
 logger = logging.getLogger("tvm_stitch.codegen")
 
 
-def _with_ws_form(source: KernelSource, match, name: str, gluon, print_ws) -> KernelSource:
-    """``source`` with its warp-specialized Gluon form (``print_ws(match, name)``, descriptors
-    from ``gluon.ws_descriptors``) where ``gluon.ws_legality`` allows one; else without, the
-    reason logged."""
+def printed(match, name: str) -> KernelSource:
+    """``match``'s kernel as its family prints it: the Triton form (the family's
+    ``triton.kernel``) and, where the family has one and it applies, its warp-specialized Gluon
+    form (``gluon.ws_source``, descriptors from ``gluon.ws_descriptors``; where
+    ``gluon.ws_legality`` refuses it, without, the reason logged)."""
+    family = REGISTRY[match.family]
+    source = family.module("triton").kernel(match, name)
+    if not family.has("gluon"):
+        return source
+    gluon = family.module("gluon")
     why = gluon.ws_legality(match)
     if why:
         logger.info("%s: no warp-specialized form: %s", match.describe(), why)
         return dataclasses.replace(source, ws=None, ws_descs=())
-    return dataclasses.replace(source, ws=print_ws(match, name),
+    return dataclasses.replace(source, ws=gluon.ws_source(match, name),
                                ws_descs=tuple(gluon.ws_descriptors(match)))
-
-
-def gemm_kernel(match, name: str) -> KernelSource:
-    """A GEMM's kernel: its Triton form (:func:`~tvm_stitch.families.gemm.triton.gemm_source`)
-    and, where it applies, its warp-specialized Gluon form
-    (:func:`~tvm_stitch.families.gemm.gluon.gemm_ws_source`)."""
-    return _with_ws_form(gemm_source(match, name), match, name, gemm_gluon,
-                         gemm_gluon.gemm_ws_source)
-
-
-def attention_kernel(match, name: str, paired: bool = True) -> KernelSource:
-    """An attention's kernel: its Triton form
-    (:func:`~tvm_stitch.families.attention.triton.attention_source`, ``paired`` as there) and,
-    where it applies, its warp-specialized Gluon form
-    (:func:`~tvm_stitch.families.attention.gluon.attention_ws_source`)."""
-    return _with_ws_form(attention_source(match, name, paired), match, name, attention_gluon,
-                         attention_gluon.attention_ws_source)
-
-
-PRINTERS = {"gemm": gemm_kernel, "attention": attention_kernel, "chain": chain_source}
 
 
 def kernel_source(match, name: str | None = None) -> KernelSource:
     """The generated kernel of ``match``, named after its content unless ``name`` is given."""
-    draft = PRINTERS[match.family](match, "KERNEL")
+    draft = printed(match, "KERNEL")
     body = draft.text[draft.text.index("@triton.jit") :]  # the header names the call site
     if draft.ws:  # another form to search: records of the Triton form alone are stale
         body += draft.ws[draft.ws.index("@gluon") :]

@@ -586,33 +586,8 @@ def attention_config(cand) -> dict:
     return {"BLOCK_M": cand.tile_dict["m"], "BLOCK_N": cand.tile_dict["n"]}
 
 
-def default_launch(config: dict, family: str = "gemm") -> dict:
-    """Launch options before the search refines them, three stages: a GEMM's warps by tile
-    area; an attention's by query rows, a warpgroup (4 warps) per 64 (its score and output
-    tiles are split by rows only, and a Hopper warpgroup's wgmma takes 64 rows)."""
-    if family == "attention":
-        warps = 4 * max(1, config["BLOCK_M"] // WARPGROUP_ROWS)
-    else:
-        warps = num_warps(config["BLOCK_M"], config["BLOCK_N"])
-    return {"num_warps": warps, "num_stages": 3}
-
-
 #: splits of k a split-K GEMM may use (``SPLIT_K``: programs per output tile)
 SPLITS = (1, 2, 4, 8)
-
-#: launch options the search tries for its best tile candidates (``num_warps`` x ``num_stages``)
-LAUNCHES = {
-    # PERSISTENT: one program per SM loading through TMA (the template's other formulation);
-    # SPLIT_K: programs per output tile, each over a slice of k (generated kernels only)
-    "gemm": [
-        {"num_warps": w, "num_stages": s, "PERSISTENT": p}
-        for p in (False, True)
-        for w in (4, 8)
-        for s in (3, 4)
-    ] + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]],
-    "chain": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
-    "attention": [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)],
-}
 
 
 def precision(dtype) -> dict:

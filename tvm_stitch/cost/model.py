@@ -45,11 +45,8 @@ from tvm_stitch.hardware import HardwareModel
 logger = logging.getLogger("tvm_stitch.cost")
 
 WGMMA_ROWS = 64  # rows one warpgroup's wgmma instruction takes
-WS_ROWS = 128  # query rows of a warp-specialized attention's tile (two consumer warpgroups)
 BASE_REGISTERS = 48  # registers a GEMM thread needs besides its accumulators (addresses, loop)
-SOFTMAX_OPS = 8  # fp32 operations per logit of an online softmax (scale, max, subtract, sum, ...)
 MIN_FIT = 40  # measurements below which no correction is learned
-TMA_DESCRIPTORS = 3  # tensor descriptors an attention program makes on the device (Q, K, V)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +55,9 @@ class Workload:
 
     Attributes
     ----------
-    family : {"gemm", "attention", "chain"}
+    family : str
+        A registered family (:mod:`tvm_stitch.families`): its ``cost.program`` describes a
+        program.
     extents : dict
         Loop extents: ``m, n, k`` for a GEMM (``n`` summed over merged products), ``m, n, k, h``
         for attention and chains (``k`` the head dim of Q·Kᵀ, ``h`` of P·V).
@@ -99,112 +98,162 @@ class Workload:
         return dataclasses.asdict(self)
 
 
-def _cdiv(a, b) -> int:
+def cdiv(a, b) -> int:
+    """``ceil(a / b)`` of integers."""
     return -(-int(a) // int(b))
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One program of a kernel, as its family's ``cost.program`` describes it (bytes, flops
+    and registers per program or main-loop iteration; the shared model prices the rest).
+
+    Attributes
+    ----------
+    warps : int
+        Warps that compute (a warp-specialized form's loading warp does not).
+    bm, bn : int
+        Rows and columns of its output tile.
+    programs, iters : int
+        Programs of the launch (split-K ones included) and main-loop iterations of each.
+    flops, loaded, sfu : float
+        Per iteration: tensor-core flops, bytes brought in, seconds of exponentials.
+    registers : float
+        Per thread.
+    smem_fixed : float
+        Shared memory besides the ring's stages (``stages × loaded``).
+    unique, stored : float
+        Bytes the whole kernel must move through DRAM; bytes a program's epilogue stores.
+    persistent : bool
+        One program per SM over several tiles.
+    split : int
+        Programs per output tile (split-K).
+    tma : bool
+        Its tiles come in by the TMA unit (faster per SM than the warps' own loads).
+    busy_with_load : bool
+        A ring slot is busy for a load's latency and its transfer (GEMMs: few stages bound
+        the loop even where L2 keeps up); else for the latency alone.
+    overlapped : bool
+        Two consumer warpgroups take turns: one's softmax (``sfu``) runs during the other's
+        products; without, a softmax between the products does not overlap them.
+    descriptors : int
+        Tensor descriptors each program makes on the device before its first load.
+    epilogue_overlapped : bool
+        An epilogue partition runs a tile's epilogue during the next tile's products.
+    """
+
+    warps: int
+    bm: int
+    bn: int
+    programs: int
+    iters: int
+    flops: float
+    loaded: float
+    sfu: float
+    registers: float
+    smem_fixed: float
+    unique: float
+    stored: float
+    persistent: bool = False
+    split: int = 1
+    tma: bool = False
+    busy_with_load: bool = False
+    overlapped: bool = False
+    descriptors: int = 0
+    epilogue_overlapped: bool = False
+
+
+def pair_program(w: Workload, tiles: dict, launch: dict, sfu: float, warps: int) -> Program:
+    """A flash-style program of two products (attention, chains): one per (instance, row
+    tile), a loop over the first product's column tiles (``k`` the head dim of the first
+    product, ``h`` of the second), ``sfu`` seconds of exponentials per iteration."""
+    ext, b = w.extents, w.dtype_bytes
+    bm, bn = tiles["m"], tiles["n"]
+    dk, dh = ext["k"], ext["h"]
+    threads = 32 * warps
+    loaded = bn * (dk + dh) * b
+    # the output accumulator, the logits tile and its half-precision copy
+    registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
+    if b >= 4:  # FMA products hold Q and K (then V) in registers
+        registers += (bm * dk + bn * max(dk, dh)) / threads
+    return Program(
+        warps=warps, bm=bm, bn=bn,
+        programs=w.batch * cdiv(ext["m"], bm),
+        iters=cdiv(ext["n"], bn),
+        flops=2 * bm * bn * (dk + dh),
+        loaded=loaded,
+        sfu=sfu,
+        registers=registers,
+        smem_fixed=bm * dk * b,
+        unique=w.batch * (ext["m"] * dk + ext["n"] * (dk + dh) + ext["m"] * dh) * b,
+        stored=bm * dh * b,
+        persistent=bool(launch.get("PERSISTENT", False)) and w.persistent,
+    )
+
+
+def _family(w: Workload):
+    from tvm_stitch.families import part  # the registry: data only
+
+    return part(w.family, "cost")
 
 
 def infeasible(w: Workload, tiles: dict, launch: dict) -> str | None:
     """Why ``tiles`` cannot be launched with ``launch`` at all, or None: what no model may
-    price (the warp-specialized attention takes :data:`WS_ROWS` query rows a program)."""
-    if launch.get("WS") and w.family == "attention" and tiles.get("m") != WS_ROWS:
-        return f"a warp-specialized attention takes {WS_ROWS} query rows, not {tiles.get('m')}"
-    return None
+    price (the family's ``infeasible``, e.g. a warp-specialized attention of other than its
+    128 query rows)."""
+    check = getattr(_family(w), "infeasible", None)
+    return check(w, tiles, launch) if check else None
 
 
 def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
     """The analytical model's terms for one candidate (seconds unless named otherwise);
     infinite times for an :func:`infeasible` one."""
-    ws = bool(launch.get("WS")) and w.family == "attention"
     if infeasible(w, tiles, launch):
         return {**_INFEASIBLE, "time": math.inf}
-    # a warp-specialized Gluon GEMM (:mod:`~tvm_stitch.families.gemm.gluon`): ``WS`` consumer
-    # warpgroups of ``tiles["m"]`` rows each share B's tile, persistent over the tiles, a
-    # loading warp filling a TMA ring; ``EW`` epilogue warps run a tile's epilogue during the
-    # next tile's products
-    consumers = int(launch.get("WS") or 0) if w.family == "gemm" else 0
-    # the warp-specialized forms' consumer warpgroups compute; the loading warp only loads
-    warps = 8 if ws else (4 * consumers if consumers else int(launch.get("num_warps", 4)))
+    p = _family(w).program(w, tiles, launch, hw)
     stages = max(int(launch.get("num_stages", 3)), 1)
-    persistent = ws or consumers > 0 or (bool(launch.get("PERSISTENT", False)) and w.persistent)
-    split = 1 if persistent or w.family != "gemm" else max(int(launch.get("SPLIT_K", 1)), 1)
-    ext, b = w.extents, w.dtype_bytes
-    bm, bn = tiles["m"] * max(consumers, 1), tiles["n"]
+    persistent, split, bm, bn = p.persistent, p.split, p.bm, p.bn
+    b = w.dtype_bytes
     # float32 products are IEEE float32 (``DOT_PREC``): FMAs on the CUDA cores, no wgmma
     ieee = b >= 4
     flops_sm = (hw.peak_flops_fp32 if ieee else hw.peak_flops_fp16) / hw.num_sms
     latency = hw.mem_latency_cycles / hw.clock_hz
-    groups = max(warps // 4, 1)
+    groups = max(p.warps // 4, 1)
     row_use = 1.0 if ieee else min(1.0, bm / groups / WGMMA_ROWS)
-    threads = 32 * warps
-    if w.family == "gemm":
-        bk, acc = tiles["k"], w.accumulators
-        programs = w.batch * _cdiv(ext["m"], bm) * _cdiv(ext["n"], bn) * split
-        iters = _cdiv(_cdiv(ext["k"], bk), split)
-        flops = 2 * bm * bn * bk * acc
-        loaded = (bm * bk + acc * bk * bn) * b
-        sfu = 0.0
-        registers = bm * bn * acc / threads + BASE_REGISTERS
-        if ieee:  # an FMA product holds both operand tiles in registers
-            registers += (bm * bk + acc * bk * bn) / threads
-        # a Gluon GEMM stages its output tile (and with ``EW`` the product's, the output's
-        # none when the partition stores through pointers) in shared memory
-        staged = bm * bn * b * (2 if launch.get("EW") and not launch.get("PTR_STORE") else 1) \
-            if consumers else 0
-        smem = stages * loaded + staged
-        unique = (ext["m"] * ext["k"] + ext["k"] * ext["n"] * acc + ext["m"] * ext["n"]) * b
-        stored = bm * bn * b
-    else:  # flash-style: one program per (instance, query tile), a loop over key tiles
-        dk, dh = ext["k"], ext["h"]
-        programs = w.batch * _cdiv(ext["m"], bm)
-        iters = _cdiv(ext["n"], bn)
-        flops = 2 * bm * bn * (dk + dh)
-        loaded = bn * (dk + dh) * b
-        sfu = 0.0
-        if w.family == "attention":  # an exponential and the row statistics per logit
-            lanes = hw.peak_flops_fp32 / 2 / hw.num_sms  # fp32 results per second of an SM
-            sfu = bm * bn / (hw.sfu_per_sm * hw.clock_hz) + SOFTMAX_OPS * bm * bn / lanes
-        # the output accumulator, the logits tile and its half-precision copy
-        registers = (bm * dh + 1.5 * bm * bn) / threads + BASE_REGISTERS
-        if ieee:  # FMA products hold Q and K (then V) in registers
-            registers += (bm * dk + bn * max(dk, dh)) / threads
-        smem = stages * loaded + bm * dk * b
-        if ws:  # the output leaves through shared memory too
-            smem += bm * dh * b
-        unique = w.batch * (ext["m"] * dk + ext["n"] * (dk + dh) + ext["m"] * dh) * b
-        stored = bm * dh * b
+    threads = 32 * p.warps
+    programs, iters, flops, loaded, sfu = p.programs, p.iters, p.flops, p.loaded, p.sfu
+    registers, unique, stored = p.registers, p.unique, p.stored
+    ws = p.overlapped
     # a kernel whose stages do not fit in shared memory is built with fewer (the pass retries)
-    fixed = smem - stages * loaded
+    fixed = p.smem_fixed
     stages = max(1, min(stages, (hw.smem_per_block - fixed) // max(loaded, 1)))
     smem = fixed + stages * loaded
     spill = max(0.0, registers - hw.max_registers_per_thread)
     by_smem = hw.smem_per_sm // max(smem, 1)
     by_regs = hw.registers_per_sm // (threads * min(registers, hw.max_registers_per_thread))
     resident = int(max(1, min(by_smem, by_regs, hw.max_threads_per_sm // threads)))
-    resident = min(resident, _cdiv(programs, hw.num_sms))
+    resident = min(resident, cdiv(programs, hw.num_sms))
     comp = flops / (flops_sm * row_use)
     # L2 bandwidth of an SM: its port, or its share of the whole when every SM pulls
     active = min(programs, hw.num_sms)
     # the TMA unit fills shared memory faster than the warps' own loads
-    tma = (persistent and w.family == "gemm") or (
-        w.family == "attention" and (ws or bool(launch.get("TMA"))))
-    port = hw.sm_l2_tma_bytes_per_cycle if tma else hw.sm_l2_bytes_per_cycle
+    port = hw.sm_l2_tma_bytes_per_cycle if p.tma else hw.sm_l2_bytes_per_cycle
     l2_sm = min(port * hw.clock_hz, hw.mem_bandwidth * hw.l2_bandwidth_ratio / active)
     load = loaded / l2_sm
     # a folded normalization's statistics: its rows read once more per program, before the
     # product (the loads wait for each other: latency per step of the statistics' loop)
     stats = 0.0
     if w.row_elements:
-        stats = bm * w.row_elements * b / l2_sm + _cdiv(w.row_elements, 64) * latency / 2
+        stats = bm * w.row_elements * b / l2_sm + cdiv(w.row_elements, 64) * latency / 2
     epilogue = stored / l2_sm + stats
     if split > 1:
         # split-K: every split stores its float32 partial tile and counts itself in (an atomic
         # round trip); the last reads all the partials back before the epilogue
         epilogue += (1 + split) * bm * bn * w.accumulators * 4 / l2_sm + 2 * latency
-    # the ring's stages - 1 loads in flight; a GEMM's slot is busy for a load's latency and its
-    # transfer (Little's law), so few stages bound its loop even where L2 keeps up (BERT's
-    # GEMMs at 4096 tokens: 128x256x128 tiles in 2 stages measured 1.2-1.4x the 3-stage
-    # 128x256x64 ones; an attention's measured 2-slot rings show no such bound)
-    busy = latency + load if w.family == "gemm" else latency
+    # the ring's stages - 1 loads in flight, each slot busy for a load's latency (and, where
+    # the family says so, its transfer: Little's law)
+    busy = latency + load if p.busy_with_load else latency
     hidden = busy / max(stages - 1, 1)
     overhead = hw.loop_overhead_cycles / hw.clock_hz
     # resident programs share the SM's throughput and overlap their latencies
@@ -220,18 +269,17 @@ def terms(w: Workload, tiles: dict, launch: dict, hw: HardwareModel) -> dict:
         t_iter = resident * (comp + load + sfu) + latency + overhead
     spill_factor = 1.0 + spill / 8.0
     fill = latency * 2  # the pipeline's first loads and the last tile's store
-    if w.family == "attention" and launch.get("TMA") and not ws:
-        # tensor descriptors made on the device: each program writes its Q, K and V descriptors
-        # to global memory and fences them before the first load
-        fill += TMA_DESCRIPTORS * latency
+    if p.descriptors:  # tensor descriptors made on the device: each program writes them to
+        # global memory and fences them before the first load
+        fill += p.descriptors * latency
     slots = hw.num_sms * resident
-    waves = _cdiv(programs, slots)
+    waves = cdiv(programs, slots)
     per_program = iters * t_iter * spill_factor + resident * epilogue
     if persistent:
-        tiles_per_sm = _cdiv(programs, hw.num_sms)
+        tiles_per_sm = cdiv(programs, hw.num_sms)
         step = t_iter if resident == 1 else max(comp, load, sfu, hidden) + overhead
         # an epilogue partition leaves only the last tile's epilogue exposed
-        exposed = epilogue / tiles_per_sm if consumers and launch.get("EW") else epilogue
+        exposed = epilogue / tiles_per_sm if p.epilogue_overlapped else epilogue
         main = tiles_per_sm * (iters * step * spill_factor + exposed)
         main += fill
     else:
@@ -291,12 +339,17 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
         t["spill"],
         t["row_use"],
         t["tail"],
-        float(w.family == "gemm"),
-        float(w.family == "attention"),
+        float(_family_index(w.family)),
         float(w.accumulators),
         *(math.log2(ext.get(k, 1)) for k in ("m", "n", "k", "h")),
         math.log2(w.batch),
     ]
+
+
+def _family_index(name: str) -> int:
+    from tvm_stitch.families import REGISTRY  # the registry: data only
+
+    return list(REGISTRY).index(name)
 
 
 class CostModel:

@@ -2,19 +2,55 @@
 
 A family's name is its one name everywhere: the value of the ``mcfuser`` pipeline option, the
 ``family`` of its matches, the prefix of its generated kernels (``stitch_<name>_<digest>``, the
-tuning database's keys), its tile search's seeds and launch options
-(:data:`tvm_stitch.tune.kernels.SEEDS`, :data:`tvm_stitch.codegen.triton_kernels.LAUNCHES`) and
-the first word of its log lines. Its folder holds its recognizer (``recognize.py``, analysis)
-and its printers (``triton.py``, ``gluon.py``: code generation).
+tuning database's keys) and the first word of its log lines.
 
-This module is data only (the package's lowest layer): whatever imports a family's modules
-finds them by :meth:`Family.module`.
+The contract
+------------
+A family is a folder of modules, one per layer it takes part in; the shared code finds them by
+:meth:`Family.module` and calls only the names below (``tvm_stitch/families/gemm`` is the
+fullest example, ``tests/toy_family`` the smallest).
+
+``recognize.py`` (analysis)
+    ``PRODUCTS``: the contractions a kernel holds (1, or 2 for two products, the second
+    reading the first).  A function named after the family builds a
+    :class:`~tvm_stitch.analysis.match.Match` or raises
+    :class:`~tvm_stitch.analysis.match.NotRecognizedError`: for one product
+    ``(graph, contraction, written, read)``; for two ``(graph, frame, composer, c1, c2, inner,
+    vmap, region, stop)``, after ``claim(region, n_var, graph)`` returned the ``inner`` element
+    (None: not this family's; two-product families are asked in the registry's order).
+    ``finalize(graph, match)`` derives its views; ``describe(match)`` says what it computes,
+    starting with the family's name.  Optional: ``regroup(graph, contractions, matches,
+    written, read, rejected, weights, fold_norms)`` (after every one-product match is found),
+    ``COLLAPSE`` (the frame's axes merged where the accesses allow; default ``("b",)``).
+``cost.py`` (cost)
+    ``program(workload, tiles, launch, hw)``: one program's work, a
+    :class:`~tvm_stitch.cost.model.Program` the shared model prices; optional
+    ``infeasible(workload, tiles, launch)``: why no model may price it.
+``triton.py`` (code generation)
+    ``kernel(match, name)``: the :class:`~tvm_stitch.codegen.kernel_text.KernelSource` of its
+    Triton form; ``grid(config, match, source)``: programs along x, y (, z).
+``gluon.py`` (code generation, optional)
+    A warp-specialized form: ``ws_legality(match)``, ``ws_descriptors(match)``,
+    ``ws_source(match, name)`` and ``ws_launch_options(config)``.
+``reference.py`` (code generation)
+    ``reference(match, tensors, shapes)``: its outputs as TE tensors (what
+    :func:`~tvm_stitch.codegen.te_reference.reference_func` builds on a CPU).
+``tune.py`` (tuning)
+    ``space(match)``: the tile search's :class:`~tvm_stitch.tune.kernels.Space` (chain,
+    legality, template parameters); ``options(match, source, on_device)``: its launch options
+    and seeds; ``LAUNCHES``, ``SEEDS`` (the template's search, see
+    :mod:`tvm_stitch.tune.kernels`) and ``default_launch(config)``.  Optional:
+    ``WHOLE_TILES`` (loops a record may leave out: their tile is the whole extent) and
+    ``ws_launch_legality(match, config)``.
+
+This module is data only (the package's lowest layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +63,29 @@ class Family:
         Its one name (see the module's docstring).
     computes : str
         What its kernels compute, in a line.
+    package : str
+        The package of its folder (default: ``tvm_stitch.families.<name>``).
     """
 
     name: str
     computes: str
+    package: str = ""
+
+    @property
+    def folder(self) -> str:
+        return self.package or f"{__name__}.{self.name}"
 
     def module(self, part: str):
-        """The family's module ``part`` (``"recognize"``, ``"triton"``, ``"gluon"``)."""
-        return importlib.import_module(f"{__name__}.{self.name}.{part}")
+        """The family's module ``part`` (see the module's docstring)."""
+        return importlib.import_module(f"{self.folder}.{part}")
+
+    def has(self, part: str) -> bool:
+        """Whether the family's folder holds the optional module ``part``."""
+        return importlib.util.find_spec(f"{self.folder}.{part}") is not None
 
 
-#: every family, by name: adding one is a folder and a line here
+#: every family, by name: adding one is a folder and a line here.  Two-product families are
+#: asked in this order (attention claims softmax between its products; chain the rest).
 REGISTRY: dict[str, Family] = {
     f.name: f
     for f in (
@@ -47,5 +95,27 @@ REGISTRY: dict[str, Family] = {
     )
 }
 
-#: the families' names, in the registry's order
+#: the built-in families' names, in the registry's order (the ``mcfuser`` option's default)
 FAMILIES = tuple(REGISTRY)
+
+
+def family(name: str) -> Family:
+    """The registered family ``name``; ValueError naming the known ones for any other."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown kernel family {name!r}; known: {tuple(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def part(name: str, part: str):
+    """Module ``part`` of family ``name`` (:meth:`Family.module`)."""
+    return family(name).module(part)
+
+
+def check(names) -> tuple:
+    """``names`` as a tuple of registered families; ValueError naming the unknown ones."""
+    if isinstance(names, str):
+        raise ValueError(f"kernel families are a tuple of {tuple(REGISTRY)}; got {names!r}")
+    unknown = sorted(set(names) - set(REGISTRY))
+    if unknown:
+        raise ValueError(f"unknown kernel families {unknown}; known: {tuple(REGISTRY)}")
+    return tuple(names)

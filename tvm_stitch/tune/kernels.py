@@ -14,7 +14,7 @@ import logging
 
 from tvm_stitch.analysis.indexing import HALF
 from tvm_stitch.codegen import triton_kernels as tk
-from tvm_stitch.cost.model import CostModel, Workload, infeasible
+from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, build_search_space
 
 from .evolution import SearchConfig
@@ -32,76 +32,54 @@ def _randn(shape, dtype, scale=1.0):
     return torch.randn(shape, device="cuda", dtype=getattr(torch, str(dtype))) * scale
 
 
-def _bytes(dtype) -> int:
+def element_bytes(dtype) -> int:
+    """Bytes of an operand element: 2 for 16-bit floats, else 4."""
     return 2 if str(dtype) in HALF else 4
 
 
-def _gemm_seed(m, n, k, warps, stages, persistent, split=1):
-    launch = {"num_warps": warps, "num_stages": stages, "PERSISTENT": persistent}
-    if split > 1:
-        launch["SPLIT_K"] = split
-    return {"m": m, "n": n, "k": k, "launch": launch}
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """A family's tile search over one kernel (its ``tune.space(match)``).
+
+    Attributes
+    ----------
+    spec : ChainSpec
+        The chain of loops whose tiles are searched.
+    legal : callable
+        ``legal(candidate)``: why the kernel cannot run the candidate, or None.
+    template : callable
+        ``template(candidate)``: the kernel's template parameters (``BLOCK_*``, ...).
+    accumulators : int
+        Products sharing the A operand (the cost model's
+        :attr:`~tvm_stitch.cost.model.Workload.accumulators`).
+    """
+
+    spec: ChainSpec
+    legal: object
+    template: object
+    accumulators: int = 1
 
 
-#: tiles measured besides the search's picks (known to suit Hopper's tensor cores): a warpgroup
-#: takes 64 rows; FlashAttention runs 64-128 query rows against 32-128 keys.  GEMM seeds carry
-#: their launch: the best of a sweep of formulations on the H100 for BERT's GEMMs at 4096 and
-#: 128 tokens (``docs/results/h100-hopper-gemm-2026-11-23.md``)
-SEEDS = {
-    "gemm": [
-        _gemm_seed(128, 256, 64, 8, 4, True),
-        _gemm_seed(128, 256, 64, 8, 3, True),
-        _gemm_seed(256, 128, 64, 8, 3, True),
-        _gemm_seed(128, 128, 64, 4, 4, True),
-        _gemm_seed(128, 128, 64, 8, 3, False),
-        _gemm_seed(128, 128, 64, 4, 3, False),
-        _gemm_seed(64, 128, 64, 4, 4, False),
-        _gemm_seed(64, 64, 128, 4, 4, False),
-        _gemm_seed(64, 64, 64, 4, 4, False),
-        _gemm_seed(64, 32, 128, 4, 4, False),
-        # split-K (tiles of few rows and a long k: BERT's FFN out at 128 tokens)
-        _gemm_seed(64, 64, 128, 4, 4, False, split=4),
-        _gemm_seed(64, 128, 128, 4, 4, False, split=2),
-    ],
-    "attention": [{"m": m, "n": n} for m in (64, 128) for n in (32, 64, 128)] + [
-        # one warpgroup over 128 query rows, two stages: the H100's best at head dim 128
-        # (22.1 us for 4x16x512, against 24.1 for 64x64; results of 2026-11-24)
-        {"m": 128, "n": 64, "launch": {"num_warps": 4, "num_stages": 2}},
-    ],
-    "chain": [],
-}
+def pair_spec(match) -> ChainSpec:
+    """The chain of a kernel of two products (attention, chains): (batch · heads) instances
+    of ``(m, n, k, d)``."""
+    ext = match.frame.extents
+    return ChainSpec.gemm_chain(ext.get("b", 1) * ext.get("h", 1), ext["m"], ext["n"], ext["k"],
+                                ext["d"], dtype_bytes=element_bytes(match.dtype))
 
 
-def ws_seeds() -> list[dict]:
-    """Seeds of the warp-specialized attention (:mod:`tvm_stitch.families.attention.gluon`):
-    128 query rows per program, its key tiles and ring slots."""
-    from tvm_stitch.families.attention.gluon import WS_ROWS, WS_TILES
+def _tune(family: str):
+    from tvm_stitch.families import part  # the registry: data only
 
-    return [{"m": WS_ROWS, "n": n, "launch": {"num_warps": 4, "num_stages": slots, "WS": True}}
-            for n, slots in WS_TILES]
-
-
-def gemm_ws_seeds(staging: bool = True) -> list[dict]:
-    """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.families.gemm.gluon`): a consumer
-    warpgroup's 64 rows, the column and k tiles, ``WS`` consumers, the ring's slots and the
-    warps of an epilogue partition (``EW``, with ``PTR_STORE`` where it stores through
-    pointers; left out without ``staging``, see
-    :func:`~tvm_stitch.families.gemm.gluon.staging_legality`)."""
-    from tvm_stitch.families.gemm.gluon_launch import applicable_tiles, ws_config
-
-    seeds = []
-    for tiles in applicable_tiles(staging):
-        config = ws_config(*tiles)
-        seeds.append({"m": config.pop("BLOCK_M"), "n": config.pop("BLOCK_N"),
-                      "k": config.pop("BLOCK_K"), "launch": config})
-    return seeds
+    return part(family, "tune")
 
 
 def _search(
     spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
     workload=None, cost=None, split=False,
 ) -> Tuned:
-    default = lambda c: tk.default_launch(template(c), family)  # noqa: E731
+    fam = _tune(family)
+    default = lambda c: fam.default_launch(template(c))  # noqa: E731
     if split:
         cost = cost or CostModel(hw)
         default = split_k_launch(workload, cost, default)
@@ -111,11 +89,11 @@ def _search(
         make,
         legal,
         config,
-        tk.LAUNCHES[family] if launches is None else launches,
+        fam.LAUNCHES if launches is None else launches,
         default,
         desc=desc,
         on_device=on_device,
-        seeds=SEEDS[family] if seeds is None else seeds,
+        seeds=fam.SEEDS if seeds is None else seeds,
         workload=workload,
         cost=cost,
     )
@@ -123,28 +101,6 @@ def _search(
     if tuned.config.get("PERSISTENT") or tuned.config.get("WS"):
         tuned.config["NUM_SMS"] = hw.num_sms
     return tuned
-
-
-def _gemm_options(persistent: bool, split: bool = False,
-                  tma_store: bool = False) -> tuple[list, list]:
-    """Launch options and seeds of a GEMM search; without the persistent formulation, seeds
-    run their tiles one program per tile; without split-K, the split ones are left out; with
-    ``tma_store`` every persistent launch is also tried storing its tiles by TMA (measured
-    only: the cost model prices both stores alike, so a model-only build stores by pointers)."""
-    launches = [
-        o for o in tk.LAUNCHES["gemm"]
-        if (persistent or not o["PERSISTENT"]) and (split or o.get("SPLIT_K", 1) == 1)
-    ]
-    seeds = [
-        seed if persistent else {**seed, "launch": {**seed["launch"], "PERSISTENT": False}}
-        for seed in SEEDS["gemm"]
-        if split or seed["launch"].get("SPLIT_K", 1) == 1
-    ]
-    if persistent and tma_store:
-        launches += [{**o, "TMA_STORE": True} for o in launches if o["PERSISTENT"]]
-        seeds += [{**s, "launch": {**s["launch"], "TMA_STORE": True}}
-                  for s in seeds if s["launch"]["PERSISTENT"]]
-    return launches, seeds
 
 
 def split_k_launch(workload: Workload, cost, base):
@@ -172,7 +128,7 @@ def tune_gemm(
     ``persistent``: the kernel has the persistent TMA formulation to choose (a GEMM whose
     operands TMA cannot read has not).
     """
-    spec = ChainSpec.gemm(m, n, k, dtype_bytes=_bytes(dtype))
+    spec = ChainSpec.gemm(m, n, k, dtype_bytes=element_bytes(dtype))
     inputs = ()
     if on_device:
         inputs = (_randn((m, k), dtype), _randn((n, k), dtype, k**-0.5), _randn((n,), dtype))
@@ -191,7 +147,7 @@ def tune_gemm(
         tk.gemm_config,
         on_device,
         f"gemm {m}x{n}x{k}",
-        *_gemm_options(persistent),
+        *_tune("gemm").template_options(persistent),
     )
     tuned.inputs = inputs
     return tuned
@@ -199,7 +155,7 @@ def tune_gemm(
 
 def tune_chain(batch, m, n, k, h, dtype, hw, config=PASS_SEARCH, on_device=True) -> Tuned:
     """Tiling of the GEMM chain ``(a @ b) @ d`` for ``a`` (batch, m, k)."""
-    spec = ChainSpec.gemm_chain(batch, m, n, k, h, dtype_bytes=_bytes(dtype))
+    spec = ChainSpec.gemm_chain(batch, m, n, k, h, dtype_bytes=element_bytes(dtype))
     inputs = ()
     if on_device:
         inputs = (
@@ -234,7 +190,7 @@ def tune_attention(
 
     With ``mask`` an additive (batch, 1, n) mask broadcast over query rows is applied, as in BERT.
     """
-    spec = ChainSpec.gemm_chain(batch, m, n, dk, dh, dtype_bytes=_bytes(dtype))
+    spec = ChainSpec.gemm_chain(batch, m, n, dk, dh, dtype_bytes=element_bytes(dtype))
     inputs = ()
     if on_device:
         inputs = (
@@ -291,64 +247,22 @@ def tune_generated(
         The model ranking candidates (default: the analytical model alone).
     """
     family = match.family
-    spec, legal, template, tfamily = generated_template(match)
-    if family == "gemm":
-        products = len(match.segments[0].products)
-        launches, seeds = _gemm_options(source.persistent, source.split_k, source.tma_store)
-        if source.ws and on_device:  # the warp-specialized Gluon form, measured at its tiles
-            # (measured only, as TMA stores: the model prices it as the Triton form)
-            from tvm_stitch.families.gemm.gluon import staging_legality
-
-            why = staging_legality(match)
-            if why:
-                logger.info("%s: no epilogue partition: %s", match.describe(), why)
-            seeds = [*seeds, *gemm_ws_seeds(staging=why is None)]
-    else:
-        launches, seeds = tk.LAUNCHES[tfamily], SEEDS[tfamily]
-        if source.tma:  # each launch also with Q, K and V brought in by TMA
-            launches = [{**o, "TMA": t} for t in (False, True) for o in launches]
-        if source.ws:  # the warp-specialized Gluon form: measured at its tilings, or
-            # priced by the model beside the Triton form's launches
-            seeds = [*seeds, *ws_seeds()]
-            if not on_device:
-                launches = [*launches, *(s["launch"] for s in ws_seeds())]
+    space = _tune(family).space(match)
+    spec, template = space.spec, space.template
+    launches, seeds = _tune(family).options(match, source, on_device)
     workload = Workload(
-        family, dict(spec.extents), spec.batch, spec.dtype_bytes,
-        products if family == "gemm" else 1, bool(source.persistent),
-        sum(r.extent for r in match.statistics),
+        family, dict(spec.extents), spec.batch, spec.dtype_bytes, space.accumulators,
+        bool(source.persistent), sum(r.extent for r in match.statistics),
     )
     make = None  # the model alone decides: nothing is launched
     if on_device:
         make = _generated_runner(match, source, shapes, constants or {}, hw, template)
     tuned = _search(
-        spec, hw, make, legal, config, tfamily, template, on_device, source.name,
+        spec, hw, make, space.legal, config, family, template, on_device, source.name,
         launches=launches, seeds=seeds, workload=workload, cost=cost, split=source.split_k,
     )
     tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned
-
-
-def generated_template(match) -> tuple:
-    """``(spec, legal, template, family)`` of the search over a generated kernel's tiles: the
-    chain of ``match``, the legality check of its template (``legal(candidate)``: why it cannot
-    run the candidate, or None), the template parameters of a candidate
-    (``template(candidate)``) and the template family of its launch options and seeds."""
-    ext = match.frame.extents
-    batch = ext.get("b", 1) * (ext.get("h", 1) if match.family != "gemm" else 1)
-    if match.family == "gemm":
-        n = sum(s.n for s in match.segments)
-        spec = dataclasses.replace(
-            ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=_bytes(match.dtype)), batch=batch
-        )
-        return (spec, lambda c: generated_gemm_legality(match, spec, c), tk.gemm_config,
-                "gemm")
-    spec = ChainSpec.gemm_chain(
-        batch, ext["m"], ext["n"], ext["k"], ext["d"], dtype_bytes=_bytes(match.dtype)
-    )
-    if match.family == "attention":
-        return spec, lambda c: tk.attention_legality(spec, c), tk.attention_config, "attention"
-    return (spec, lambda c: tk.chain_legality(spec, c), lambda c: tk.chain_config(spec, c),
-            "chain")
 
 
 #: the template parameter of each loop's tile
@@ -374,9 +288,10 @@ def record_legality(match, source, config, hw) -> str | None:
     """
     if not isinstance(config, dict) or not config:
         return f"config {config!r} holds no template parameters"
-    spec, legal, template, _ = generated_template(match)
+    kernel = _tune(match.family).space(match)
+    spec, legal, template = kernel.spec, kernel.legal, kernel.template
     space = build_search_space(spec, hw.smem_per_block, legal, count=False)
-    tiles = _record_tiles(config, space, match.family)
+    tiles = _record_tiles(config, space, getattr(_tune(match.family), "WHOLE_TILES", ""))
     if isinstance(tiles, str):
         return tiles
     odd = next((x for x in tiles if tiles[x] not in space.tiles[x]), None)
@@ -392,13 +307,13 @@ def record_legality(match, source, config, hw) -> str | None:
     return launch_legality(match, source, config)
 
 
-def _record_tiles(config: dict, space, family: str) -> dict | str:
-    """The tile of each loop of ``space`` in ``config`` (an attention's head tiles are whole:
-    the largest size), or why there is none."""
+def _record_tiles(config: dict, space, whole: str) -> dict | str:
+    """The tile of each loop of ``space`` in ``config`` (loops in ``whole``, e.g. an
+    attention's head dims, may be left out: the largest size), or why there is none."""
     tiles = {}
     for x, sizes in space.tiles.items():
         key = _TILE_PARAMS[x]
-        value = config.get(key, max(sizes) if family == "attention" and x in "kh" else None)
+        value = config.get(key, max(sizes) if x in whole else None)
         if not _count(value):
             return f"{key} = {value!r} is not a tile size"
         tiles[x] = value
@@ -436,36 +351,10 @@ def launch_legality(match, source, config: dict) -> str | None:
 
 
 def _ws_legality(match, config: dict) -> str | None:
-    """Why the warp-specialized form cannot run ``config``, or None: an attention's tiles of
-    :data:`~tvm_stitch.cost.model.WS_ROWS` query rows; a GEMM's consumer warpgroups of
-    :data:`~tvm_stitch.families.gemm.gluon_launch.WS_GEMM_ROWS` rows each and an epilogue partition
-    (``EW``, ``PTR_STORE``) it has registers for."""
-    if match.family == "attention":
-        return infeasible(Workload("attention", {}), {"m": config.get("BLOCK_M")}, config)
-    from tvm_stitch.families.gemm.gluon_launch import (
-        WS_GEMM_EPILOGUE_REGS,
-        WS_GEMM_REGS,
-        WS_GEMM_ROWS,
-    )
-
-    ws, ew = config["WS"], config.get("EW")
-    if ws not in WS_GEMM_REGS or config.get("BLOCK_M") != WS_GEMM_ROWS:
-        return f"{ws} consumer warpgroups of {config.get('BLOCK_M')} rows"
-    if (ew and (ws, ew) not in WS_GEMM_EPILOGUE_REGS) or (config.get("PTR_STORE") and not ew):
-        return f"an epilogue partition of {ew} warps (PTR_STORE {config.get('PTR_STORE')})"
-    return None
-
-
-def generated_gemm_legality(match, spec: ChainSpec, cand) -> str | None:
-    """Why a generated GEMM kernel cannot run ``cand`` well, or None: the GEMM template's rules
-    (:func:`~tvm_stitch.codegen.triton_kernels.gemm_legality`), and a kernel writing a row's
-    moments in pieces (:func:`~tvm_stitch.families.gemm.recognize.moment_chunk` columns each) takes
-    column tiles of whole pieces."""
-    chunk = max((o.chunk for o in match.all_outputs), default=0)
-    n = cand.tile_dict["n"]
-    if chunk and n % chunk:
-        return f"{n}-column tiles writing moments in pieces of {chunk} columns"
-    return tk.gemm_legality(spec, cand, accumulators=len(match.segments[0].products))
+    """Why the warp-specialized form cannot run ``config``, or None (the family's
+    ``ws_launch_legality``; a family without one takes any)."""
+    check = getattr(_tune(match.family), "ws_launch_legality", None)
+    return check(match, config) if check else None
 
 
 def generated_runner(match, source, shapes, constants=None, hw=None):

@@ -51,7 +51,7 @@ from tvm_stitch.codegen.kernel_text import (
     pointer_args,
     pow2,
 )
-from tvm_stitch.cost.model import WS_ROWS  # a program's query rows: two warpgroups of 64
+from tvm_stitch.families.attention.cost import WS_ROWS  # query rows: two warpgroups of 64
 from tvm_stitch.families.attention.recognize import visible_logits
 from tvm_stitch.families.attention.triton import (
     attention_tma,
@@ -461,3 +461,12 @@ def attention_ws_source(match, name: str) -> str:
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,
     )
+
+
+ws_source = attention_ws_source  # the family's warp-specialized form (:mod:`tvm_stitch.families`)
+
+
+def ws_launch_options(config: dict) -> dict:
+    """Triton's compile options of the warp-specialized attention: 4 warps per partition and
+    the register limit they divide (the ring's slots are its constexpr ``NB``)."""
+    return {"num_warps": 4, "maxnreg": WS_MAXNREG}

@@ -46,6 +46,7 @@ from tvm_stitch.analysis.match import (
     all_accesses,
     apply,
     collapse_frame,
+    pair_description,
     substituted,
     view_of,
 )
@@ -59,6 +60,27 @@ from tvm_stitch.analysis.regions import (
     uses,
 )
 from tvm_stitch.graph.access import vars_in
+
+#: the contractions an attention kernel holds (see :mod:`tvm_stitch.families`)
+PRODUCTS = 2
+describe = pair_description
+
+
+def claim(region, n_var, graph):
+    """The logits ``g(Q·Kᵀ)`` where ``region`` (what the second product reads of the first)
+    is their softmax over ``n_var``, else None (:func:`match_softmax`)."""
+    return match_softmax(region, n_var, graph)
+
+
+def zero_empty_rows(region, n_var, graph) -> bool:
+    """Whether ``region`` is PyTorch's safe softmax: rows with no visible key are zeros
+    (:func:`safe_softmax`)."""
+    return safe_softmax(region, n_var, graph) is not None
+
+
+def finalize(graph, match: Match) -> None:
+    """Its views (:func:`finalize_attention`)."""
+    finalize_attention(graph, match)
 
 
 def _scaled_operand(graph, frame, composer, tensor, index, vmap, what, stop,

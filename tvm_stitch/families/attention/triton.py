@@ -12,6 +12,7 @@ from tvm_stitch.codegen.elem_printer import ElemPrinter, write_output
 from tvm_stitch.codegen.kernel_text import (
     KernelSource,
     base,
+    cdiv,
     extra_views,
     function,
     literal,
@@ -312,3 +313,16 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
         name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention",
         tma=tma,
     )
+
+
+kernel = attention_source  # the family's printer (see :mod:`tvm_stitch.families`)
+
+
+def grid(config: dict, match, source) -> tuple:
+    """Programs along x, y: one per query tile and (batch, head); the warp-specialized form
+    (``WS``, persistent) one per SM, each over several tiles."""
+    ext = match.frame.extents
+    tiles = (cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
+    if config.get("WS"):
+        return (min(tiles[0] * tiles[1], config["NUM_SMS"]), 1)
+    return tiles

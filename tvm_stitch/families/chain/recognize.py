@@ -5,8 +5,22 @@ contractions where the second reads the first's result through casts only (:func
 from __future__ import annotations
 
 from tvm_stitch.analysis.elem import Leaf, format_elem
-from tvm_stitch.analysis.match import Match, NotRecognizedError
+from tvm_stitch.analysis.match import (  # noqa: F401 - finalize: its views, the shared ones
+    Match,
+    NotRecognizedError,
+    finalize,
+    pair_description,
+)
 from tvm_stitch.analysis.regions import check_dtype, is_var, operand, pair_output, strip_casts
+
+#: the contractions a chain's kernel holds (see :mod:`tvm_stitch.families`)
+PRODUCTS = 2
+describe = pair_description
+
+
+def claim(region, n_var, graph):
+    """What the second product reads of the first: anything attention (asked first) left."""
+    return region
 
 
 def chain(graph, frame, composer, c1, c2, between, vmap2, region, stop) -> Match:

@@ -4,7 +4,7 @@ rounded to D's dtype, and the output epilogue."""
 from __future__ import annotations
 
 from tvm_stitch.codegen.elem_printer import write_output
-from tvm_stitch.codegen.kernel_text import KernelSource, base, function, pointer_args
+from tvm_stitch.codegen.kernel_text import KernelSource, base, cdiv, function, pointer_args
 
 
 def chain_source(match, name: str) -> KernelSource:
@@ -44,3 +44,16 @@ def chain_source(match, name: str) -> KernelSource:
     constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_H", "DOT_PREC"]
     text = function(match, name, inputs, outputs, constexprs, lines)
     return KernelSource(name, text, inputs, outputs, {}, "chain")
+
+
+kernel = chain_source  # the family's printer (see :mod:`tvm_stitch.families`)
+
+
+def grid(config: dict, match, source) -> tuple:
+    """Programs along x, y, z: query-row tiles, output-column tiles, batch instances."""
+    ext = match.frame.extents
+    return (
+        cdiv(ext["m"], config["BLOCK_M"]),
+        cdiv(ext["d"], config["BLOCK_H"]),
+        ext.get("b", 1) * ext.get("h", 1),
+    )

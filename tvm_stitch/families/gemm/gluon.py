@@ -787,3 +787,17 @@ def _reads(elem, tensors: set) -> bool:
     if isinstance(elem, Leaf):
         return elem.tensor in tensors
     return any(_reads(a, tensors) for a in getattr(elem, "args", ()))
+
+
+ws_source = gemm_ws_source  # the family's warp-specialized form (see :mod:`tvm_stitch.families`)
+
+
+def ws_launch_options(config: dict) -> dict:
+    """Triton's compile options of the warp-specialized GEMM: 4 warps per partition and the
+    register limit its partitions divide (with an epilogue partition, ``EW``, its own)."""
+    from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_EPILOGUE_REGS, WS_GEMM_REGS
+
+    if config.get("EW"):
+        key = (int(config["WS"]), int(config["EW"]))
+        return {"num_warps": 4, "maxnreg": WS_GEMM_EPILOGUE_REGS[key][0]}
+    return {"num_warps": 4, "maxnreg": WS_GEMM_REGS[int(config["WS"])][0]}

@@ -73,6 +73,38 @@ from tvm_stitch.graph import TensorInfo
 logger = logging.getLogger("tvm_stitch.recognize")
 
 
+#: the contractions a GEMM kernel holds (see :mod:`tvm_stitch.families`)
+PRODUCTS = 1
+#: a GEMM's frame merges its batch, row and column axes where every access allows
+COLLAPSE = ("b", "m", "n")
+
+
+def describe(match: Match) -> str:
+    """E.g. ``gemm 128x(128+128+128)x128 float16, 3 bands``: rows x columns (of each band) x
+    k, products per band, a normalized A."""
+    ext = match.frame.extents
+    batch = f"{ext['b']}x" if ext.get("b", 1) > 1 else ""
+    widths = [str(seg.n) for seg in match.segments]
+    n = widths[0] if len(widths) == 1 else f"({'+'.join(widths)})"
+    text = f"gemm {batch}{ext['m']}x{n}x{ext['k']} {match.dtype}"
+    if len(match.segments) > 1:
+        text += f", {len(match.segments)} bands"
+    if max(len(s.products) for s in match.segments) > 1:
+        text += ", 2 products"
+    if match.prologue is not None:
+        text += ", normalized A"
+    return text
+
+
+def regroup(graph, contractions, matches, written, read, rejected, weights,
+            fold) -> list[Match]:
+    """After every GEMM is found: with ``fold``, normalizations folded into the GEMMs reading
+    them (:func:`fold_norms`); GEMMs sharing their ``A`` grouped (:func:`group_horizontal`)."""
+    if fold:
+        matches = fold_norms(graph, contractions, matches, written, read, rejected, weights)
+    return group_horizontal(graph, matches, rejected)
+
+
 def _frame_for(c: Contraction) -> tuple[Frame, dict]:
     """A frame with one axis per spatial variable of ``c`` (``b0``.., ``m0``.., ``n0``..) and
     ``k``; returns it and the map from the block's variables to the frame's."""

@@ -15,8 +15,10 @@ from tvm_stitch.codegen.kernel_text import (
     UnsupportedKernelError,
     base,
     cdiv,
+    consumers,
     extra_views,
     function,
+    output_tiles,
     pointer_args,
     tl_dtype,
     tma_unreadable,
@@ -535,3 +537,16 @@ def n_axis_of(view: Strided) -> str:
 def _strides(view: Strided, *axes) -> list[int]:
     s = view.stride
     return [s.get(a, 0) for a in axes]
+
+
+kernel = gemm_source  # the family's printer (see :mod:`tvm_stitch.families`)
+
+
+def grid(config: dict, match, source) -> tuple:
+    """Programs along x, y: one per output tile (times ``SPLIT_K``) and batch instance; a
+    persistent launch (the Triton form's ``PERSISTENT``, the warp-specialized form's consumer
+    warpgroups, whose descriptors are its own) one per SM."""
+    tiles = output_tiles(match, config)
+    if (source.persistent and config.get("PERSISTENT")) or consumers(config) > 1:
+        return (min(config["NUM_SMS"], tiles), 1)
+    return (tiles * config.get("SPLIT_K", 1), match.frame.extents.get("b", 1))
