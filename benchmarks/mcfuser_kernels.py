@@ -19,9 +19,11 @@ import argparse
 import json
 import math
 
+from tvm_stitch.families.attention.tune import tune_attention
+from tvm_stitch.families.chain.tune import tune_chain
+from tvm_stitch.families.gemm.tune import tune_gemm
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.tune.evolution import SearchConfig
-from tvm_stitch.tune.kernels import tune_attention, tune_chain, tune_gemm
 from tvm_stitch.tune.measure import time_torch
 from tvm_stitch.workloads import ATTENTION, GEMM_CHAINS
 

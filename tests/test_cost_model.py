@@ -167,7 +167,7 @@ def test_model_only_search_chooses_the_launch():
     """Without a GPU the model prices every candidate at its best launch: BERT's FFN2 at 4096
     tokens gets 128x256-class tiles with 8 warps (their 4-warp default spills), the launch the
     model prices lowest; nothing is launched."""
-    from tvm_stitch.codegen import triton_kernels as tk
+    from tvm_stitch.families.gemm import template as gemm_template
 
     spec = ChainSpec.gemm(4096, 768, 3072)
     launches = [_launch(w, s, p) for w in (4, 8) for s in (3, 4) for p in (False, True)]
@@ -175,14 +175,14 @@ def test_model_only_search_chooses_the_launch():
         spec,
         HW,
         None,
-        lambda c: tk.gemm_legality(spec, c),
+        lambda c: gemm_template.gemm_legality(spec, c),
         launches=launches,
         default_launch=lambda c: _launch(4, 3),
         on_device=False,
         workload=FFN2,
     )
     tiles = tuned.result.best.tile_dict
-    assert tk.gemm_legality(spec, tuned.result.best) is None
+    assert gemm_template.gemm_legality(spec, tuned.result.best) is None
     assert tiles["m"] * tiles["n"] >= 128 * 256 and tuned.launch["num_warps"] == 8
     prices = [analytical(FFN2, tiles, la, HW) for la in launches]
     assert tuned.time == pytest.approx(min(prices))

@@ -38,7 +38,7 @@ def test_one_name_per_family_everywhere():
     assert set(PipelineOptions().mcfuser) == names and set(FAMILIES) == names
     for name, family in REGISTRY.items():
         assert family.name == name and family.computes
-        assert callable(tk.kernel(name).fn)  # the hand-written template of the family
+        assert callable(tk.kernel(name).fn)  # the family's hand-written template
         for part, attrs in CONTRACT.items():
             module = family.module(part)
             assert module.__name__ == f"tvm_stitch.families.{name}.{part}"

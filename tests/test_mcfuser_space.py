@@ -227,7 +227,7 @@ def test_empty_space_is_an_error():
 
 
 def test_code_generator_legality_restricts_the_space():
-    from tvm_stitch.codegen.triton_kernels import chain_legality
+    from tvm_stitch.families.chain.template import chain_legality
 
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
     space = build_search_space(spec, H100.smem_per_block, legal=lambda c: chain_legality(spec, c))
@@ -240,12 +240,13 @@ def test_code_generator_legality_restricts_the_space():
 def test_gemm_space_holds_the_hopper_seeds_with_their_launches():
     """Every GEMM seed survives pruning and legality at BERT's shapes and is measured with its
     own launch (warps, stages, persistent); row tiles below a warpgroup's 64 rows are illegal."""
-    from tvm_stitch.codegen import triton_kernels as tk
+    from tvm_stitch.families.gemm import template as gemm_template
     from tvm_stitch.families.gemm.tune import SEEDS
     from tvm_stitch.tune.measure import _seeded
 
     spec = ChainSpec.gemm(4096, 3072, 768)
-    space = build_search_space(spec, H100.smem_per_block, legal=lambda c: tk.gemm_legality(spec, c))
+    space = build_search_space(spec, H100.smem_per_block,
+                               legal=lambda c: gemm_template.gemm_legality(spec, c))
     assert all(c.tile_dict["m"] >= 64 for c in space.candidates())
     seeded = _seeded(space, SEEDS)
     assert len(seeded) == len(SEEDS)
@@ -254,5 +255,5 @@ def test_gemm_space_holds_the_hopper_seeds_with_their_launches():
     assert launch == {"num_warps": 8, "num_stages": 4, "PERSISTENT": True}
     # few rows (batch 1): small row tiles stay legal
     small = ChainSpec.gemm(16, 768, 768)
-    assert tk.gemm_legality(small, next(iter(build_search_space(
+    assert gemm_template.gemm_legality(small, next(iter(build_search_space(
         small, H100.smem_per_block).candidates()))) is None

@@ -189,9 +189,9 @@ def test_moment_pieces_follow_the_rows(batch, seq, chunk):
     """A producer of many rows sums a row's moments over wider chunks of columns (fewer pieces
     for each reader tile to load), one of few rows over 16; its column tiles are whole pieces.
     BERT-tiny's rows are 128 wide: at 4096 rows, 32-column pieces leave 256 tiles of 64×32."""
-    from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE
     from tvm_stitch.explore.tiling import Candidate, ChainSpec
     from tvm_stitch.families.gemm.recognize import moment_chunk
+    from tvm_stitch.families.gemm.template import GEMM_MAX_TILE
     from tvm_stitch.families.gemm.tune import legality as generated_gemm_legality
 
     assert (moment_chunk(128, 768), moment_chunk(1024, 768), moment_chunk(4096, 768)) == (

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, TilingExpr
+from tvm_stitch.families.chain import template as chain_template
 
 
 @pytest.fixture(scope="module")
@@ -419,17 +420,18 @@ def test_template_legality():
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
     tiles = {"m": 64, "n": 64, "k": 64, "h": 64}
     flat = TilingExpr(("m", "n"), (("k",), ("h",)))
-    reason = tk.chain_legality(spec, Candidate(flat, tuple(tiles.items())))
+    reason = chain_template.chain_legality(spec, Candidate(flat, tuple(tiles.items())))
     assert reason and "accumulators" in reason  # 4 h tiles inside the n loop
     ok = Candidate(flat, tuple({**tiles, "h": 256}.items()))  # one h tile: a FlashAttention shape
-    assert tk.chain_legality(spec, ok) is None
-    assert tk.chain_config(spec, ok)["BLOCK_H"] == 256
+    assert chain_template.chain_legality(spec, ok) is None
+    assert chain_template.chain_config(spec, ok)["BLOCK_H"] == 256
     deep = Candidate(TilingExpr(tuple("mhnk")), tuple(tiles.items()))
-    assert tk.chain_legality(spec, deep) is None and not tk.chain_config(spec, deep)["HOIST_A"]
+    assert chain_template.chain_legality(spec, deep) is None
+    assert not chain_template.chain_config(spec, deep)["HOIST_A"]
     kn = Candidate(TilingExpr(tuple("mhkn")), tuple(tiles.items()))
-    assert "encloses n" in tk.chain_legality(spec, kn)
+    assert "encloses n" in chain_template.chain_legality(spec, kn)
     odd = Candidate(TilingExpr(tuple("mhnk")), tuple({**tiles, "n": 48}.items()))
-    assert "powers of two" in tk.chain_legality(spec, odd)  # Triton's tl.arange
+    assert "powers of two" in chain_template.chain_legality(spec, odd)  # Triton's tl.arange
 
 
 def test_erf_printed_to_the_accuracy_its_sum_needs():

@@ -19,6 +19,9 @@ import triton.language as tl  # noqa: E402
 
 from tvm_stitch.codegen import triton_kernels as tk  # noqa: E402
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, TilingExpr  # noqa: E402
+from tvm_stitch.families.attention import template as attention  # noqa: E402
+from tvm_stitch.families.chain import template as chain  # noqa: E402
+from tvm_stitch.families.gemm import template as gemm  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
 records = []
@@ -41,15 +44,15 @@ for dtype in (torch.float32, torch.float16):
         spec = ChainSpec.gemm_chain(batch, m, n, k, h)
         e = TilingExpr(("m", "n"), (("k",), ("h",))) if "(" in expr else TilingExpr(tuple(expr))
         cand = Candidate(e, tuple(tiles.items()))
-        assert tk.chain_legality(spec, cand) is None
-        cfg = tk.chain_config(spec, cand)
+        assert chain.chain_legality(spec, cand) is None
+        cfg = chain.chain_config(spec, cand)
         a, b, d = (
             torch.randn(s, dtype=dtype) * 0.5 for s in ((batch, m, k), (batch, k, n), (batch, n, h))
         )
         ref = (a.float() @ b.float()).to(dtype).float() @ d.float()
         check(
             f"chain {expr} {batch}x{m}x{n}x{k}x{h} hoist={cfg['HOIST_A']} {dtype}",
-            tk.run_gemm_chain(a, b, d, cfg),
+            chain.run_gemm_chain(a, b, d, cfg),
             ref,
             dtype,
         )
@@ -69,7 +72,7 @@ for dtype in (torch.float32, torch.float16):
             mask = torch.where(torch.rand(heads, 1, n) < 0.2, -10000.0, 0.0).to(dtype)
             scores = scores + mask.float()
         ref = torch.softmax(scores, -1) @ v.float()
-        got = tk.run_attention(q, kk, v, mask, config={"BLOCK_M": 16, "BLOCK_N": 32})
+        got = attention.run_attention(q, kk, v, mask, config={"BLOCK_M": 16, "BLOCK_N": 32})
         check(f"attention {heads}x{m}x{n}x{dk}x{dh} mask={masked} {dtype}", got, ref, dtype)
 
     # BERT's layout: (batch, seq, heads, dim) read and written in place, (batch, 1, 1, seq) mask
@@ -78,7 +81,7 @@ for dtype in (torch.float32, torch.float16):
     q4, k4, v4 = (t.view(b, seq, heads, dim).permute(0, 2, 1, 3) for t in qkv)
     mask = torch.where(torch.rand(b, 1, 1, seq) < 0.25, -10000.0, 0.0).to(dtype)
     out = torch.empty(b, seq, heads * dim, dtype=dtype)
-    tk.run_attention(
+    attention.run_attention(
         q4,
         k4,
         v4,
@@ -97,7 +100,7 @@ for dtype in (torch.float32, torch.float16):
     def linear(xx, ww, gelu, residual, bias=bias, res=res):
         y = xx.float() @ ww.float().T + bias.float()
         if gelu:
-            y = F.gelu(y, approximate="tanh" if gelu == tk.GELU_TANH else "none")
+            y = F.gelu(y, approximate="tanh" if gelu == gemm.GELU_TANH else "none")
         return y + res.float() if residual else y
 
     # persistent programs walking several tiles each, operands read through TMA (rows of A and
@@ -105,16 +108,16 @@ for dtype in (torch.float32, torch.float16):
     x72, w72 = torch.cat([x, x[:, :2]], 1), torch.cat([w, w[:, :2]], 1)
     tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16}
     for gelu, residual in [
-        (tk.GELU_NONE, False),
-        (tk.GELU_ERF, False),
-        (tk.GELU_TANH, True),
-        (tk.GELU_NONE, True),
+        (gemm.GELU_NONE, False),
+        (gemm.GELU_ERF, False),
+        (gemm.GELU_TANH, True),
+        (gemm.GELU_NONE, True),
     ]:
         for label, (xx, ww), config in (
             ("bias", (x, w), tiles),
             ("persistent", (x72, w72), {**tiles, "PERSISTENT": True, "NUM_SMS": 2}),
         ):
-            got = tk.run_gemm_epilogue(xx, ww, bias, res if residual else None, gelu, config)
+            got = gemm.run_gemm_epilogue(xx, ww, bias, res if residual else None, gelu, config)
             check(f"gemm {label} gelu={gelu} residual={residual} {dtype}", got,
                   linear(xx, ww, gelu, residual), dtype)
 

@@ -32,6 +32,10 @@ fullest example, ``tests/toy_family`` the smallest).
 ``gluon.py`` (code generation, optional)
     A warp-specialized form: ``ws_legality(match)``, ``ws_descriptors(match)``,
     ``ws_source(match, name)`` and ``ws_launch_options(config)``.
+``template.py`` (code generation, optional)
+    A hand-written Triton template of the family's computation (``TEMPLATE``, jitted by
+    :func:`tvm_stitch.codegen.triton_kernels.kernel`), its legality, parameters and launcher:
+    the kernel benchmark's template searches (the family's ``tune.py``) run it.
 ``reference.py`` (code generation)
     ``reference(match, tensors, shapes)``: its outputs as TE tensors (what
     :func:`~tvm_stitch.codegen.te_reference.reference_func` builds on a CPU).

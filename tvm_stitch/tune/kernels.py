@@ -26,7 +26,7 @@ logger = logging.getLogger("tvm_stitch.tune")
 PASS_SEARCH = SearchConfig(population=64, top_n=8, eps=0.01, max_rounds=4)
 
 
-def _randn(shape, dtype, scale=1.0):
+def randn(shape, dtype, scale=1.0):
     import torch
 
     return torch.randn(shape, device="cuda", dtype=getattr(torch, str(dtype))) * scale
@@ -74,7 +74,7 @@ def _tune(family: str):
     return part(family, "tune")
 
 
-def _search(
+def search(
     spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
     workload=None, cost=None, split=False,
 ) -> Tuned:
@@ -104,121 +104,19 @@ def _search(
 
 
 def split_k_launch(workload: Workload, cost, base):
-    """``base(candidate) -> launch`` with the split of k the cost model prefers among
-    :data:`~tvm_stitch.codegen.triton_kernels.SPLITS` (splits of at least one ``BLOCK_K``
-    step each): a tile search over a split-K kernel prices every tiling at its best split."""
+    """``base(candidate) -> launch`` with the split of k the cost model prefers among the
+    family's ``SPLITS`` (splits of at least one ``BLOCK_K`` step each): a tile search over a
+    split-K kernel prices every tiling at its best split."""
 
     def launch(cand):
         opt = base(cand)
         steps = -(-workload.extents["k"] // cand.tile_dict["k"])
-        splits = [s for s in tk.SPLITS if s <= steps]
+        splits = [s for s in _tune(workload.family).SPLITS if s <= steps]
         best = min(splits, key=lambda s: cost.predict(workload, cand.tile_dict,
                                                       {**opt, "SPLIT_K": s}))
         return {**opt, "SPLIT_K": best} if best > 1 else opt
 
     return launch
-
-
-def tune_gemm(
-    m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True, persistent=True
-) -> Tuned:
-    """Tiles and launch of ``x (m,k) @ w (n,k)^T + bias`` (the Linear template).
-
-    Epilogues (GELU, residual) are not timed: they add the same work to every tiling.
-    ``persistent``: the kernel has the persistent TMA formulation to choose (a GEMM whose
-    operands TMA cannot read has not).
-    """
-    spec = ChainSpec.gemm(m, n, k, dtype_bytes=element_bytes(dtype))
-    inputs = ()
-    if on_device:
-        inputs = (_randn((m, k), dtype), _randn((n, k), dtype, k**-0.5), _randn((n,), dtype))
-
-    def make(cand, launch):
-        conf = {**tk.gemm_config(cand), "NUM_SMS": hw.num_sms}
-        return lambda: tk.run_gemm_epilogue(*inputs, config=conf, **launch)
-
-    tuned = _search(
-        spec,
-        hw,
-        make,
-        lambda c: tk.gemm_legality(spec, c),
-        config,
-        "gemm",
-        tk.gemm_config,
-        on_device,
-        f"gemm {m}x{n}x{k}",
-        *_tune("gemm").template_options(persistent),
-    )
-    tuned.inputs = inputs
-    return tuned
-
-
-def tune_chain(batch, m, n, k, h, dtype, hw, config=PASS_SEARCH, on_device=True) -> Tuned:
-    """Tiling of the GEMM chain ``(a @ b) @ d`` for ``a`` (batch, m, k)."""
-    spec = ChainSpec.gemm_chain(batch, m, n, k, h, dtype_bytes=element_bytes(dtype))
-    inputs = ()
-    if on_device:
-        inputs = (
-            _randn((batch, m, k), dtype, k**-0.5),
-            _randn((batch, k, n), dtype),
-            _randn((batch, n, h), dtype, n**-0.5),
-        )
-
-    def make(cand, launch):
-        conf = tk.chain_config(spec, cand)
-        return lambda: tk.run_gemm_chain(*inputs, conf, **launch)
-
-    tuned = _search(
-        spec,
-        hw,
-        make,
-        lambda c: tk.chain_legality(spec, c),
-        config,
-        "chain",
-        lambda c: tk.chain_config(spec, c),
-        on_device,
-        f"chain {batch}x{m}x{n}x{k}x{h}",
-    )
-    tuned.inputs = inputs
-    return tuned
-
-
-def tune_attention(
-    batch, m, n, dk, dh, dtype, hw, config=PASS_SEARCH, mask=False, on_device=True
-) -> Tuned:
-    """Tiles of the attention template for ``batch`` (batch · heads) problems of (m, n, dk, dh).
-
-    With ``mask`` an additive (batch, 1, n) mask broadcast over query rows is applied, as in BERT.
-    """
-    spec = ChainSpec.gemm_chain(batch, m, n, dk, dh, dtype_bytes=element_bytes(dtype))
-    inputs = ()
-    if on_device:
-        inputs = (
-            _randn((batch, m, dk), dtype),
-            _randn((batch, n, dk), dtype),
-            _randn((batch, n, dh), dtype),
-        )
-        if mask:
-            inputs += (_randn((batch, 1, n), dtype),)
-
-    def make(cand, launch):
-        conf = tk.attention_config(cand)
-        return lambda: tk.run_attention(*inputs, config=conf, **launch)
-
-    tuned = _search(
-        spec,
-        hw,
-        make,
-        lambda c: tk.attention_legality(spec, c),
-        config,
-        "attention",
-        tk.attention_config,
-        on_device,
-        f"attention {batch}x{m}x{n}x{dk}x{dh}",
-        workload=Workload("attention", dict(spec.extents), batch, spec.dtype_bytes),
-    )
-    tuned.inputs = inputs
-    return tuned
 
 
 def tune_generated(
@@ -257,7 +155,7 @@ def tune_generated(
     make = None  # the model alone decides: nothing is launched
     if on_device:
         make = _generated_runner(match, source, shapes, constants or {}, hw, template)
-    tuned = _search(
+    tuned = search(
         spec, hw, make, space.legal, config, family, template, on_device, source.name,
         launches=launches, seeds=seeds, workload=workload, cost=cost, split=source.split_k,
     )
@@ -378,7 +276,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         if t in constants:
             inputs.append(torch.from_numpy(constants[t]).to("cuda"))
         elif "float" in dtype:
-            inputs.append(_randn(tuple(shape), dtype, 0.5))
+            inputs.append(randn(tuple(shape), dtype, 0.5))
         else:
             inputs.append(torch.zeros(tuple(shape), dtype=getattr(torch, dtype), device="cuda"))
     outputs = [

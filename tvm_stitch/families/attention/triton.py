@@ -20,8 +20,8 @@ from tvm_stitch.codegen.kernel_text import (
     pow2,
     tma_unreadable,
 )
-from tvm_stitch.codegen.triton_kernels import ATTENTION_MAX_TILE
 from tvm_stitch.families.attention.recognize import visible_logits
+from tvm_stitch.families.attention.template import ATTENTION_MAX_TILE
 
 LOG2E = 1.4426950408889634
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.cost.model import Workload, infeasible
-from tvm_stitch.tune.kernels import Space, pair_spec
+from tvm_stitch.explore.tiling import ChainSpec
+from tvm_stitch.families.attention import template
+from tvm_stitch.tune.kernels import (
+    PASS_SEARCH,
+    Space,
+    Tuned,
+    element_bytes,
+    pair_spec,
+    randn,
+    search,
+)
 
 #: launch options the search tries for its best tile candidates
 LAUNCHES = [{"num_warps": w, "num_stages": s} for w in (4, 8) for s in (2, 3)]
@@ -39,7 +49,7 @@ def ws_seeds() -> list[dict]:
 def space(match) -> Space:
     """Q·Kᵀ then P·V per (batch, head), the template's legality (head dims whole)."""
     spec = pair_spec(match)
-    return Space(spec, lambda c: tk.attention_legality(spec, c), tk.attention_config)
+    return Space(spec, lambda c: template.attention_legality(spec, c), template.attention_config)
 
 
 def options(match, source, on_device: bool) -> tuple[list, list]:
@@ -60,3 +70,42 @@ def ws_launch_legality(match, config: dict) -> str | None:
     """The warp-specialized form takes 128 query rows
     (:func:`~tvm_stitch.families.attention.cost.infeasible`)."""
     return infeasible(Workload("attention", {}), {"m": config.get("BLOCK_M")}, config)
+
+
+# -- the template's search (the kernel benchmark's) ------------------------------
+def tune_attention(
+    batch, m, n, dk, dh, dtype, hw, config=PASS_SEARCH, mask=False, on_device=True
+) -> Tuned:
+    """Tiles of the attention template for ``batch`` (batch · heads) problems of (m, n, dk, dh).
+
+    With ``mask`` an additive (batch, 1, n) mask broadcast over query rows is applied, as in BERT.
+    """
+    spec = ChainSpec.gemm_chain(batch, m, n, dk, dh, dtype_bytes=element_bytes(dtype))
+    inputs = ()
+    if on_device:
+        inputs = (
+            randn((batch, m, dk), dtype),
+            randn((batch, n, dk), dtype),
+            randn((batch, n, dh), dtype),
+        )
+        if mask:
+            inputs += (randn((batch, 1, n), dtype),)
+
+    def make(cand, launch):
+        conf = template.attention_config(cand)
+        return lambda: template.run_attention(*inputs, config=conf, **launch)
+
+    tuned = search(
+        spec,
+        hw,
+        make,
+        lambda c: template.attention_legality(spec, c),
+        config,
+        "attention",
+        template.attention_config,
+        on_device,
+        f"attention {batch}x{m}x{n}x{dk}x{dh}",
+        workload=Workload("attention", dict(spec.extents), batch, spec.dtype_bytes),
+    )
+    tuned.inputs = inputs
+    return tuned

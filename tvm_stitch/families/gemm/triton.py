@@ -23,7 +23,7 @@ from tvm_stitch.codegen.kernel_text import (
     tl_dtype,
     tma_unreadable,
 )
-from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE
+from tvm_stitch.families.gemm.template import GEMM_MAX_TILE
 
 #: largest tile (BLOCK_M * BLOCK_N) whose GEMM combines its row statistics after the product loop
 LATE_STATISTICS = 64 * 64

@@ -10,7 +10,8 @@ import logging
 
 from tvm_stitch.codegen import triton_kernels as tk
 from tvm_stitch.explore.tiling import ChainSpec
-from tvm_stitch.tune.kernels import Space, element_bytes
+from tvm_stitch.families.gemm import template
+from tvm_stitch.tune.kernels import PASS_SEARCH, Space, Tuned, element_bytes, randn, search
 
 logger = logging.getLogger("tvm_stitch.tune")
 
@@ -22,6 +23,9 @@ def _seed(m, n, k, warps, stages, persistent, split=1):
     return {"m": m, "n": n, "k": k, "launch": launch}
 
 
+#: splits of k a split-K GEMM may use (``SPLIT_K``: programs per output tile)
+SPLITS = template.SPLITS
+
 #: launch options the search tries for its best tile candidates: warps x stages, PERSISTENT
 #: (one program per SM loading through TMA, the template's other formulation) and SPLIT_K
 #: (programs per output tile, each over a slice of k; generated kernels only)
@@ -30,7 +34,7 @@ LAUNCHES = [
     for p in (False, True)
     for w in (4, 8)
     for s in (3, 4)
-] + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in tk.SPLITS[1:]]
+] + [{"num_warps": 4, "num_stages": 4, "PERSISTENT": False, "SPLIT_K": k} for k in SPLITS[1:]]
 
 #: tiles measured besides the search's picks, with their launch: the best of a sweep of
 #: formulations on the H100 for BERT's GEMMs at 4096 and 128 tokens (a warpgroup takes 64 rows;
@@ -104,7 +108,7 @@ def space(match) -> Space:
         ChainSpec.gemm(ext["m"], n, ext["k"], dtype_bytes=element_bytes(match.dtype)),
         batch=ext.get("b", 1),
     )
-    return Space(spec, lambda c: legality(match, spec, c), tk.gemm_config,
+    return Space(spec, lambda c: legality(match, spec, c), template.gemm_config,
                  accumulators=len(match.segments[0].products))
 
 
@@ -117,7 +121,7 @@ def legality(match, spec: ChainSpec, cand) -> str | None:
     n = cand.tile_dict["n"]
     if chunk and n % chunk:
         return f"{n}-column tiles writing moments in pieces of {chunk} columns"
-    return tk.gemm_legality(spec, cand, accumulators=len(match.segments[0].products))
+    return template.gemm_legality(spec, cand, accumulators=len(match.segments[0].products))
 
 
 def options(match, source, on_device: bool) -> tuple[list, list]:
@@ -151,3 +155,38 @@ def ws_launch_legality(match, config: dict) -> str | None:
     if (ew and (ws, ew) not in WS_GEMM_EPILOGUE_REGS) or (config.get("PTR_STORE") and not ew):
         return f"an epilogue partition of {ew} warps (PTR_STORE {config.get('PTR_STORE')})"
     return None
+
+
+# -- the template's search (the kernel benchmark's) ------------------------------
+def tune_gemm(
+    m, n, k, dtype, hw, config=PASS_SEARCH, on_device=True, persistent=True
+) -> Tuned:
+    """Tiles and launch of ``x (m,k) @ w (n,k)^T + bias`` (the Linear template).
+
+    Epilogues (GELU, residual) are not timed: they add the same work to every tiling.
+    ``persistent``: the kernel has the persistent TMA formulation to choose (a GEMM whose
+    operands TMA cannot read has not).
+    """
+    spec = ChainSpec.gemm(m, n, k, dtype_bytes=element_bytes(dtype))
+    inputs = ()
+    if on_device:
+        inputs = (randn((m, k), dtype), randn((n, k), dtype, k**-0.5), randn((n,), dtype))
+
+    def make(cand, launch):
+        conf = {**template.gemm_config(cand), "NUM_SMS": hw.num_sms}
+        return lambda: template.run_gemm_epilogue(*inputs, config=conf, **launch)
+
+    tuned = search(
+        spec,
+        hw,
+        make,
+        lambda c: template.gemm_legality(spec, c),
+        config,
+        "gemm",
+        template.gemm_config,
+        on_device,
+        f"gemm {m}x{n}x{k}",
+        *template_options(persistent),
+    )
+    tuned.inputs = inputs
+    return tuned
