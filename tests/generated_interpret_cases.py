@@ -23,8 +23,8 @@ from tvm_stitch.analysis.recognize import recognize  # noqa: E402
 from tvm_stitch.analysis.weights import join_weights, weight_tensors  # noqa: E402
 from tvm_stitch.codegen import kernel_text, triton_gen  # noqa: E402
 from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
-from tvm_stitch.codegen.triton_kernels import GEMM_MAX_TILE  # noqa: E402
 from tvm_stitch.families.gemm import recognize as recognize_module  # noqa: E402
+from tvm_stitch.families.gemm.template import GEMM_MAX_TILE  # noqa: E402
 from tvm_stitch.families.gemm.triton import LATE_STATISTICS  # noqa: E402
 from tvm_stitch.graph import build_graph  # noqa: E402
 from tvm_stitch.pipeline import run_until  # noqa: E402
