@@ -37,9 +37,8 @@ from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents, check_tune
 from tvm_stitch.errors import error_line
-from tvm_stitch.families import FAMILIES
+from tvm_stitch.families import FAMILIES, part
 from tvm_stitch.families import check as check_families
-from tvm_stitch.families.gemm.triton import tma_layout
 from tvm_stitch.graph import build_graph
 from tvm_stitch.tune.policy import KernelTuner
 
@@ -300,7 +299,9 @@ class _Rewriter:
         joinable = self.weights | self.bound
         bands = [match.views[f"b{si}.0"].tensor for si in range(len(match.segments))
                  if f"b{si}.0" in match.views]
-        if len(match.segments) < 2 or not joinable.intersection(bands):
+        # bands read by TMA (the family's ``triton.tma_layout``: GEMMs)
+        tma_layout = getattr(part(match.family, "triton"), "tma_layout", None)
+        if len(match.segments) < 2 or not joinable.intersection(bands) or tma_layout is None:
             return match, [], {}
         joined_match, joined = join_weights(match, joinable)
         if joined_match is None:

@@ -132,7 +132,7 @@ def _run_kernel(label, match, source, inputs, shapes, refs):
                        "TMA_STORE": False, **options})
         buffers = {
             name: torch.zeros(size, dtype=getattr(torch, dtype))
-            for name, (size, dtype) in kernel_text.split_k_buffers(source, match, consts).items()
+            for name, (size, dtype) in kernel_text.launch_buffers(source, match, consts).items()
         }
         consts.update({"WS": None, "CNT": None, **buffers})
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}

@@ -209,7 +209,7 @@ def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
     and the search does not seed ``EW``; ``ws_config`` refuses an epilogue partition of 8
     warps with three consumers (their registers do not fit)."""
     from tvm_stitch.families.gemm import gluon as gluon_gemm
-    from tvm_stitch.families.gemm.tune import ws_seeds as gemm_ws_seeds
+    from tvm_stitch.families.gemm.tune import ws_seeds
 
     match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
     monkeypatch.setattr(gluon_gemm, "staging_legality", lambda m: "a test's reason")
@@ -220,7 +220,7 @@ def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
     embed.generated_launch(refused, match, _ws(3, 128, 64, 4), shapes)
     with pytest.raises(Exception, match="a test's reason"):
         embed.generated_launch(refused, match, _ws(2, 128, 64, 5, 4), shapes)
-    assert all("EW" not in s["launch"] for s in gemm_ws_seeds(staging=False))
+    assert all("EW" not in s["launch"] for s in ws_seeds(staging=False))
     with pytest.raises(ValueError, match="consumers"):
         ws_config(3, 128, 64, 4, 8)
 
@@ -378,13 +378,13 @@ def test_bands_with_weights_of_their_own_are_persistent():
 
 def test_search_seeds_the_warp_specialized_gemm():
     """The GEMM search measures the Gluon form at its tilings (launch ``WS``: consumers)."""
-    from tvm_stitch.families.gemm.tune import ws_seeds as gemm_ws_seeds
+    from tvm_stitch.families.gemm.tune import ws_seeds
 
-    seeds = gemm_ws_seeds()
+    seeds = ws_seeds()
     assert [{"BLOCK_M": s["m"], "BLOCK_N": s["n"], "BLOCK_K": s["k"], **s["launch"]}
             for s in seeds] == [ws_config(*tiles) for tiles in WS_GEMM_TILES]
     assert any(s["launch"].get("EW") for s in seeds)
-    assert not any(s["launch"].get("EW") for s in gemm_ws_seeds(staging=False))
+    assert not any(s["launch"].get("EW") for s in ws_seeds(staging=False))
 
 
 @pytest.mark.slow

@@ -192,7 +192,7 @@ def test_moment_pieces_follow_the_rows(batch, seq, chunk):
     from tvm_stitch.explore.tiling import Candidate, ChainSpec
     from tvm_stitch.families.gemm.recognize import moment_chunk
     from tvm_stitch.families.gemm.template import GEMM_MAX_TILE
-    from tvm_stitch.families.gemm.tune import legality as generated_gemm_legality
+    from tvm_stitch.families.gemm.tune import legality
 
     assert (moment_chunk(128, 768), moment_chunk(1024, 768), moment_chunk(4096, 768)) == (
         16, 32, 128)
@@ -207,7 +207,7 @@ def test_moment_pieces_follow_the_rows(batch, seq, chunk):
         assert {o.chunk for o in mt.all_outputs if o.chunk} == {chunk}
         ext = mt.frame.extents
         spec = ChainSpec.gemm(ext["m"], ext["n"], ext["k"], dtype_bytes=2)
-        legal = [n for n in (16, 32, 64, 128, GEMM_MAX_TILE) if generated_gemm_legality(
+        legal = [n for n in (16, 32, 64, 128, GEMM_MAX_TILE) if legality(
             mt, spec, Candidate("mnk", (("m", 64), ("n", n), ("k", 64)))) is None]
         assert legal == [n for n in (16, 32, 64, 128, GEMM_MAX_TILE) if n % chunk == 0]
     for mt in readers:  # one piece of each moment per chunk of the row

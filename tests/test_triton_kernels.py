@@ -514,16 +514,16 @@ def test_paired_roundings_are_the_casts_on_the_gpu():
 def test_tma_stores_are_searched_beside_pointer_stores():
     """A GEMM that can store by TMA has each persistent launch (and seed) searched both ways;
     one-program-per-tile and split launches keep pointer stores; without the form, none."""
-    from tvm_stitch.families.gemm.tune import template_options as _gemm_options
+    from tvm_stitch.families.gemm.tune import template_options
 
-    plain, plain_seeds = _gemm_options(True, True)
-    launches, seeds = _gemm_options(True, True, tma_store=True)
+    plain, plain_seeds = template_options(True, True)
+    launches, seeds = template_options(True, True, tma_store=True)
     stored = [o for o in launches if o.get("TMA_STORE")]
     assert stored and all(o["PERSISTENT"] and o.get("SPLIT_K", 1) == 1 for o in stored)
     assert [{k: v for k, v in o.items() if k != "TMA_STORE"} for o in stored] == [
         o for o in plain if o["PERSISTENT"]]
     assert len(seeds) == len(plain_seeds) + sum(s["launch"]["PERSISTENT"] for s in plain_seeds)
-    assert not any(o.get("TMA_STORE") for o in plain + _gemm_options(False, True, True)[0])
+    assert not any(o.get("TMA_STORE") for o in plain + template_options(False, True, True)[0])
 
 
 def test_softmax_scale_comes_out_of_the_row_maxima():

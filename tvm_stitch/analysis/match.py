@@ -309,9 +309,10 @@ class Recognition:
 def finalize(graph, match: Match) -> None:
     """Collapse the frame's axes and derive every access's strided view (in place).
 
-    GEMM frames merge their batch, row and column axes into one each where every access allows
-    it (``b``, ``m``, ``n``); attention keeps (b, h) but merges extra batch axes, and derives its
-    views itself (:func:`~tvm_stitch.families.attention.recognize.finalize_attention`).
+    The frame's axes the family names (its ``COLLAPSE``: a GEMM's batch, row and column axes,
+    by default the batch axes) merge into one each where every access allows
+    (:func:`collapse_frame`); attention derives its views itself
+    (:func:`~tvm_stitch.families.attention.recognize.finalize_attention`).
     """
     collapse_frame(graph, match)
     match.views = views(graph, match)

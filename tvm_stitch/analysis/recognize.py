@@ -116,9 +116,11 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
                 continue
             found.add(match)
         if hasattr(rec, "regroup"):
-            found.matches = rec.regroup(graph, contractions, found.matches,
-                                        frozenset(found.written), frozenset(found.read),
-                                        rejected, weights, fold_norms)
+            regrouped = rec.regroup(graph, contractions, found.matches, frozenset(found.written),
+                                    frozenset(found.read), rejected, weights, fold_norms)
+            found = _Found()
+            for match in regrouped:
+                found.add(match)
     for name, why in rejected:
         logger.info("recognize: %s not fused: %s", name, why)
     return Recognition(found.matches, rejected)

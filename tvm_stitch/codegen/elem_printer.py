@@ -319,8 +319,9 @@ def store(printer: ElemPrinter, value: str, view: Strided) -> str:
 
 
 def write_output(match, pointers, tiles, masks, accumulator: str) -> list[str]:
-    """Lines computing and storing the one output of an attention or chain kernel, whose
-    accumulator (float32) is the Triton value ``accumulator``."""
+    """Lines computing and storing the one output (``match.outputs``, view ``out0``) of a
+    kernel (attention, chain), whose accumulator (float32) is the Triton value
+    ``accumulator``."""
     (out,) = match.outputs
     acc = {t: (accumulator, "float32") for t in out.accumulators}
     printer = ElemPrinter(tiles, masks, pointers, extra_views(match), acc, prefix="y")

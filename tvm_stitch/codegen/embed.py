@@ -26,6 +26,7 @@ import tvm
 
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 
+from .kernel_text import UnsupportedKernelError
 from .ptx import TENSORMAP, build_module
 from .triton_kernels import kernel, precision
 
@@ -483,7 +484,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
     """
-    from .kernel_text import launch_constexprs, split_k_buffers
+    from .kernel_text import launch_buffers, launch_constexprs
     from .triton_gen import load
 
     fn = load(source, config)
@@ -493,7 +494,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     ]
     # a split-K launch's counters are an input that must hold zeros (the pass gives a zero
     # constant, which the kernel leaves zero); its workspace is one more output
-    split = split_k_buffers(source, match, constexprs)
+    split = launch_buffers(source, match, constexprs)
     if split:
         params.append(Param("CNT", (split["CNT"][0],), split["CNT"][1]))
     params += [
@@ -540,9 +541,11 @@ def launch_options(source, config: dict) -> dict:
     stages, or for a warp-specialized form (``WS``) its 4 warps per partition and the register
     limit its partitions divide (the ring's slots are its constexpr ``NB``)."""
     if config.get("WS"):
-        from tvm_stitch.families import part  # the registry: data only
+        from tvm_stitch.families import family  # the registry: data only
 
-        return part(source.family, "gluon").ws_launch_options(config)
+        if not family(source.family).has("gluon"):
+            raise UnsupportedKernelError(f"{source.name} has no warp-specialized form")
+        return family(source.family).module("gluon").ws_launch_options(config)
     return _launch(config)
 
 

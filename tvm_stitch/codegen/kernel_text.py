@@ -133,7 +133,7 @@ class KernelSource:
     split_k : bool
         A GEMM whose programs may split k (constexpr ``SPLIT_K``; pointer arguments ``WS``, a
         float32 workspace, and ``CNT``, per-tile counters that are zero between launches, see
-        :func:`split_k_buffers`).
+        :func:`launch_buffers`).
     descs : tuple of Descriptor
         TMA descriptor arguments of the kernel (a GEMM's persistent formulation reads A and B
         through them, and with ``TMA_STORE`` writes its outputs through them; its other
@@ -185,14 +185,6 @@ def consumers(config: dict) -> int:
     return int(ws) if isinstance(ws, int) and ws else 1
 
 
-def output_tiles(match, config: dict) -> int:
-    """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``: a
-    warp-specialized launch's tile is ``WS`` consumers' ``BLOCK_M`` rows each."""
-    tiles_n = sum(cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
-    rows = config["BLOCK_M"] * consumers(config)
-    return cdiv(match.frame.extents["m"], rows) * tiles_n
-
-
 def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> dict:
     """The ``tl.constexpr`` values of ``source``'s kernel for the tiles and options in
     ``config`` (keys the kernel does not take are dropped: launch options, another
@@ -211,18 +203,14 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
     return {k: v for k, v in consts.items() if k in arg_names}
 
 
-def split_k_buffers(source: KernelSource, match, consts: dict) -> dict:
-    """Buffers a split-K launch needs (``consts`` from :func:`launch_constexprs`): name ->
-    ``(elements, dtype)`` for the float32 workspace ``WS`` (``SPLIT_K`` partial tiles per output
-    tile and product) and the int32 counters ``CNT`` (one per output tile), which must be zero
-    before the first launch (the kernel leaves them zero); empty without a split."""
-    split = consts.get("SPLIT_K", 1)
-    if not source.split_k or split == 1:
-        return {}
-    tiles = output_tiles(match, consts) * match.frame.extents.get("b", 1)
-    products = len(match.segments[0].products)
-    per_tile = split * products * consts["BLOCK_M"] * consts["BLOCK_N"]
-    return {"WS": (tiles * per_tile, "float32"), "CNT": (tiles, "int32")}
+def launch_buffers(source: KernelSource, match, consts: dict) -> dict:
+    """Buffers a launch needs besides the kernel's tensors (``consts`` from
+    :func:`launch_constexprs`): name -> ``(elements, dtype)``, from the family's optional
+    ``triton.buffers`` (a split-K GEMM's workspace and counters); empty for the others."""
+    from tvm_stitch.families import part  # the registry: data only
+
+    buffers = getattr(part(source.family, "triton"), "buffers", None)
+    return buffers(source, match, consts) if buffers else {}
 
 
 #: 16-bit float type -> the helper rounding float32 to it two values an instruction

@@ -39,7 +39,7 @@ def printed(match, name: str) -> KernelSource:
     form (``gluon.ws_source``, descriptors from ``gluon.ws_descriptors``; where
     ``gluon.ws_legality`` refuses it, without, the reason logged)."""
     family = REGISTRY[match.family]
-    source = family.module("triton").kernel(match, name)
+    source = dataclasses.replace(family.module("triton").kernel(match, name), family=family.name)
     if not family.has("gluon"):
         return source
     gluon = family.module("gluon")

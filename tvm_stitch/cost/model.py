@@ -2,24 +2,25 @@
 recalibrated for Hopper, times a learned correction.
 
 :func:`analytical` prices one candidate — tile sizes plus launch options (warps, pipeline stages,
-persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts alone:
+persistent or not) — from :class:`~tvm_stitch.hardware.HardwareModel` facts alone.  Each family
+describes one program of its kernel (its ``cost.program``: a :class:`Program` of iterations,
+flops, bytes, registers, shared memory, and whether it loads by TMA, runs persistent, overlaps
+a softmax or an epilogue; e.g. ``families/attention/cost.py``); the shared model prices:
 
 * per main-loop iteration of a program, the larger of its tensor-core time (a warpgroup's wgmma
   takes 64 rows; fewer rows per warpgroup leave the rest idle), the time to bring its operand
-  tiles from L2 (the SM's share of L2 bandwidth), its exponentials for attention (the SFUs) and
-  the memory latency its ``stages - 1`` loads in flight cannot hide;
+  tiles from L2 (the SM's share of L2 bandwidth), its exponentials (the SFUs) and the memory
+  latency its ``stages - 1`` loads in flight cannot hide;
 * programs resident on an SM at once (shared memory and registers permitting) share its tensor
   cores, SFUs and bandwidth but overlap their latencies; programs run in waves over the SMs
   (wave quantization); a persistent kernel pays its pipeline fill once per SM, not per tile;
-* tiles brought in by the TMA unit (persistent GEMMs, attention with TMA loads) stream from L2
-  faster per SM than the warps' own loads;
+* tiles brought in by the TMA unit stream from L2 faster per SM than the warps' own loads;
+  descriptors made on the device cost each program their writes and fences;
 * a split-K launch runs ``SPLIT_K`` programs per tile over slices of k, each storing its partial
   tile and counting itself in, the last adding them up;
 * accumulators beyond the registers a thread has spill to local memory: a large penalty;
-* an attention launched with TMA loads makes its tensor descriptors on the device, per program;
-* the warp-specialized attention (launch ``WS``: 128 query rows, two consumer warpgroups taking
-  turns behind a loading warp, persistent) hides each warpgroup's softmax behind the other's
-  products: per key block the larger of the two, not their sum;
+* two consumer warpgroups taking turns (a warp-specialized attention) hide each one's softmax
+  behind the other's products: per iteration the larger of the two, not their sum;
 * the whole kernel moves at least its unique bytes through DRAM, and pays one launch.
 
 :class:`CostModel` multiplies that by a correction learned from every measurement the tuning
@@ -329,7 +330,7 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
         float(launch.get("num_warps", 4)),
         float(launch.get("num_stages", 3)),
         float(bool(launch.get("PERSISTENT", False)) and w.persistent),
-        float(bool(launch.get("WS"))),  # a warp-specialized Gluon form (either family)
+        float(bool(launch.get("WS"))),  # a warp-specialized Gluon form
         math.log2(t["split"]),
         math.log2(t["programs"]),
         float(t["waves"]),
@@ -347,9 +348,10 @@ def features(w: Workload, tiles: dict, launch: dict, t: dict) -> list[float]:
 
 
 def _family_index(name: str) -> int:
+    """The family's place in the registry (the learned correction's family feature)."""
     from tvm_stitch.families import REGISTRY  # the registry: data only
 
-    return list(REGISTRY).index(name)
+    return list(REGISTRY).index(name) if name in REGISTRY else -1
 
 
 class CostModel:
@@ -453,19 +455,26 @@ def _row(w: Workload, tiles: dict, launch: dict, hw: HardwareModel):
 def samples(records: dict, arch: str | None = None) -> list:
     """``(Workload, tiles, launch, seconds)`` of every measurement in tuning ``records``
     (optionally only those of ``arch``); malformed records are left out (logged)."""
-    out, malformed = [], 0
+    from tvm_stitch.families import REGISTRY  # the registry: data only
+
+    out, malformed, unknown = [], 0, 0
     for key, rec in records.items():
         if not isinstance(rec, dict) or "workload" not in rec or (
                 arch and not key.endswith(f"|{arch}")):
             continue
         try:
             w = Workload.from_dict(rec["workload"])
+            if w.family not in REGISTRY:  # a family this build does not have
+                unknown += 1
+                continue
             out += [(w, dict(m["tiles"]), dict(m["launch"]), float(m["time_s"]))
                     for m in rec.get("measurements", ())]
         except (KeyError, TypeError, ValueError, AttributeError):
             malformed += 1
     if malformed:
         logger.warning("cost model: %d malformed tuning records left out", malformed)
+    if unknown:
+        logger.info("cost model: %d tuning records of unknown kernel families left out", unknown)
     return out
 
 

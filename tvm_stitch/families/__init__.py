@@ -13,14 +13,18 @@ fullest example, ``tests/toy_family`` the smallest).
 ``recognize.py`` (analysis)
     ``PRODUCTS``: the contractions a kernel holds (1, or 2 for two products, the second
     reading the first).  A function named after the family builds a
-    :class:`~tvm_stitch.analysis.match.Match` or raises
+    :class:`~tvm_stitch.analysis.match.Match` (whose ``family`` is the name) or raises
     :class:`~tvm_stitch.analysis.match.NotRecognizedError`: for one product
-    ``(graph, contraction, written, read)``; for two ``(graph, frame, composer, c1, c2, inner,
-    vmap, region, stop)``, after ``claim(region, n_var, graph)`` returned the ``inner`` element
-    (None: not this family's; two-product families are asked in the registry's order).
-    ``finalize(graph, match)`` derives its views; ``describe(match)`` says what it computes,
-    starting with the family's name.  Optional: ``regroup(graph, contractions, matches,
-    written, read, rejected, weights, fold_norms)`` (after every one-product match is found),
+    ``(graph, contraction, written, read)``, finalizing the match itself
+    (:func:`~tvm_stitch.analysis.match.finalize`); for two ``(graph, frame, composer, c1, c2,
+    inner, vmap, region, stop)`` over a frame of axes ``m``, ``n``, ``d`` (and batch axes),
+    after ``claim(region, n_var, graph)`` returned the ``inner`` element (None: not this
+    family's; two-product families are asked in the registry's order), the driver then calling
+    its ``finalize(graph, match)``.  ``describe(match)`` says what a kernel computes, starting
+    with the family's name.  Optional: ``zero_empty_rows(region, n_var, graph)`` (two products:
+    whether rows with no visible key are zeros), ``regroup(graph, contractions, matches,
+    written, read, rejected, weights, fold_norms)`` (one product: after every one-product match
+    is found; it gets every family's matches and returns them all, its own regrouped) and
     ``COLLAPSE`` (the frame's axes merged where the accesses allow; default ``("b",)``).
 ``cost.py`` (cost)
     ``program(workload, tiles, launch, hw)``: one program's work, a
@@ -28,24 +32,29 @@ fullest example, ``tests/toy_family`` the smallest).
     ``infeasible(workload, tiles, launch)``: why no model may price it.
 ``triton.py`` (code generation)
     ``kernel(match, name)``: the :class:`~tvm_stitch.codegen.kernel_text.KernelSource` of its
-    Triton form; ``grid(config, match, source)``: programs along x, y (, z).
+    Triton form (its ``family`` is set to the family's name); ``grid(config, match, source)``:
+    programs along x, y (, z).  Optional: ``buffers(source, match, consts)`` (buffers a launch
+    needs besides the kernel's tensors: a split-K workspace) and ``tma_layout(match)`` (how TMA
+    reads its bands' B operands: joining them in one weight tensor).
 ``gluon.py`` (code generation, optional)
     A warp-specialized form: ``ws_legality(match)``, ``ws_descriptors(match)``,
     ``ws_source(match, name)`` and ``ws_launch_options(config)``.
 ``template.py`` (code generation, optional)
     A hand-written Triton template of the family's computation (``TEMPLATE``, jitted by
     :func:`tvm_stitch.codegen.triton_kernels.kernel`), its legality, parameters and launcher:
-    the kernel benchmark's template searches (the family's ``tune.py``) run it.
+    the family's template search (in its ``tune.py``) runs it.
 ``reference.py`` (code generation)
-    ``reference(match, tensors, shapes)``: its outputs as TE tensors (what
-    :func:`~tvm_stitch.codegen.te_reference.reference_func` builds on a CPU).
+    ``reference(match, tensors, shapes)``: ``{output tensor: te.Tensor}``, what the kernel
+    computes as TE (:func:`~tvm_stitch.codegen.te_reference.reference_func` builds on it).
 ``tune.py`` (tuning)
     ``space(match)``: the tile search's :class:`~tvm_stitch.tune.kernels.Space` (chain,
-    legality, template parameters); ``options(match, source, on_device)``: its launch options
-    and seeds; ``LAUNCHES``, ``SEEDS`` (the template's search, see
-    :mod:`tvm_stitch.tune.kernels`) and ``default_launch(config)``.  Optional:
-    ``WHOLE_TILES`` (loops a record may leave out: their tile is the whole extent) and
-    ``ws_launch_legality(match, config)``.
+    legality, template parameters, accumulators); ``options(match, source, on_device)``: the
+    launch options and seeds of a generated kernel's search; ``default_launch(config)``: the
+    launch of a candidate before the search refines it; ``LAUNCHES`` and ``SEEDS``: the
+    defaults of :func:`~tvm_stitch.tune.kernels.search` (the family's template search).
+    Optional: ``SPLITS`` (splits of k, where its kernels split k), ``WHOLE_TILES`` (loops a
+    record may leave out: their tile is the whole extent) and ``ws_launch_legality(match,
+    config)``.
 
 This module is data only (the package's lowest layer).
 """

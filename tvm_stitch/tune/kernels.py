@@ -80,6 +80,7 @@ def search(
 ) -> Tuned:
     fam = _tune(family)
     default = lambda c: fam.default_launch(template(c))  # noqa: E731
+    workload = workload or Workload(family, dict(spec.extents), spec.batch, spec.dtype_bytes)
     if split:
         cost = cost or CostModel(hw)
         default = split_k_launch(workload, cost, default)
@@ -111,7 +112,7 @@ def split_k_launch(workload: Workload, cost, base):
     def launch(cand):
         opt = base(cand)
         steps = -(-workload.extents["k"] // cand.tile_dict["k"])
-        splits = [s for s in _tune(workload.family).SPLITS if s <= steps]
+        splits = [s for s in getattr(_tune(workload.family), "SPLITS", (1,)) if s <= steps]
         best = min(splits, key=lambda s: cost.predict(workload, cand.tile_dict,
                                                       {**opt, "SPLIT_K": s}))
         return {**opt, "SPLIT_K": best} if best > 1 else opt
@@ -199,10 +200,11 @@ def record_legality(match, source, config, hw) -> str | None:
     if cand is None:
         first = Candidate(space.exprs[0], tuple(tiles.items()))
         return f"tiles {tiles}: {legal(first) or 'not a candidate of the search space'}"
-    wrong = {k: v for k, v in template(cand).items() if config.get(k) != v}
+    params = template(cand)
+    wrong = {k: v for k, v in params.items() if config.get(k) != v}
     if wrong:
         return f"template parameters {wrong} expected for tiles {tiles}"
-    return launch_legality(match, source, config)
+    return launch_legality(match, source, config, params)
 
 
 def _record_tiles(config: dict, space, whole: str) -> dict | str:
@@ -222,13 +224,14 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def launch_legality(match, source, config: dict) -> str | None:
+def launch_legality(match, source, config: dict, params=()) -> str | None:
     """Why ``config``'s launch options cannot launch the generated kernel ``source``, or None:
-    known options (:data:`LAUNCH_KEYS`) of integer values, warps a power of two, at least one
-    pipeline stage, split and SMs counts, and only the formulations the kernel has
-    (persistent, split-K, TMA loads or stores, the warp-specialized form at the tiles and
-    partitions it takes)."""
-    unknown = sorted(set(config) - set(_TILE_PARAMS.values()) - set(LAUNCH_KEYS) - {"HOIST_A"})
+    tile sizes, the template's parameters ``params`` and known options (:data:`LAUNCH_KEYS`),
+    of integer values; warps a power of two, at least one pipeline stage, split and SMs counts,
+    and only the formulations the kernel has (persistent, split-K, TMA loads or stores, the
+    warp-specialized form at the tiles and partitions it takes)."""
+    known = {*_TILE_PARAMS.values(), *LAUNCH_KEYS, *params}
+    unknown = sorted(set(config) - known)
     if unknown:
         return f"unknown options {unknown}"
     odd = {k: v for k, v in config.items() if not isinstance(v, int)}
@@ -263,8 +266,8 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
 
     from tvm_stitch.codegen.embed import launch_options
     from tvm_stitch.codegen.kernel_text import (
+        launch_buffers,
         launch_constexprs,
-        split_k_buffers,
         torch_descriptors,
     )
     from tvm_stitch.codegen.triton_gen import load
@@ -290,7 +293,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         opts = launch_options(source, config)
         config = {"NUM_SMS": hw.num_sms, **config}
         consts = launch_constexprs(source, match, config, fn.arg_names)
-        for name, (size, dtype) in split_k_buffers(source, match, consts).items():
+        for name, (size, dtype) in launch_buffers(source, match, consts).items():
             consts[name] = torch.zeros(size, dtype=getattr(torch, dtype), device="cuda")
         grid = source.grid({**consts, "WS": config.get("WS")}, match)
         descs = torch_descriptors(source, config, consts, inputs, outputs)  # made here

@@ -167,6 +167,10 @@ def measured_search(
         the space has them: what is known to work on the device (FlashAttention's tiles), so a
         model that ranks poorly cannot hide them.  A seed's ``"launch"`` entry gives the launch
         options it is measured with (else the candidate's default).
+    workload : Workload
+        The kernel's family and shape, for the cost model (required).
+    cost : CostModel, optional
+        The model ranking candidates (default: the analytical model alone).
     """
     from tqdm.auto import tqdm
 
@@ -175,10 +179,8 @@ def measured_search(
     failures = []
     measurements = []
     default_launch = default_launch or (lambda cand: {})
-    workload = workload or Workload(
-        "gemm" if len(spec.blocks) == 1 else "chain", dict(spec.extents), spec.batch,
-        spec.dtype_bytes,
-    )
+    if workload is None:
+        raise ValueError("measured_search needs the kernel's Workload (its family and shape)")
     cost = cost or CostModel(hw)
     model_launches = list(launches)
     if not on_device:

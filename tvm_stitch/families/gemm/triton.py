@@ -18,7 +18,6 @@ from tvm_stitch.codegen.kernel_text import (
     consumers,
     extra_views,
     function,
-    output_tiles,
     pointer_args,
     tl_dtype,
     tma_unreadable,
@@ -550,3 +549,26 @@ def grid(config: dict, match, source) -> tuple:
     if (source.persistent and config.get("PERSISTENT")) or consumers(config) > 1:
         return (min(config["NUM_SMS"], tiles), 1)
     return (tiles * config.get("SPLIT_K", 1), match.frame.extents.get("b", 1))
+
+
+def output_tiles(match, config: dict) -> int:
+    """Output tiles of one batch instance of a GEMM (every band's columns) for ``config``: a
+    warp-specialized launch's tile is ``WS`` consumers' ``BLOCK_M`` rows each."""
+    tiles_n = sum(cdiv(s.n, config["BLOCK_N"]) for s in match.segments)
+    rows = config["BLOCK_M"] * consumers(config)
+    return cdiv(match.frame.extents["m"], rows) * tiles_n
+
+
+def buffers(source, match, consts: dict) -> dict:
+    """Buffers a split-K launch needs (``consts`` from
+    :func:`~tvm_stitch.codegen.kernel_text.launch_constexprs`): name -> ``(elements, dtype)``
+    for the float32 workspace ``WS`` (``SPLIT_K`` partial tiles per output tile and product)
+    and the int32 counters ``CNT`` (one per output tile), which must be zero before the first
+    launch (the kernel leaves them zero); empty without a split."""
+    split = consts.get("SPLIT_K", 1)
+    if not source.split_k or split == 1:
+        return {}
+    tiles = output_tiles(match, consts) * match.frame.extents.get("b", 1)
+    products = len(match.segments[0].products)
+    per_tile = split * products * consts["BLOCK_M"] * consts["BLOCK_N"]
+    return {"WS": (tiles * per_tile, "float32"), "CNT": (tiles, "int32")}

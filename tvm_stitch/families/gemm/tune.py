@@ -114,7 +114,7 @@ def space(match) -> Space:
 
 def legality(match, spec: ChainSpec, cand) -> str | None:
     """Why a generated GEMM kernel cannot run ``cand`` well, or None: the GEMM template's rules
-    (:func:`~tvm_stitch.codegen.triton_kernels.gemm_legality`), and a kernel writing a row's
+    (:func:`~tvm_stitch.families.gemm.template.gemm_legality`), and a kernel writing a row's
     moments in pieces (:func:`~tvm_stitch.families.gemm.recognize.moment_chunk` columns each)
     takes column tiles of whole pieces."""
     chunk = max((o.chunk for o in match.all_outputs), default=0)
