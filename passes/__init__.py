@@ -5,7 +5,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 """
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
-from .canonicalize import FoldStaticShapes
+from .canonicalize import BoundSymbolicShapes, FoldStaticShapes
 from .check import CheckKernels, RecordKernels
 from .graphs import StageInputs
 from .launch import LaunchDependently
@@ -17,6 +17,7 @@ __all__ = [
     "AccumulateFloat32",
     "AnalyzeTensorGraph",
     "AsBFloat16",
+    "BoundSymbolicShapes",
     "CheckKernels",
     "ComputeFloat32",
     "FoldStaticShapes",

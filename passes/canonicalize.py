@@ -27,6 +27,14 @@ index stays inside the table (PyTorch raises for one outside; ``from_torch`` can
 ids).
 
 Nothing is folded when evaluation fails; the reason is logged and the function is left as it was.
+
+``BoundSymbolicShapes`` runs before it: in a function whose symbolic dims have ranges (TVM's
+``tir_var_lower_bound``/``tir_var_upper_bound``, which ``from_exported_program`` writes from
+``torch.export``'s ``Dim`` ranges), shapes and values are simplified under those ranges and a
+slice that provably stays inside its input says so (``assume_inbound``), so shape inference
+gives ``seq`` where it gave ``min(seq, 512)``; a slice's negative axes are counted from the front
+(TVM's legalization of a slice with symbolic bounds takes no negative axis;
+:mod:`tvm_stitch.analysis.bounds`).
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from tvm_stitch.analysis.bounds import (
+    bounded_analyzer,
+    positive_axes,
+    simplified,
+    slice_in_bounds,
+)
 from tvm_stitch.analysis.static import static_values
 from tvm_stitch.errors import error_line
 from tvm_stitch.graph.tdg import static_shape
@@ -66,6 +80,72 @@ class FoldStaticShapes:
         # constants that only now reach their readers (a cast exponent): rewrite those too
         out = _each_function(out, lambda _name, func: _rewrites(func))
         return relax.transform.DeadCodeElimination()(out)
+
+
+@tvm.transform.module_pass(opt_level=0, name="StitchBoundSymbolicShapes")
+class BoundSymbolicShapes:
+    """Simplify shapes under the ranges of a function's symbolic dims (the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        out = _each_function(mod, _bounded)
+        # a slice replaced by its gather leaves an alias of the gather
+        return out if out is mod else relax.transform.CanonicalizeBindings()(out)
+
+
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
+
+
+def _bounded(name, func):
+    analyzer = bounded_analyzer(func)
+    if analyzer is None:
+        return func
+    mutator = _Bounded(analyzer)
+    out = mutator.visit_expr(func)
+    if mutator.count:
+        logger.info("bound: %s: %d shapes simplified under the ranges of its symbolic dims",
+                    name, mutator.count)
+    return out if mutator.count else func
+
+
+@relax.expr_functor.mutator
+class _Bounded(relax.PyExprMutator):
+    """Calls re-made with their shapes and values simplified under the ranges; their types
+    inferred again."""
+
+    def __init__(self, analyzer):
+        super().__init__()
+        self.analyzer = analyzer
+        self.count = 0
+
+    def visit_call_(self, call):
+        if isinstance(call.op, tvm.ir.Op) and not call.op.name.startswith("relax."):
+            return call  # an integer expression (a shape's): simplified with its shape
+        call = super().visit_call_(call)
+        args = [simplified(a, self.analyzer) for a in call.args]
+        changed = any(not a.same_as(b) for a, b in zip(args, call.args))
+        new = relax.Call(call.op, args, call.attrs, call.ty_args) if changed else call
+        if new.op.same_as(_STRIDED_SLICE):
+            axes = positive_axes(new)
+            inbound = bool(new.attrs.assume_inbound) or slice_in_bounds(new, self.analyzer)
+            if inbound and not all(isinstance(v, tvm.tirx.IntImm)
+                                   for v in (*args[2].fields, *args[3].fields)):
+                # TVM's legalization of a slice of symbolic bounds gives it a shape of its own
+                # (``min(max(if_then_else(...)))``); a gather of ``arange(begin, end)`` along
+                # each axis has the bounds' shape
+                out = args[0]
+                positive = args[1] if axes is None else axes
+                for axis, b, e in zip(positive.fields, args[2].fields, args[3].fields):
+                    rows = self.builder_.emit(relax.op.arange(b, e, 1, "int64"))
+                    out = self.builder_.emit(relax.op.take(out, rows, axis=int(axis)))
+                self.count += 1
+                return out
+            if axes is not None or inbound != bool(new.attrs.assume_inbound):
+                new = relax.op.strided_slice(args[0], args[1] if axes is None else axes, *args[2:4],
+                                             args[4] if len(args) > 4 else None,
+                                             assume_inbound=inbound)
+                changed = True
+        self.count += changed
+        return new
 
 
 def _each_function(mod, rewrite):

@@ -2,7 +2,8 @@
 
 Phases (each a list of passes, so reports can stop after fusion):
 
-``dispatch``   [input-independent values folded into constants], TVM's library dispatch
+``dispatch``   [symbolic shapes simplified under their dims' ranges], [input-independent values
+               folded into constants], TVM's library dispatch
                (sampling, sort/scan)
 ``fusion``     [float32 accumulation], LegalizeOps, [common subexpressions], [MCFuser: kernels
                recognized on the tensor graph, generated in Triton], [tensor-graph analysis],
@@ -189,6 +190,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
             schedule.append(passes.CheckKernels(kernels, tvm_schedule))
         if opts.fold:
             dispatch.insert(0, passes.FoldStaticShapes())
+        dispatch.insert(0, passes.BoundSymbolicShapes())
         hw = _hardware(target)
         if opts.dependent_launch and hw and int(hw.arch[3:]) >= 90:  # after reshapes: views
             lower.append(passes.LaunchDependently(opts.launch_dependents, hw.num_sms))

@@ -1,0 +1,127 @@
+"""Symbolic dims with ranges (issue 48, first step): shapes simplified under the ranges, so models
+exported with a dynamic batch and sequence length build once and run at any shape in range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax, tirx
+from tvm.relax.frontend import detach_params
+from tvm.relax.frontend.torch import from_exported_program
+from tvm_stitch.passes import BoundSymbolicShapes
+
+import tvm_stitch
+from tvm_stitch.frontend import decompositions
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def _sliced_table(upper: int | None):
+    """``x + table[:n]`` for ``x`` (n, 8), ``n`` in [2, upper] (no range when None)."""
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, 8], "float32"))
+    table = relax.const(np.arange(512 * 8, dtype="float32").reshape(512, 8))
+    bb = relax.BlockBuilder()
+    attrs = {} if upper is None else {"tir_var_lower_bound": {"n": 2},
+                                      "tir_var_upper_bound": {"n": upper}}
+    with bb.function("main", [x], attrs):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.strided_slice(table, [0], [0], [n]))
+            out = bb.emit_output(relax.op.add(x, rows))
+        bb.emit_func_output(out)
+    return bb.get(), n, x, table
+
+
+def test_a_slice_inside_its_table_is_a_gather_of_its_rows():
+    """``table[:n]`` of a 512-row table with n ≤ 512: shape inference gives it ``min(n, 512)``
+    rows (then ``x + rows`` has no known shape and TVM 0.27 cannot build it); under the range
+    it is a gather of ``arange(0, n)``, of n rows."""
+    before, n, x, table = _sliced_table(512)
+    assert "T.min(n, 512)" in before.script()
+    after = BoundSymbolicShapes()(before)
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"tir_var_lower_bound": {"n": 2},
+                                   "tir_var_upper_bound": {"n": 512}}):
+        with bb.dataflow():
+            index = bb.emit(relax.op.arange(0, n, 1, "int64"))
+            rows = bb.emit(relax.op.take(table, index, axis=0))
+            out = bb.emit_output(relax.op.add(x, rows))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(after, bb.get())
+    assert after["main"].ret_ty.shape.values[0].same_as(n)
+
+
+@pytest.mark.parametrize("upper", [None, 1024])
+def test_a_slice_that_may_leave_its_table_stays(upper):
+    """Without ranges, or where ``n`` may exceed the table's 512 rows, nothing changes."""
+    before, *_ = _sliced_table(upper)
+    assert BoundSymbolicShapes()(before).same_as(before)
+
+
+def _bert():
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
+        vocab_size=300, attn_implementation="eager")).eval()
+
+    def inputs(b, s):
+        mask = torch.ones(b, s, dtype=torch.long)
+        mask[0, s // 2:] = 0  # padding in the first sequence
+        return torch.randint(0, 300, (b, s)), mask
+
+    return model, inputs, lambda out: out.last_hidden_state
+
+
+def _gpt2():
+    import transformers
+
+    torch.manual_seed(0)
+    inner = transformers.GPT2Model(transformers.GPT2Config(
+        n_embd=64, n_layer=1, n_head=2, vocab_size=300, attn_implementation="eager")).eval()
+
+    class NoCache(torch.nn.Module):  # a cache object is no exported output
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids):
+            return self.inner(input_ids, use_cache=False).last_hidden_state
+
+    return NoCache().eval(), lambda b, s: (torch.randint(0, 300, (b, s)),), lambda out: out
+
+
+@pytest.mark.parametrize("make", [_bert, _gpt2], ids=["hf-bert", "gpt2"])
+def test_a_model_exported_with_dynamic_dims_builds_once_and_runs_at_any_shape(make):
+    """Hugging Face BERT (a slice of its position ids, a padding mask) and GPT-2 (its causal
+    mask's slices, negative axes) exported with a dynamic batch and sequence length: one llvm
+    build of the stitch pipeline gives PyTorch's numbers at three shapes; the CUDA build (sm_90a,
+    on this machine) succeeds too."""
+    from torch.export import Dim
+
+    model, inputs, output = make()
+    batch, seq = Dim("batch", min=2, max=16), Dim("seq", min=2, max=128)
+    example = inputs(2, 9)
+    names = ["input_ids", "attention_mask"][: len(example)]
+    exported = torch.export.export(model, example,
+                                   dynamic_shapes={k: {0: batch, 1: seq} for k in names})
+    mod = from_exported_program(exported.run_decompositions(decompositions()),
+                                keep_params_as_input=True, unwrap_unit_return_tuple=True,
+                                run_ep_decomposition=False)
+    mod, params = detach_params(mod)
+    weights = [tvm.runtime.tensor(p.numpy()) for p in params["main"]]
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for b, s in ((2, 5), (3, 17), (2, 40)):
+        args = inputs(b, s)
+        with torch.no_grad():
+            want = output(model(*args)).numpy()
+        got = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args], *weights)
+        got = got[0] if type(got).__name__ in ("Array", "list", "tuple") else got
+        assert got.numpy().shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
