@@ -125,3 +125,54 @@ def test_a_model_exported_with_dynamic_dims_builds_once_and_runs_at_any_shape(ma
         assert got.numpy().shape == want.shape
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
     tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, tune="model"))
+
+
+def test_from_torch_with_dynamic_shapes_compiles_once_for_every_length():
+    """``from_torch(..., dynamic_shapes=...)`` (torch.export's own spelling): one compile of
+    Hugging Face BERT with a padding mask serves three batch sizes and lengths with PyTorch's
+    numbers; a length outside the range, or inputs that disagree on a dim, raise ValueError."""
+    from torch.export import Dim
+
+    model, inputs, output = _bert()
+    batch, seq = Dim("batch", min=2, max=16), Dim("seq", min=2, max=64)
+    fn = tvm_stitch.from_torch(model, inputs(2, 9), target="llvm", dynamic_shapes={
+        "input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}})
+    (_, (b_dim, s_dim), _), (_, mask_dims, _) = fn.inputs  # symbolic, shared by both inputs
+    assert mask_dims == (b_dim, s_dim) and fn.ranges == {b_dim: (2, 16), s_dim: (2, 64)}
+    for b, s in ((2, 5), (3, 17), (2, 40)):
+        args = inputs(b, s)
+        with torch.no_grad():
+            want = output(model(*args)).numpy()
+        got = fn(*args)
+        got = output(got) if not isinstance(got, torch.Tensor) else got
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="outside the compiled range"):
+        fn(*inputs(2, 65))
+    ids, mask = inputs(2, 9)
+    with pytest.raises(ValueError, match="compiled for"):
+        fn(ids, mask[:, :8])
+
+
+def test_from_torch_names_a_refused_dynamic_dim():
+    """A dim PyTorch cannot let vary (the model fixes it) is a ValueError naming the spec."""
+    from torch.export import Dim
+
+    model = torch.nn.Linear(8, 4).eval()
+    with pytest.raises(ValueError, match=r"torch\.export refused dynamic_shapes"):
+        tvm_stitch.from_torch(model, (torch.randn(3, 8),), target="llvm",
+                              dynamic_shapes={"input": {1: Dim("width", min=2, max=16)}})
+
+
+def test_a_dynamic_model_tvm_cannot_convert_to_16_bits_is_a_clear_error():
+    """GPT-2 with a dynamic length in float16: TVM 0.27's ToMixedPrecision fails on its mask
+    (symbolic dims); ``import_torch`` says so, and what to do, instead of TVM's internal
+    error. In float32 the same export builds (the test above)."""
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import import_torch
+
+    model, inputs, _ = _gpt2()
+    shapes = {"input_ids": {0: Dim("batch", min=2, max=16), 1: Dim("seq", min=2, max=64)}}
+    with pytest.raises(NotImplementedError, match="compile it in float32"):
+        import_torch(model, inputs(2, 9), "float16", dynamic_shapes=shapes)
+    assert import_torch(model, inputs(2, 9), "float32", dynamic_shapes=shapes).num_inputs == 1

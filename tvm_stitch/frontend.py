@@ -67,9 +67,10 @@ class Imported:
 
 
 def import_torch(
-    module, example_args, dtype: str = "float32", example_kwargs=None, convert: bool = True
+    module, example_args, dtype: str = "float32", example_kwargs=None, convert: bool = True,
+    dynamic_shapes=None,
 ) -> Imported:
-    """Export ``module`` with ``torch.export`` and import it into Relax.
+    r"""Export ``module`` with ``torch.export`` and import it into Relax.
 
     Parameters
     ----------
@@ -81,8 +82,8 @@ def import_torch(
         (:func:`_converted`).  A ``forward`` taking ``use_cache`` (a ``transformers`` decoder)
         is exported with ``use_cache=False`` unless ``example_kwargs`` sets it.
     example_args : tuple of torch.Tensor
-        Inputs of the static shapes the compiled model will take, on any device (copied to
-        the CPU for the export).
+        Example inputs, on any device (copied to the CPU for the export): the shapes the
+        compiled model takes, but for the dims ``dynamic_shapes`` lets vary.
     dtype : {"float32", "float16", "bfloat16"}
         Compute dtype of the imported module.
     example_kwargs : dict, optional
@@ -93,6 +94,11 @@ def import_torch(
         models with weights need).  ``False`` exports in ``dtype`` directly: floating inputs
         and outputs keep the exported dtypes (TVM's importer accumulates half-precision
         products in float32; the outputs are cast back, inside the last kernel).
+    dynamic_shapes : dict or tuple, optional
+        ``torch.export``'s own: the inputs' dims that may vary, as ``torch.export.Dim``\ s with
+        their ranges, by input name (or position) and axis, e.g. ``{"input_ids": {0:
+        Dim("batch", max=64), 1: Dim("seq", max=512)}}``. They stay symbolic in the module,
+        with their ranges (``tir_var_lower_bound``/``tir_var_upper_bound``).
 
     Returns
     -------
@@ -114,9 +120,16 @@ def import_torch(
         args = tuple(on_cpu(a) for a in example_args)
         tensors = {k: on_cpu(v) for k, v in example_kwargs.items() if isinstance(v, torch.Tensor)}
         with torch.no_grad():
-            exported = _views_as_reshapes(
-                torch.export.export(_bind_constants(module, example_kwargs), args, kwargs=tensors)
-            )
+            try:
+                exported = torch.export.export(_bind_constants(module, example_kwargs), args,
+                                               kwargs=tensors, dynamic_shapes=dynamic_shapes)
+            except Exception as err:
+                if dynamic_shapes is None:
+                    raise
+                raise ValueError(
+                    f"torch.export refused dynamic_shapes={dynamic_shapes!r}: "
+                    f"{error_line(err, type(err).__name__)}") from err
+            exported = _views_as_reshapes(exported)
         try:
             # PyTorch's decompositions as the importer runs them, and the fused attention
             # kernels' own: decomposed where the importer would find them
@@ -132,6 +145,10 @@ def import_torch(
                 "cannot import is not compiled by tvm-stitch either"
             ) from err
     mod, params = detach_params(mod)
+    if dynamic_shapes is not None:  # shapes under the dims' ranges, before any retyping
+        from tvm_stitch.passes import BoundSymbolicShapes
+
+        mod = BoundSymbolicShapes()(mod)
     weights = [p.numpy() for p in params["main"]]
     num_inputs = len(mod["main"].params) - len(weights)
     if not convert:
@@ -145,7 +162,16 @@ def import_torch(
         from tvm_stitch.passes.precision import AsBFloat16, HalfActivations, as_dtype
 
         names = [v.name for v in mod["main"].params[num_inputs:]]
-        mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
+        try:
+            mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
+        except Exception as err:
+            if dynamic_shapes is None:
+                raise
+            # TVM 0.27's mixed precision fails on GPT-2's and LLaMA's masks with symbolic dims
+            raise NotImplementedError(
+                f"TVM's ToMixedPrecision cannot convert this model with dynamic_shapes to "
+                f"{dtype} ({error_line(err, type(err).__name__)}); compile it in float32, or "
+                "with static shapes") from err
         if dtype == "bfloat16":
             mod = AsBFloat16()(mod)  # TVM's mixed precision knows only float16
         mod = HalfActivations(dtype)(mod)  # 16-bit activations, as model.half() computes them
@@ -487,10 +513,17 @@ class StitchModule:
         self.params = prepare_args(self.vm, "main", weights,
                                    0 if num_input(imported.mod, "main") is not None else None)
         main = imported.mod["main"]
+        #: each input's name, shape (an int per static dim, the dim's name for a symbolic one)
+        #: and dtype
         self.inputs = [
-            (p.name, tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
+            (p.name, tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d)
+                           for d in p.ty.shape.values), str(p.ty.dtype))
             for p in main.params[: imported.num_inputs]
         ]
+        from tvm_stitch.analysis.bounds import var_ranges
+
+        #: the symbolic dims' ranges ``{name: (lower, upper)}``
+        self.ranges = var_ranges(main)
 
     def __call__(self, *args, **kwargs):
         import torch
@@ -501,10 +534,9 @@ class StitchModule:
             args = self._by_name(args, kwargs)
         if len(args) != len(self.inputs):
             raise TypeError(f"expected {len(self.inputs)} inputs {self.inputs}, got {len(args)}")
-        tensors = []
+        tensors, dims = [], {}
         for arg, (name, shape, dtype) in zip(args, self.inputs):
-            if tuple(arg.shape) != shape:
-                raise ValueError(f"input {name}: shape {tuple(arg.shape)}, compiled for {shape}")
+            self._check_shape(name, tuple(arg.shape), shape, dims)
             if (arg.device.type == "cuda") != self._cuda:
                 raise ValueError(f"input {name} is on {arg.device}, the model on {self.device}")
             want = getattr(torch, dtype)
@@ -527,6 +559,23 @@ class StitchModule:
             return _pytree.tree_unflatten(flat, self.imported.out_spec)
         except (ValueError, TypeError):
             return flat[0] if len(flat) == 1 else tuple(flat)
+
+    def _check_shape(self, name, got: tuple, shape: tuple, dims: dict) -> None:
+        """ValueError unless ``got`` is an input's ``shape``: its static dims equal, its
+        symbolic ones in their ranges and equal wherever a dim recurs (``dims``: the sizes
+        seen so far)."""
+        ok = len(got) == len(shape)
+        for size, dim in zip(got, shape) if ok else ():
+            if isinstance(dim, int):
+                ok = ok and size == dim
+                continue
+            lo, hi = self.ranges.get(dim, (0, None))
+            if size < lo or (hi is not None and size > hi):
+                raise ValueError(f"input {name}: {dim} = {size} outside the compiled range "
+                                 f"[{lo}, {hi}] (shape {got}, compiled for {shape})")
+            ok = ok and dims.setdefault(dim, size) == size
+        if not ok:
+            raise ValueError(f"input {name}: shape {got}, compiled for {shape}")
 
     def _check_indices(self, args) -> None:
         """``IndexError`` where an input holds an id outside the embedding table it indexes
@@ -610,7 +659,7 @@ def default_dtype(module, cuda: bool, example_args=()) -> str:
 
 def from_torch(
     module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None,
-    check_indices: bool | None = None, **options
+    check_indices: bool | None = None, dynamic_shapes=None, **options
 ) -> StitchModule:
     """Compile a PyTorch module with the stitch pipeline; call the result like the module.
 
@@ -621,7 +670,7 @@ def from_torch(
         with any attention implementation; given back as it was (:func:`import_torch`).  A
         `transformers` decoder runs without its KV cache.
     example_args : tuple of torch.Tensor
-        Inputs with the static shapes to compile for, on either device.
+        Inputs with the shapes to compile for (but for ``dynamic_shapes``), on either device.
     target : str or dict or tvm.target.Target
         ``"cuda"`` (the H100, sm_90a) or ``"llvm"``.
     dtype : {"float32", "float16", "bfloat16"}, optional
@@ -634,6 +683,10 @@ def from_torch(
         within them, raising ``IndexError`` as PyTorch does (the compiled lookup would wrap
         an id outside).  Default: on the CPU yes; on CUDA no, as the check waits for the GPU
         (one synchronisation a call).  :attr:`StitchModule.check_indices` changes it later.
+    dynamic_shapes : dict or tuple, optional
+        Dims that may vary, as ``torch.export`` takes them (:func:`import_torch`): one
+        compile serves every shape in their ranges; a call outside them raises ``ValueError``.
+        On CUDA such a build is correct but not yet fused (issue 48).
     **options
         :func:`tvm_stitch.pipeline` options; on CUDA ``lift_params`` is on unless given
         (:func:`default_options`).
@@ -648,7 +701,8 @@ def from_torch(
     target = as_target(target)
     cuda = target.kind.name == "cuda"
     dtype = dtype or default_dtype(module, cuda, example_args)
-    imported = import_torch(module, example_args, dtype, example_kwargs)
+    imported = import_torch(module, example_args, dtype, example_kwargs,
+                            dynamic_shapes=dynamic_shapes)
     options = default_options(target, **options)
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0), check_indices)
