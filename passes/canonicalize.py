@@ -87,7 +87,7 @@ class BoundSymbolicShapes:
     """Simplify shapes under the ranges of a function's symbolic dims (the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out = _each_function(mod, _bounded)
+        out = _each_function(mod, _bounded, "bound")
         # a slice replaced by its gather leaves an alias of the gather
         return out if out is mod else relax.transform.CanonicalizeBindings()(out)
 
@@ -148,9 +148,9 @@ class _Bounded(relax.PyExprMutator):
         return new
 
 
-def _each_function(mod, rewrite):
+def _each_function(mod, rewrite, what: str = "fold"):
     """``mod`` with ``rewrite(name, func)`` applied to every Relax function that is not a kernel;
-    a function whose rewrite fails is kept as it was (logged)."""
+    a function whose rewrite fails is kept as it was (logged as ``what``'s)."""
     updates = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or any(
@@ -160,7 +160,7 @@ def _each_function(mod, rewrite):
         try:
             new = rewrite(gv.name_hint, func)
         except Exception as err:  # noqa: BLE001 - never break a build: this function unchanged
-            logger.warning("fold: %s left as it is: %r", gv.name_hint, err)
+            logger.warning("%s: %s left as it is: %r", what, gv.name_hint, err)
             continue
         if not new.same_as(func):
             updates[gv] = new

@@ -13,6 +13,7 @@ cannot build the module.  :func:`bounded_analyzer` knows the ranges; :func:`simp
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, sym, tirx
 
 from .indexing import dtype_of
@@ -66,7 +67,7 @@ def simplified(expr, analyzer):
     simplified under the ranges; ``expr`` itself when nothing simplifies."""
     if isinstance(expr, relax.ShapeExpr):
         values = [analyzer.simplify(v) for v in expr.values]
-        changed = any(str(a) != str(b) for a, b in zip(values, expr.values))
+        changed = not all(tvm_ffi.structural_equal(a, b) for a, b in zip(values, expr.values))
         return relax.ShapeExpr(values) if changed else expr
     if isinstance(expr, relax.Tuple):
         fields = [simplified(f, analyzer) for f in expr.fields]
@@ -74,7 +75,7 @@ def simplified(expr, analyzer):
                                           zip(fields, expr.fields)) else expr
     if _integer(expr):
         value = analyzer.simplify(expr)
-        return value if str(value) != str(expr) else expr
+        return expr if tvm_ffi.structural_equal(value, expr) else value
     return expr
 
 
