@@ -18,6 +18,7 @@ import logging
 import tvm
 from tvm import relax
 
+from tvm_stitch.graph.specialize import module_point, representative
 from tvm_stitch.stitch.former import form_groups
 
 from .module import replace_functions
@@ -82,7 +83,7 @@ def _form(mod, skip):
                 new_blocks.append(block)
                 continue
             try:
-                groups, refused = form_groups(mod, block)
+                groups, refused = form_groups(mod, block, representative(func))
                 if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)
@@ -125,10 +126,10 @@ def _unschedulable(mod, formed, cache, gpu, hw) -> dict:
     except Exception as err:  # noqa: BLE001 - FuseTIR will say it again in the pipeline
         logger.warning("stitch: patterns not checked, left to TVM's fusion (FuseTIR: %r)", err)
         return {name: f"FuseTIR failed: {err!r}" for name in formed}
-    refused = {}
+    refused, point = {}, module_point(mod)
     for gv, func in fused.functions.items():
         if gv.name_hint in formed and isinstance(func, tvm.tirx.PrimFunc):
-            scheduled, _, reasons = schedule_pattern(func, hw, gpu, cache=cache)
+            scheduled, _, reasons = schedule_pattern(func, hw, gpu, cache=cache, point=point)
             if scheduled is None:
                 refused[gv.name_hint] = "; ".join(reasons) or "no plan applies"
     return refused
@@ -298,14 +299,14 @@ class StitchSchedule:
         gpu, hw = _hardware()
         if hw is None:
             return mod
-        updates = {}
+        updates, point = {}, module_point(mod)
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tvm.tirx.PrimFunc) or _scheduled(func):
                 continue
             stitched = gv.name_hint.startswith(PREFIX)
             log = logger.info if stitched else logger.debug
             scheduled, plan, reasons = schedule_pattern(
-                func, hw, gpu, thread_only=not stitched, cache=self.schedules
+                func, hw, gpu, thread_only=not stitched, cache=self.schedules, point=point
             )
             if scheduled is None:
                 log("stitch: %s left to TVM's schedule: %s", gv.name_hint, "; ".join(reasons))

@@ -176,3 +176,129 @@ def test_a_dynamic_model_tvm_cannot_convert_to_16_bits_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="compile it in float32"):
         import_torch(model, inputs(2, 9), "float16", dynamic_shapes=shapes)
     assert import_torch(model, inputs(2, 9), "float32", dynamic_shapes=shapes).num_inputs == 1
+
+
+# -- symbolic extents in the tensor graph, the former and the kernel plans ------------------------
+def _weights(cols=96):
+    rng = np.random.default_rng(0)
+    return [*(rng.standard_normal(cols).astype("float32") for _ in range(2)),
+            rng.standard_normal((cols, 32)).astype("float32")]
+
+
+def _residual_norm(rows, cols=96, ranges=True):
+    """``layer_norm(x + y) * 2`` over ``(rows, cols)`` and a product ``x @ w`` beside it; ``rows``
+    an int or a symbolic dim ``n`` in [1, 300] (its range in TVM's attributes when ``ranges``)."""
+    x = relax.Var("x", relax.TensorType([rows, cols], "float32"))
+    y = relax.Var("y", relax.TensorType([rows, cols], "float32"))
+    gamma, beta, w = (relax.const(c) for c in _weights(cols))
+    attrs = {"tir_var_lower_bound": {"n": 1}, "tir_var_upper_bound": {"n": 300}} if (
+        ranges and not isinstance(rows, int)) else {}
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y], attrs):
+        with bb.dataflow():
+            s = bb.emit(relax.op.add(x, y))
+            n = bb.emit(relax.op.nn.layer_norm(s, gamma, beta, axes=[-1]))
+            out = bb.emit(relax.op.multiply(n, relax.const(2.0, "float32")))
+            prod = bb.emit(relax.op.matmul(x, w))
+            gv = bb.emit_output(relax.Tuple([out, prod]))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_a_symbolic_function_is_analysed_at_the_upper_bounds_of_its_dims():
+    """The tensor graph of a function whose rows are a symbolic ``n`` in [1, 300] has the nodes,
+    kinds and access maps of the same function at n = 300, marked symbolic; without a range
+    its kernels stay opaque, as before."""
+    from tvm_stitch.graph import build_graph
+
+    n = tirx.Var("n", "int64")
+    legal = relax.transform.LegalizeOps()
+    graph = build_graph(legal(_residual_norm(n)))
+    static = build_graph(legal(_residual_norm(300)))
+    assert graph.point == {"n": 300} and not graph.opaque_calls
+    assert [(d.kind, d.detail, d.out_shape, [m.describe() for m in d.inputs])
+            for d in graph.nodes.values()] == [
+        (d.kind, d.detail, d.out_shape, [m.describe() for m in d.inputs])
+        for d in static.nodes.values()]
+    assert all(d.symbolic for d in graph.nodes.values())
+    assert not any(d.symbolic for d in static.nodes.values())
+    unranged = build_graph(legal(_residual_norm(n, ranges=False)))
+    assert not unranged.nodes and len(unranged.opaque_calls) == 4
+
+
+def test_symbolic_extents_compare_by_expression_not_by_their_size_at_the_point():
+    """A symbolic extent is sized at the point (orderings, products, ``int()``) but equal only
+    to an extent TVM proves equal: ``seq`` at 512 is not the static 512."""
+    import math
+
+    from tvm_stitch.graph.specialize import Extent
+
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    point = {"b": 8, "s": 512}
+    seq, batch = Extent.of(s, point), Extent.of(b, point)
+    assert seq != 512 and int(seq) == 512 and seq > 511
+    assert math.prod((batch, seq, 64)) == math.prod((Extent.of(s * b, point), 64))
+    assert Extent.of(s * b, point) == Extent.of(b * s, point)
+    assert Extent.of(s, point) != Extent.of(b * 64, point)  # equal sizes at the point
+    assert Extent.of(s, {"b": 8}) is None
+
+
+def test_one_primfunc_called_for_two_dims_is_read_at_each_calls_own_size():
+    """TVM shares one ``arange`` PrimFunc between ``arange(batch)`` and ``arange(seq)``: each
+    call's node is specialized at the size of the dim it is called for."""
+    from tvm_stitch.graph import build_graph
+
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([b, s], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"tir_var_lower_bound": {"b": 1, "s": 1},
+                                   "tir_var_upper_bound": {"b": 8, "s": 40}}):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.arange(relax.prim_value(b), dtype="float32")
+                           if hasattr(relax, "prim_value") else relax.op.arange(b))
+            cols = bb.emit(relax.op.arange(s))
+            out = bb.emit(relax.op.add(relax.op.add(x, relax.op.astype(cols, "float32")),
+                                       relax.op.expand_dims(relax.op.astype(rows, "float32"),
+                                                            1)))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    graph = build_graph(relax.transform.LegalizeOps()(bb.get()))
+    extents = sorted(d.out_shape for d in graph.nodes.values() if d.detail != "elementwise"
+                     and len(d.out_shape) == 1)
+    assert (8,) in extents and (40,) in extents, extents
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_a_stitched_pattern_of_symbolic_rows_is_planned_at_the_point_and_runs_at_any_size(rows):
+    """The residual + LayerNorm + scale pattern over symbolic rows is formed and scheduled by a
+    kernel plan (made at n = 300, applied to the symbolic function with guards): one llvm build
+    gives numpy's numbers at 1, 7 and 300 rows (16 rows per block do not divide them); its CUDA
+    report has the static build's stitched kernel; the product beside it, of symbolic shape, is
+    not made a Triton kernel (its sizes would be the point's) and stays TVM's."""
+    n = tirx.Var("n", "int64")
+    mod = _residual_norm(n)
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(rows)
+    x, y = (rng.standard_normal((rows, 96)).astype("float32") for _ in range(2))
+    out, prod = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y))
+    gamma, beta, w = _weights()
+    s = x + y
+    want = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out.numpy(), (want * gamma + beta) * 2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(prod.numpy(), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_the_symbolic_report_has_the_static_stitched_kernel():
+    """CUDA fusion report (sm_90a, on this machine): the symbolic module's residual + LayerNorm
+    + scale is one stitched kernel, as at n = 300; nothing is unanalysed."""
+    n = tirx.Var("n", "int64")
+    dynamic = tvm_stitch.fusion_report(_residual_norm(n), CUDA, tune="model")
+    static = tvm_stitch.fusion_report(_residual_norm(300), CUDA, tune="model")
+
+    def stitched(report):
+        return sorted(tuple(g.kinds) for g in report.groups if "row-reduce" in g.kinds)
+
+    assert stitched(dynamic) == stitched(static) and len(stitched(dynamic)) == 1
+    assert not any("unanalysed" in g.kinds for g in dynamic.groups)
+

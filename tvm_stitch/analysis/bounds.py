@@ -16,26 +16,12 @@ import tvm
 import tvm_ffi
 from tvm import relax, sym, tirx
 
+from tvm_stitch.graph.specialize import shape_vars, var_ranges
+
 from .indexing import dtype_of
 
-
-def shape_vars(func: relax.Function) -> dict:
-    """The symbolic dims of ``func``'s parameters, by name."""
-    out = {}
-    for param in func.params:
-        ty = param.ty
-        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
-            out.update({d.name: d for d in ty.shape.values if isinstance(d, tirx.Var)})
-    return out
-
-
-def var_ranges(func: relax.Function) -> dict:
-    """``{name: (lower, upper)}`` of the symbolic dims whose range ``func``'s attributes give
-    (a missing lower bound is 0, a dim's least size)."""
-    attrs = func.attrs or {}
-    upper = attrs.get("tir_var_upper_bound", None) or {}
-    lower = attrs.get("tir_var_lower_bound", None) or {}
-    return {str(k): (int(lower[k]) if k in lower else 0, int(v)) for k, v in upper.items()}
+__all__ = ["bounded_analyzer", "positive_axes", "shape_vars", "simplified", "slice_in_bounds",
+           "var_ranges"]
 
 
 def bounded_analyzer(func: relax.Function):

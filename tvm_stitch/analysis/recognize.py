@@ -76,6 +76,11 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
     families = check_families(families)
     rejected: list[tuple[str, str]] = []
     products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
+    for node in [n for n in products if n.symbolic]:
+        # read at the graph's point; a kernel generated from those sizes would be wrong at any
+        # other shape
+        rejected.append((node.name, _SYMBOLIC))
+    products = [n for n in products if not n.symbolic]
     contractions = {}
     for node in products:
         try:
@@ -121,9 +126,20 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
             found = _Found()
             for match in regrouped:
                 found.add(match)
+    matches = []
+    for match in found.matches:  # an epilogue of symbolic shape: the same
+        symbolic = [n for n in match.covered if n in graph.nodes and graph.nodes[n].symbolic]
+        if symbolic:
+            rejected.append((symbolic[0], _SYMBOLIC))
+        else:
+            matches.append(match)
     for name, why in rejected:
         logger.info("recognize: %s not fused: %s", name, why)
-    return Recognition(found.matches, rejected)
+    return Recognition(matches, rejected)
+
+
+_SYMBOLIC = ("symbolic extents: kernels of runtime shape are not generated yet, "
+             "left to TVM (issue 48)")
 
 
 def _recognizer(family: str):

@@ -4,6 +4,11 @@ One node per TIR block (one tensor-expression computation) reached from the entr
 ``call_tir`` bindings, in program order.  Tensors are Relax values (``scope="global"``) or buffers
 allocated inside a PrimFunc (``scope="local"``, named ``<call>.<buffer>``).  A module that still has
 high-level Relax ops is legalized first.
+
+A function with symbolic dims that have ranges is analysed at its representative point
+(:mod:`.specialize`): its tensors' shapes are their sizes there, and a PrimFunc with symbolic
+shapes gets its nodes from the PrimFunc specialized at the point (``Node.symbolic``; what those
+nodes decide must be applied to the symbolic PrimFunc, never generated from their sizes).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from tvm import relax, s_tir, sym, tirx
 
 from .access import AccessMap, Dependence, analyze_access
 from .classify import OpKind, classify, count_flops
+from .specialize import call_point, dims_at, is_symbolic, representative, specialize
 from .tir_walk import buffer_loads, iter_sblocks
 
 logger = logging.getLogger(__name__)
@@ -45,6 +51,8 @@ class TensorInfo:
         or ``"local"`` (a buffer inside one PrimFunc).
     producer : str or None
         The node that writes it, if any.
+    symbolic : bool
+        Its shape has symbolic dims: ``shape`` is their size at the graph's point.
     """
 
     name: str
@@ -52,6 +60,7 @@ class TensorInfo:
     dtype: str
     scope: str
     producer: str | None = None
+    symbolic: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -91,6 +100,9 @@ class Node:
         The TIR block itself (None for an opaque kernel), for analyses that read its expression.
     tensor_of : dict
         Graph tensor name of each buffer the block touches (its loads and its store).
+    symbolic : bool
+        The block is of a PrimFunc with symbolic shapes, analysed specialized at the graph's
+        point: its extents and ``block`` are that specialization's.
     """
 
     name: str
@@ -110,6 +122,7 @@ class Node:
     elements_accessed: int
     block: object = dataclasses.field(default=None, repr=False, compare=False)
     tensor_of: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    symbolic: bool = False
 
     @property
     def compute_memory_ratio(self) -> float:
@@ -170,6 +183,9 @@ class TensorDependencyGraph:
         self.pinned: set[str] = set()
         #: ``(binding, PrimFunc)`` of kernels called but not analysable (symbolic shapes)
         self.opaque_calls: list[tuple[str, str]] = []
+        #: ``{dim name: size}``: where symbolic dims are read (:mod:`.specialize`); empty when
+        #: the function is static
+        self.point: dict[str, int] = {}
         self._consumers: dict[str, list[str]] = defaultdict(list)
 
     # -- construction ---------------------------------------------------------------------------
@@ -273,6 +289,7 @@ def build_graph(
         mod = relax.transform.LegalizeOps()(mod)
     func = mod[_entry_name(mod, func_name)]
     graph = TensorDependencyGraph()
+    graph.point = representative(func)
     names = _Namer()
     for param in func.params:
         _add_relax_tensor(graph, names.name(param), param.ty, "input")
@@ -363,9 +380,12 @@ def _entry_name(mod, func_name) -> str:
 
 
 def _add_relax_tensor(graph, name, ty, scope) -> None:
-    dims = static_shape(ty)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return
+    dims = dims_at(ty.shape.values, graph.point)
     if dims is not None:
-        graph.add_tensor(TensorInfo(name, dims, str(ty.dtype), scope))
+        symbolic = is_symbolic(ty.shape.values)
+        graph.add_tensor(TensorInfo(name, dims, str(ty.dtype), scope, symbolic=symbolic))
 
 
 def static_dims(dims) -> tuple[int, ...] | None:
@@ -430,6 +450,14 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
     gvar, args = call.args[0], call.args[1]
     func = mod[gvar]
     why = _unanalysable(func)
+    symbolic = bool(why) and isinstance(func, tirx.PrimFunc) and bool(graph.point)
+    if symbolic:
+        outs = call.ty_args[0]
+        outs = list(outs.fields) if isinstance(outs, tvm.ir.TupleType) else [outs]
+        point = call_point(func, list(args.fields), outs, graph.point)
+        func, why = _at_point(func, point, why)
+    if not why:
+        why = _disagrees(graph, names, func, call, var)
     if why:
         _add_relax_tensor(graph, names.name(var), var.ty, "global")
         graph.values[names.name(var)] = var
@@ -438,7 +466,7 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
         logger.debug("tensor graph: %s left out (%s)", var.name, why)
         return
     arg_names = []
-    for arg in args.fields:
+    for arg in _tensor_args(call):  # a specialized PrimFunc takes no shape scalars
         name = names.name(arg)
         if isinstance(arg, tvm.ir.expr.Constant):
             _add_relax_tensor(graph, name, arg.ty, "const")
@@ -458,11 +486,42 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
         _add_relax_tensor(graph, out_names[0], out_sinfo, "global")
         graph.values[out_names[0]] = var
     buffer_names = dict(zip(func.params, arg_names + out_names))
-    _visit_prim_func(graph, func, buffer_names, call_name, gvar.name_hint)
+    _visit_prim_func(graph, func, buffer_names, call_name, gvar.name_hint, symbolic)
 
 
 # -- TIR level -------------------------------------------------------------------------------------
-def _visit_prim_func(graph, func, buffer_names, call, func_name) -> None:
+def _at_point(func, point, why):
+    """``(func specialized at point, None)``, or ``(func, why not)``."""
+    special = specialize(func, point)
+    if special is None:
+        return func, f"{why} (not all of them have a range)"
+    still = _unanalysable(special)
+    return (func, f"{still} at the point {point}") if still else (special, None)
+
+
+def _disagrees(graph, names, func, call, var) -> str | None:
+    """Why the call's tensors do not have the shapes of ``func``'s buffers (at the graph's
+    point: a shape variable named like the function's but standing for another dim), or None."""
+    out = call.ty_args[0]
+    outs = list(out.fields) if isinstance(out, tvm.ir.TupleType) else [out]
+    tys = [a.ty for a in _tensor_args(call)] + outs
+    for param, ty in zip(func.params, tys):
+        if not hasattr(param, "shape") or not isinstance(ty, relax.TensorType):
+            continue
+        if not isinstance(ty.shape, relax.ShapeExpr):
+            return "a tensor of unknown shape"
+        want = dims_at(ty.shape.values, graph.point)
+        if want is None or want != tuple(int(d) for d in param.shape):
+            return f"{param.name}'s shape {list(param.shape)} is not its argument's {want}"
+    return None
+
+
+def _tensor_args(call) -> list:
+    """A ``call_tir``'s tensor arguments (TVM 0.27 passes shape scalars in the same tuple)."""
+    return [a for a in call.args[1].fields if not isinstance(a.ty, tvm.ir.PrimType)]
+
+
+def _visit_prim_func(graph, func, buffer_names, call, func_name, symbolic=False) -> None:
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     local_buffers = list(root.alloc_buffers) if root is not None else []
     for block, _ in iter_sblocks(func.body):
@@ -474,13 +533,13 @@ def _visit_prim_func(graph, func, buffer_names, call, func_name) -> None:
             i += 1
             name = f"{call}.{buf.name}_{i}"
         buffer_names[buf] = name
-        graph.add_tensor(
-            TensorInfo(name, tuple(int(d) for d in buf.shape), str(buf.dtype), "local")
-        )
+        graph.add_tensor(TensorInfo(name, tuple(int(d) for d in buf.shape), str(buf.dtype),
+                                    "local", symbolic=symbolic))
     added = False
     for block, _ in iter_sblocks(func.body):
         node = _block_node(block, buffer_names, call, func_name, graph)
         if node is not None:
+            node.symbolic = symbolic
             graph.add_node(node)
             added = True
     if not added and root is not None and root.writes:
@@ -608,12 +667,18 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
     )
 
 
-def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f") -> list[Node]:
+def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f", point=None) -> list[Node]:
     """The tensor-graph nodes (one per TIR block) of a single PrimFunc, parameters as globals.
 
-    A PrimFunc the graph cannot analyse (symbolic shapes, non-buffer parameters) has none.
+    A PrimFunc with symbolic shapes is read specialized at ``point`` (``{dim name: size}``,
+    :mod:`.specialize`; its nodes are ``symbolic``).  A PrimFunc the graph cannot analyse
+    (symbolic shapes without a value at ``point``, non-buffer parameters) has none.
     """
-    if _unanalysable(func):
+    why = _unanalysable(func)
+    symbolic = bool(why) and bool(point)
+    if symbolic:
+        func, why = _at_point(func, point, why)
+    if why:
         return []
     graph = TensorDependencyGraph()
     buffer_names = {}
@@ -623,7 +688,7 @@ def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f") -> list[Node]:
         graph.add_tensor(
             TensorInfo(pname, tuple(int(d) for d in param.shape), str(param.dtype), "global")
         )
-    _visit_prim_func(graph, func, buffer_names, name, name)
+    _visit_prim_func(graph, func, buffer_names, name, name, symbolic)
     return list(graph.nodes.values())
 
 

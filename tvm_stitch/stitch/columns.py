@@ -303,11 +303,18 @@ def _estimate(hw: HardwareModel, plan: ColumnPlan, io_bytes, special, elem_bytes
 
 
 def apply_column_plan(
-    func: tvm.tirx.PrimFunc, plan: ColumnPlan, gpu: bool = True
+    func: tvm.tirx.PrimFunc, plan: ColumnPlan, gpu: bool = True, point=None,
+    checked: bool = True,
 ) -> tvm.tirx.PrimFunc:
     """The scheduled PrimFunc: one kernel per phase, the partials lifted to trailing outputs
     (:data:`PARTIALS_ATTR` says how many).  With ``gpu=False`` the same loops run on a CPU
-    (blocks parallel, threads serial).  Raises IllegalPatternError when TVM refuses a step."""
+    (blocks parallel, threads serial).  Raises IllegalPatternError when TVM refuses a step.
+
+    ``point`` and ``checked`` are :func:`~.schedule.apply_plan`'s; the partials' buffers are
+    sized by the plan, so a function of symbolic shape (``checked`` False) is refused."""
+    if not checked:
+        raise IllegalPatternError("a column pattern of symbolic shape (its partials are sized "
+                                  "by the plan)")
     try:
         return _apply(func, plan, gpu)
     except IllegalPatternError:

@@ -15,6 +15,10 @@ A reduction over axes that are not the innermost starts a *column pattern* inste
 (:mod:`tvm_stitch.stitch.columns`): the input-only elementwise ops it reads, the column
 reductions over the same input and output spaces, and the elementwise ops on its output space
 after them; a value over the input space computed from a reduced one is not joined.
+
+Symbolic dims (:mod:`tvm_stitch.graph.specialize`) are read at the function's representative
+point: a symbolic extent is sized there, and equal to another only when the two are the same
+expression, so a row space of ``(batch, seq)`` is never taken for a static one.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.graph.classify import OpKind
-from tvm_stitch.graph.tdg import prim_func_nodes, static_shape
+from tvm_stitch.graph.specialize import call_point, shape_at
+from tvm_stitch.graph.tdg import prim_func_nodes
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 STITCHABLE = {
@@ -65,37 +70,40 @@ class Group:
         return OpKind.ROW_REDUCE in self.kinds
 
 
-_shape = static_shape
-
-
-def callee_nodes(mod, binding) -> list | None:
+def callee_nodes(mod, binding, point=None) -> list | None:
     """The tensor-graph nodes (one per TIR block) of the PrimFunc a ``call_tir`` binding calls,
-    or None when the binding is not a ``call_tir`` of a PrimFunc."""
+    or None when the binding is not a ``call_tir`` of a PrimFunc.  ``point``: where the
+    function's symbolic dims are read (``{name: size}``)."""
     value = binding.value
     if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
         return None
     func = mod[value.args[0]]
     if not isinstance(func, tvm.tirx.PrimFunc):
         return None
-    return prim_func_nodes(func, value.args[0].name_hint)
+    if point:
+        out = value.ty_args[0]
+        outs = list(out.fields) if isinstance(out, tvm.ir.TupleType) else [out]
+        point = call_point(func, list(value.args[1].fields), outs, point)
+    return prim_func_nodes(func, value.args[0].name_hint, point)
 
 
-def binding_kinds(mod, binding, nodes=None) -> tuple[list[OpKind] | None, str]:
+def binding_kinds(mod, binding, nodes=None, point=None) -> tuple[list[OpKind] | None, str]:
     """Op kinds of a ``call_tir`` binding's blocks, or ``(None, why)`` if it cannot be stitched.
 
-    ``nodes``: the binding's :func:`callee_nodes` when the caller has them already."""
+    ``nodes``: the binding's :func:`callee_nodes` when the caller has them already; ``point``:
+    where symbolic dims are read."""
     value = binding.value
     if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
         return None, "not a call_tir"
     func = mod[value.args[0]]
     if not isinstance(func, tvm.tirx.PrimFunc):
         return None, "not a PrimFunc"
-    if _shape(binding.var.ty) is None:
+    if shape_at(binding.var.ty, point or {}) is None:
         return None, "dynamic or tuple output"
     if int(func.attrs.get("op_pattern", 0) if func.attrs else 0) == 8:
         return None, "opaque kernel"
     if nodes is None:
-        nodes = callee_nodes(mod, binding)
+        nodes = callee_nodes(mod, binding, point)
     kinds = [n.kind for n in nodes]
     if not kinds:
         return None, "no analysable blocks"
@@ -105,8 +113,13 @@ def binding_kinds(mod, binding, nodes=None) -> tuple[list[OpKind] | None, str]:
     return kinds, ""
 
 
-def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Group], list]:
+def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
+                point=None) -> tuple[list[Group], list]:
     """Fusion patterns of one dataflow block and the bindings refused, with reasons.
+
+    ``point``: where the function's symbolic dims are read (``{name: size}``,
+    :func:`~tvm_stitch.graph.specialize.representative`); without one, a binding of symbolic
+    shape is not stitched.
 
     Returns
     -------
@@ -115,6 +128,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         patterns (:attr:`Group.column`), members in program order; ``refused``: ``(var name,
         reason)`` for stitchable-looking bindings kept out.
     """
+    point = point or {}
+
+    def _shape(ty):
+        return shape_at(ty, point)
+
     bindings = list(block.bindings)
     producer: dict = {}  # var -> binding index
     group_of: dict[int, Group] = {}
@@ -138,11 +156,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
             up |= upstream.get(a, set())
             if a in producer and producer[a] in group_of:
                 up.add(group_of[producer[a]].gid)
-        nodes = callee_nodes(mod, binding)
-        kinds, why = binding_kinds(mod, binding, nodes)
+        nodes = callee_nodes(mod, binding, point)
+        kinds, why = binding_kinds(mod, binding, nodes, point)
         out = _shape(var.ty)
         chosen = None
-        g = _layout_tail_of(binding, nodes, inputs, producer, group_of, readers)
+        g = _layout_tail_of(binding, nodes, inputs, producer, group_of, readers, _shape)
         if g is not None:
             # a reshape/transpose of the pattern's result: the output is written through it
             g.members.append(i)
@@ -161,7 +179,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
         if column is not None and out is not None:
             # a column reduction: joins the column pattern of the same spaces it reads from
             # (horizontal: the input read once), or starts one (two phases, :mod:`.columns`)
-            sig = _column_signature(binding, inputs)
+            sig = _column_signature(binding, inputs, _shape)
             # the pattern that computes an input, or one reducing the same input (x.max(0)
             # beside x.sum(0))
             candidates = [group_of.get(producer.get(a, -1)) for a in reversed(inputs)]
@@ -216,7 +234,7 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock) -> tuple[list[Gro
                 upstream[var] = up
                 continue
             if chosen is None:
-                rows = out[:-1] if OpKind.ROW_REDUCE not in kinds else _reduce_rows(mod, binding)
+                rows = out[:-1] if OpKind.ROW_REDUCE not in kinds else _reduce_rows(binding, _shape)
                 chosen = Group(len(groups), rows)
                 groups.append(chosen)
             chosen.add(i, kinds, reduced=chosen.column is not None and tuple(out) == chosen.rows)
@@ -288,7 +306,7 @@ def _joins_columns(group, kinds, out, inputs, producer) -> bool:
     )
 
 
-def _column_signature(binding, inputs) -> tuple:
+def _column_signature(binding, inputs, _shape) -> tuple:
     """``(input shape, output shape)`` of a column reduction: reductions alike in both share
     one column pattern."""
     shapes = [_shape(a.ty) for a in inputs if _shape(a.ty) is not None]
@@ -304,7 +322,7 @@ def _drop_trailing_reshapes(group, bindings, group_of) -> None:
         del group_of[i]
 
 
-def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers):
+def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers, _shape):
     """The pattern a reshape/transpose binding ends, or None.
 
     It qualifies when all its blocks (``nodes``) are injective with as many elements out as in,
@@ -385,7 +403,7 @@ def _absorb_leaves(group, inputs, producer, leaves, group_of, bindings, readers)
     group.members.sort()
 
 
-def _reduce_rows(mod, binding) -> tuple:
+def _reduce_rows(binding, _shape) -> tuple:
     """The row space of a row reduction: its input's shape without the reduced trailing axes."""
     out = _shape(binding.var.ty)
     args = [a for a in _call_args(binding.value) if _shape(a.ty) is not None]

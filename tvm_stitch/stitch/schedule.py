@@ -40,7 +40,8 @@ FALLBACK_PLANS = 4
 
 
 def schedule_pattern(
-    func: tvm.tirx.PrimFunc, hw, gpu: bool = True, thread_only: bool = False, cache=None
+    func: tvm.tirx.PrimFunc, hw, gpu: bool = True, thread_only: bool = False, cache=None,
+    point=None,
 ):
     """``func`` scheduled by the cheapest of its candidate plans that TVM accepts.
 
@@ -65,6 +66,10 @@ def schedule_pattern(
     cache : dict, optional
         Results of earlier calls (structurally equal functions are scheduled once): the
         pipeline shares one between the fusion's legality check and the scheduling pass.
+    point : dict, optional
+        Where symbolic dims are read (``{name: size}``, :mod:`tvm_stitch.graph.specialize`):
+        a pattern with symbolic shapes is planned specialized there and the plan applied to
+        the symbolic function (its loops split with guards; TVM checks every step).
 
     Returns
     -------
@@ -72,22 +77,43 @@ def schedule_pattern(
         The scheduled function and its plan, or ``(None, None, reasons)`` when no plan applies;
         ``reasons`` lists the refusals met on the way.
     """
+    planned = _at_point(func, point)
+    if planned is None:
+        return None, None, ["symbolic shapes without a value at the point"]
     if cache is None:
-        return _schedule_pattern(func, hw, gpu, thread_only)
+        return _schedule_pattern(func, hw, gpu, thread_only, planned, point)
     key = (tvm_ffi.structural_hash(func), hw, gpu, thread_only)
     for seen, result in cache.get(key, ()):
         if tvm_ffi.structural_equal(seen, func):
             return result
-    result = _schedule_pattern(func, hw, gpu, thread_only)
+    result = _schedule_pattern(func, hw, gpu, thread_only, planned, point)
     cache.setdefault(key, []).append((func, result))
     return result
 
 
-def _schedule_pattern(func, hw, gpu, thread_only):
-    column = not thread_only and _is_column_pattern(func)
+def _at_point(func, point):
+    """``func`` itself when its shapes are static, else specialized at ``point`` (None when
+    it cannot be)."""
+    from tvm_stitch.graph.specialize import is_symbolic, specialize
+
+    if not any(is_symbolic(p.shape) for p in func.params if hasattr(p, "shape")) and all(
+            hasattr(p, "shape") for p in func.params):
+        return func
+    return specialize(func, point or {})
+
+
+def _symbolic_rows(func) -> bool:
+    """Whether a buffer of ``func`` has a row (its last axis) of symbolic length."""
+    from tvm_stitch.graph.specialize import is_symbolic
+
+    return any(is_symbolic(list(p.shape)[-1:]) for p in func.params if hasattr(p, "shape"))
+
+
+def _schedule_pattern(func, hw, gpu, thread_only, planned, point):
+    column = not thread_only and _is_column_pattern(planned)
     plan, apply = (column_plans, apply_column_plan) if column else (candidate_plans, apply_plan)
     try:
-        plans = plan(func, hw)
+        plans = plan(planned, hw)
     except IllegalPatternError as err:
         return None, None, [str(err)]
     except Exception as err:  # noqa: BLE001 - never break a build: TVM's schedule
@@ -96,6 +122,10 @@ def _schedule_pattern(func, hw, gpu, thread_only):
         return None, None, ["a row pattern the former did not form"]
     # a column pattern's refusals are the pattern's (below): its four cheapest plans only
     plans = [p for p in plans[: FALLBACK_PLANS if column else None] if math.isfinite(p.latency_us)]
+    if planned is not func and _symbolic_rows(func):
+        # a row of symbolic length has no constant slice per thread to keep in registers
+        plans = [p for p in plans
+                 if not getattr(p, "cached", 0) and not getattr(p, "registers", ())]
     if not plans:
         return None, None, ["no plan fits the SM"]
     reasons, seen, groupings = [], set(), set()
@@ -105,7 +135,10 @@ def _schedule_pattern(func, hw, gpu, thread_only):
             continue
         groupings.add(grouping)
         try:
-            scheduled = apply(func, candidate, gpu=gpu)
+            if planned is not func:  # symbolic: every step checked at the point first
+                apply(planned, candidate, gpu=gpu)
+            scheduled = apply(func, candidate, gpu=gpu, point=point,
+                              checked=planned is func)
             _lowers(scheduled, gpu)
             return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
@@ -142,8 +175,15 @@ def _is_column_pattern(func) -> bool:
         return False
 
 
-def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> tvm.tirx.PrimFunc:
+def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
+               point=None, checked: bool = True) -> tvm.tirx.PrimFunc:
     """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step.
+
+    A function with symbolic shapes takes the plan made at ``point`` (its sizes there): its
+    row and column loops are split alike, with guards where the sizes do not divide.  TVM's
+    checks of each step (``checked``) refuse to bind a loop whose blocks are guarded; the
+    caller applies the plan to the function specialized at the point first, with the checks,
+    and to the symbolic one without (:func:`schedule_pattern`).
 
     With ``gpu=False`` the same plan is lowered for a CPU (``llvm``): the same inlining,
     sub-roots at the row loop and column splits, with the block loop parallel and the thread
@@ -153,7 +193,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     kernel packing) share the row loop: their row loops are merged (``Schedule.merge``), so a
     thread block computes the same rows of every packed pattern.
     """
-    sch = s_tir.Schedule(func)
+    sch = s_tir.Schedule(func, enable_check=checked)
     hoist_row_reciprocals(sch)
     for name in plan.epilogue:
         # the row op before a reshape/transpose writes its element straight to the permuted
@@ -184,7 +224,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
     # one value per row (a row sum kept as (..., rows, 1), or reduced without keepdims): all
     # its loops are the row, written by the row's threads alike
-    unit = {n for n in outputs if _per_row(sch, sch.get_sblock(n), plan.rows)}
+    unit = {n for n in outputs if _per_row(sch, sch.get_sblock(n), plan.rows, point)}
     stores = {}
     if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
@@ -199,7 +239,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True) -> t
         if len(loops) < 2:
             raise IllegalPatternError(f"{n} has no row dimension")
         rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
-    extents = {int(sch.get(r).extent) for r in rows}
+    extents = {str(tvm.sym.Analyzer().simplify(sch.get(r).extent)) for r in rows}
     if len(extents) > 1:
         raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
     row = sch.merge(*rows) if len(rows) > 1 else rows[0]
@@ -307,14 +347,28 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
             ) from err
 
 
-def _per_row(sch, block, rows: int) -> bool:
+def _size(dim, point) -> int:
+    """A dim's size (at ``point`` when symbolic, where the plan's sizes are)."""
+    from tvm_stitch.graph.specialize import value_at
+
+    value = value_at(dim, point or {})
+    if value is None:
+        raise IllegalPatternError(f"{dim} has no size at the point {point}")
+    return value
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+def _per_row(sch, block, rows: int, point=None) -> bool:
     """Whether ``block`` writes one value per row: a tensor whose last axis has extent 1, or
     one of ``rows`` elements (a reduction without keepdims: every axis is a row axis)."""
     (write,) = sch.get(block).writes
     shape = write.source.shape
     if len(shape) > 1 and is_one(shape[-1]):
         return True
-    return math.prod(int(d) for d in shape) == rows
+    return math.prod(_size(d, point) for d in shape) == rows
 
 
 def _keep_in_registers(sch, block, span: int, vector: int, gpu: bool) -> None:
@@ -422,7 +476,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
         return finish(sch, gpu)
     sch.compute_at(out, tx, preserve_unit_loops=True)
     sch.unroll(sch.get_loops(out)[-1])
-    shape = [int(d) for d in sch.get(store).writes[0].source.shape]
+    shape = list(sch.get(store).writes[0].source.shape)
     for buf in list(_full_size_inputs(sch, out, shape)):
         load = sch.cache_read(out, buf.name, "local")
         sch.compute_at(load, tx, preserve_unit_loops=True)
@@ -435,7 +489,7 @@ def _full_size_inputs(sch, block, shape):
     booleans: TVM's CUDA C has no vectors of them)."""
     for r in sch.get(block).reads:
         buf = r.source
-        if ([int(d) for d in buf.shape] == shape and not _boolean(buf)
+        if (_same_shape(list(buf.shape), shape) and not _boolean(buf)
                 and _identity_loads(sch.get(block), buf)):
             yield buf
 
@@ -466,8 +520,8 @@ def _per_column_params(sch, block) -> list:
     found = []
     for r in block_.reads:
         loads = _loads(block_, r.source)
-        shape = [int(d) for d in r.source.shape]
-        if all(d == 1 for d in shape[:-1]) and loads and all(by_column(ld) for ld in loads):
+        lead = list(r.source.shape)[:-1]
+        if all(is_one(d) for d in lead) and loads and all(by_column(ld) for ld in loads):
             found.append(r.source)
     return found
 
