@@ -135,10 +135,11 @@ def _schedule_pattern(func, hw, gpu, thread_only, planned, point):
             continue
         groupings.add(grouping)
         try:
-            if planned is not func:  # symbolic: every step checked at the point first
+            if planned is func:
+                scheduled = apply(func, candidate, gpu=gpu)
+            else:  # symbolic: every step checked at the point first
                 apply(planned, candidate, gpu=gpu)
-            scheduled = apply(func, candidate, gpu=gpu, point=point,
-                              checked=planned is func)
+                scheduled = apply(func, candidate, gpu=gpu, point=point, checked=False)
             _lowers(scheduled, gpu)
             return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
