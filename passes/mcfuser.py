@@ -21,6 +21,7 @@ Triton the pass does nothing, with the reason logged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -195,8 +196,10 @@ class _Rewriter:
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
         self.weights = weight_tensors(graph, func) if self.join else set()
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
+        self.name, self.families = name, families
         found = recognize(graph, families, fold_norms=self.fold_norms,
-                          weights=self.weights if self.join else None)
+                          weights=self.weights if self.join else None,
+                          runtime=bool(graph.point))
         kernels = [(m, k) for m in found.matches if (k := self._try_kernel(graph, m))]
         kernels = _connected(kernels, func)
         if not kernels:
@@ -234,6 +237,8 @@ class _Rewriter:
     def _kernel(self, graph, match):
         """``(GlobalVar, args, output types, outputs, bindings before the call)`` of the kernel
         of ``match`` (built once per variant)."""
+        if any(graph.nodes[n].symbolic for n in match.covered if n in graph.nodes):
+            return self._runtime_kernel(graph, match)
         derived, shapes = self._derived(match)
         match, pre, joined = self._joined(match)
         pre, shapes = derived + pre, {**shapes, **joined}
@@ -261,6 +266,59 @@ class _Rewriter:
         ]
         outs = [self._value(graph, t) for t in source.outputs]
         return self.funcs[key], args, types, outs, pre
+
+    def _runtime_kernel(self, graph, match):
+        """:meth:`_kernel` of a match of symbolic shape: its kernel takes the family's runtime
+        extents as arguments (:mod:`tvm_stitch.codegen.runtime`), its tiles are those of the
+        function's representative point, its launch takes the symbolic dims."""
+        from tvm_stitch.codegen import runtime
+
+        axes = getattr(part(match.family, "triton"), "RUNTIME_EXTENTS", ())
+        if not axes or match.derived:
+            raise UnsupportedKernelError("symbolic extents the family's kernel cannot take "
+                                         "at run time")
+        points = runtime.sentinel_points(graph.point)
+        pair = [self._recognized_at(point, match) for point in points]
+        kernel = runtime.runtime_kernel(pair, points, graph.values, axes)
+        source = kernel.source
+        tensors = [*source.inputs, *source.outputs]
+        shapes, values = {}, []
+        for t in tensors:
+            value = graph.values.get(t)
+            ty = getattr(value, "ty", None)
+            if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+                raise UnsupportedKernelError(f"{t} is not a tensor of the function")
+            shapes[t] = (tuple(ty.shape.values), str(ty.dtype))
+            values.append(value)
+        # the tiles: searched (or modelled) at the representative point, on the same kernel
+        at_point = dataclasses.replace(match, runtime=kernel.match.runtime)
+        point_source = kernel_source(at_point)
+        point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
+        config = {**self.tuner.config(at_point, point_source, point_shapes, {}),
+                  **runtime.FIXED_OPTIONS}
+        key = f"{source.name}_{embed._tag(config)}"
+        if key not in self.funcs:
+            func, ext, config = self._build(kernel.match, source, config, shapes)
+            func = func.with_attrs(
+                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()})
+            self.funcs[key] = self.ctx.add_func(func, key)
+            self.prims[key] = func
+            self.externals.extend(ext)
+        self.counts[match.family] = self.counts.get(match.family, 0) + 1
+        scalars = runtime.shape_vars(shape for shape, _ in shapes.values())
+        args = [*values[: len(source.inputs)], *scalars]
+        types = [v.ty for v in values[len(source.inputs):]]
+        return self.funcs[key], args, types, values[len(source.inputs):], []
+
+    def _recognized_at(self, point, match):
+        """``match`` recognized anew with the function's symbolic dims at ``point``."""
+        graph = build_graph(self.mod, self.name, legalize=False, point=point)
+        found = recognize(graph, self.families, fold_norms=self.fold_norms,
+                          weights=self.weights if self.join else None, runtime=True)
+        for other in found.matches:
+            if sorted(other.covered) == sorted(match.covered):
+                return other
+        raise UnsupportedKernelError(f"not recognized alike with the dims at {point}")
 
     def _variant(self, match, source, shapes, constants) -> str:
         """The name of the kernel's PrimFunc with its tuned config (built once per variant);
@@ -417,7 +475,8 @@ def _connected(kernels, func) -> list:
 def _undefined(kernel, defined) -> set:
     """Names of the variables ``kernel``'s call and bindings read that ``defined`` lacks."""
     _, args, _, _, pre = kernel
-    read = {a for a in args if isinstance(a, relax.Var)}
+    # a symbolic dim passed to a kernel is the function's (its parameters' shapes define it)
+    read = {a for a in args if isinstance(a, relax.Var) and not isinstance(a.ty, tvm.ir.PrimType)}
     read |= {v for b in pre for v in relax.analysis.free_vars(b.value)}
     return {v.name for v in read - defined}
 

@@ -302,3 +302,53 @@ def test_the_symbolic_report_has_the_static_stitched_kernel():
     assert stitched(dynamic) == stitched(static) and len(stitched(dynamic)) == 1
     assert not any("unanalysed" in g.kinds for g in dynamic.groups)
 
+
+
+# -- generated kernels with runtime extents ------------------------------------------------------
+def test_a_linear_of_symbolic_rows_is_one_kernel_with_the_rows_as_an_argument():
+    """A Linear + bias + GELU + residual over symbolic ``(batch, seq)`` rows: its kernel is
+    printed once with ``batch * seq`` as an argument (the text at two sentinel points equal up
+    to the rows), and Triton's interpreter gives torch's numbers at 1, 14 and 111 rows, in
+    float32 and float16."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("runtime_interpret_cases.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=script.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [c["rows"] for c in cases] == [1, 14, 111] * 2
+    assert all(c["ok"] for c in cases), cases
+
+
+def test_a_kernel_whose_literals_depend_on_more_than_its_rows_is_refused():
+    """``x @ xᵀ`` over symbolic rows: both of its output's extents vary, so no kernel takes it
+    at run time (it stays TVM's); the Linear's kernel takes exactly the rows."""
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.codegen import runtime
+    from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n, 64], "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"tir_var_lower_bound": {"n": 1},
+                                   "tir_var_upper_bound": {"n": 256}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(x)))
+        bb.emit_func_output(out)
+    mod = run_until(bb.get(), CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    (match,) = recognize(graph, runtime=True).matches
+    points = runtime.sentinel_points(graph.point)
+    pair = [recognize(build_graph(mod, legalize=False, point=p), runtime=True).matches[0]
+            for p in points]
+    with pytest.raises(UnsupportedKernelError, match=r"extents \['m', 'n'\]"):
+        runtime.runtime_kernel(pair, points, graph.values, ("m",))
+    assert not recognize(graph).matches  # without runtime extents: nothing of symbolic shape

@@ -145,6 +145,7 @@ def import_torch(
                 "cannot import is not compiled by tvm-stitch either"
             ) from err
     mod, params = detach_params(mod)
+    unbounded = mod
     if dynamic_shapes is not None:  # shapes under the dims' ranges, before any retyping
         from tvm_stitch.passes import BoundSymbolicShapes
 
@@ -163,7 +164,7 @@ def import_torch(
 
         names = [v.name for v in mod["main"].params[num_inputs:]]
         try:
-            mod = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)(mod)
+            mod = _mixed_precision(mod, names, unbounded if dynamic_shapes is not None else None)
         except Exception as err:
             if dynamic_shapes is None:
                 raise
@@ -402,6 +403,23 @@ def _static_experts(module):
     finally:
         for m, before in reversed(switched):
             m.set_experts_implementation(before)
+
+
+def _mixed_precision(mod, names, unbounded=None):
+    """TVM's ``ToMixedPrecision`` of ``mod`` (float16 operands, float32 accumulation).  A
+    module of symbolic shape it cannot convert once its shapes are bounded (TVM 0.27 fails on
+    Hugging Face BERT's ``gather_elements`` of token types over ``seq`` positions, "no block
+    is being built") is converted before ``BoundSymbolicShapes`` instead (``unbounded``, the
+    same module before it; the dtypes it decides do not depend on the shapes), then bounded."""
+    convert = relax.transform.ToMixedPrecision("float32", fp16_input_names=names)
+    try:
+        return convert(mod)
+    except Exception:
+        if unbounded is None:
+            raise
+    from tvm_stitch.passes import BoundSymbolicShapes
+
+    return BoundSymbolicShapes()(convert(unbounded))
 
 
 @contextlib.contextmanager

@@ -252,6 +252,10 @@ class Match:
     zero_empty_rows : bool
         ``attention``: a row whose logits are all ``-inf`` (every key masked) gives zeros, not
         NaN (PyTorch's safe softmax, which ``scaled_dot_product_attention`` computes).
+    runtime : tuple of str
+        Axes whose extent is known only at run time (a symbolic dim's,
+        :mod:`tvm_stitch.codegen.runtime`): the printers give no form sized by them (TMA
+        descriptors, split-K workspaces, warp-specialized rings).
     """
 
     family: str
@@ -271,6 +275,7 @@ class Match:
     prologue: Elem | None = None
     derived: tuple = ()
     zero_empty_rows: bool = False
+    runtime: tuple = ()
 
     @property
     def statistics(self) -> list[Reduce]:

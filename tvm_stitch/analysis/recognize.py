@@ -60,7 +60,7 @@ logger = logging.getLogger("tvm_stitch.recognize")
 
 # -- entry point -----------------------------------------------------------------------------------
 def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
-              weights=None) -> Recognition:
+              weights=None, runtime=False) -> Recognition:
     """Every kernel of ``families`` in ``graph``, each contraction in at most one match.
 
     Families of two products (attention, chains) are recognized first, each contraction asking
@@ -72,15 +72,18 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
     normalization a GEMM reads as ``A`` is folded through that GEMM's weights
     (:mod:`.through_weights`) or not at all.  The families' contract is in
     :mod:`tvm_stitch.families`.
+
+    Nodes of symbolic shape (read at the graph's point) are matched only with ``runtime``,
+    and only by families whose kernels take extents at run time (``RUNTIME_EXTENTS``,
+    :mod:`tvm_stitch.codegen.runtime`): a kernel printed with the point's sizes would be wrong
+    at any other shape.
     """
     families = check_families(families)
     rejected: list[tuple[str, str]] = []
     products = [n for n in graph.nodes.values() if n.kind is OpKind.COMPUTE_INTENSIVE]
-    for node in [n for n in products if n.symbolic]:
-        # read at the graph's point; a kernel generated from those sizes would be wrong at any
-        # other shape
-        rejected.append((node.name, _SYMBOLIC))
-    products = [n for n in products if not n.symbolic]
+    if not runtime:
+        rejected += [(n.name, _SYMBOLIC) for n in products if n.symbolic]
+        products = [n for n in products if not n.symbolic]
     contractions = {}
     for node in products:
         try:
@@ -129,7 +132,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
     matches = []
     for match in found.matches:  # an epilogue of symbolic shape: the same
         symbolic = [n for n in match.covered if n in graph.nodes and graph.nodes[n].symbolic]
-        if symbolic:
+        if symbolic and not (runtime and _runtime_extents(match.family)):
             rejected.append((symbolic[0], _SYMBOLIC))
         else:
             matches.append(match)
@@ -138,8 +141,11 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
     return Recognition(matches, rejected)
 
 
-_SYMBOLIC = ("symbolic extents: kernels of runtime shape are not generated yet, "
-             "left to TVM (issue 48)")
+_SYMBOLIC = "symbolic extents: the family's kernels take none at run time, left to TVM"
+
+
+def _runtime_extents(family: str) -> tuple:
+    return getattr(REGISTRY[family].module("triton"), "RUNTIME_EXTENTS", ())
 
 
 def _recognizer(family: str):

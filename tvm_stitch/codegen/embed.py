@@ -165,6 +165,7 @@ def plan_launch(
     descriptors: dict | None = None,
     dependent: bool = True,
     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
+    scalars: tuple = (),
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -175,12 +176,13 @@ def plan_launch(
     params : list of Param
         The PrimFunc's buffers, inputs first, the ``outputs`` outputs last.
     args : dict
-        Every runtime argument of the kernel: a parameter's name (its data pointer), an int or a
-        float.  Ints equal to 1 become constants, like Triton's JIT does.
+        Every runtime argument of the kernel: a parameter's name (its data pointer), an int, a
+        float, or an integer expression of ``scalars`` (computed at call time).  Ints equal to
+        1 become constants, like Triton's JIT does.
     constexprs : dict
         The template's ``tl.constexpr`` values.
     grid : tuple of int
-        Programs along x (, y, z).
+        Programs along x (, y, z); integer expressions of ``scalars`` where they vary.
     launch : dict
         ``num_warps`` and ``num_stages``.
     symbol : str
@@ -200,6 +202,9 @@ def plan_launch(
         for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
     launch_dependents : {"start", "exit"}
         When a dependent kernel lets the next one be launched (:func:`dependent_launch`).
+    scalars : tuple of tir.Var
+        Symbolic dims the buffers' shapes use: integer parameters of the PrimFunc after its
+        inputs (where TVM's own kernels take them), passed by the call.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -239,6 +244,8 @@ def plan_launch(
             attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             signature[arg] = "fp32"
+        elif not isinstance(value, int):  # computed at call time
+            signature[arg] = "i32"
         elif value == 1:
             consts[arg] = 1
             continue
@@ -262,6 +269,9 @@ def plan_launch(
         raise NotImplementedError(f"{symbol} needs Triton's profiling scratch memory")
     scratch = getattr(meta, "global_scratch_size", 0)
     if scratch:  # per program (TMA descriptors made on the device): one more output buffer
+        if not all(isinstance(g, int) for g in grid):
+            raise UnsupportedKernelError(f"{symbol} needs scratch memory per program of a "
+                                         "grid known at run time")
         align = max(getattr(meta, "global_scratch_align", 1), 1)
         size = -(-scratch // align) * align * math.prod(grid)
         params = [*params, Param("scratch", (size,), "uint8")]
@@ -288,10 +298,17 @@ def plan_launch(
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
             T.func_name("main")
+            inputs = len(params) - outputs
             bufs = {
                 p.name: T.arg(p.name, T.buffer(p.shape, p.dtype, buffer_name=p.name))
-                for p in params
+                for p in params[:inputs]
             }
+            for var in scalars:
+                T.arg(var.name, var)
+            bufs.update({
+                p.name: T.arg(p.name, T.buffer(p.shape, p.dtype, buffer_name=p.name))
+                for p in params[inputs:]
+            })
             T.func_attr({"tirx.is_scheduled": True})
 
             def whole(p):
@@ -311,13 +328,20 @@ def plan_launch(
                     elif isinstance(v, float):
                         call.append(T.float32(v))
                     else:
-                        call.append(T.int32(v))
+                        call.append(_int32(v))
                 nulls = [T.int64(0)] * _SCRATCH_ARGS
                 if scratch:
                     nulls[0] = bufs["scratch"].data
-                call += nulls + [T.int32(e) for e in extents]
+                call += nulls + [_int32(e) for e in extents]
                 T.evaluate(T.call_packed(symbol, *call))
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
+
+
+def _int32(value):
+    """An int32 argument: a constant, or an integer expression cast at call time."""
+    if isinstance(value, int):
+        return tvm.tirx.IntImm("int32", value)
+    return tvm.tirx.Cast("int32", value)
 
 
 def dependent_launch(ptx: str, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> str:
@@ -483,6 +507,9 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
+    A kernel with runtime extents (:mod:`.runtime`) has a ``match`` whose ``runtime`` axes'
+    extents are expressions of the symbolic dims the ``shapes`` hold: the PrimFunc takes those
+    dims after its inputs, passes the extents and computes the grid from them at call time.
     """
     from .kernel_text import launch_buffers, launch_constexprs
     from .triton_gen import load
@@ -508,11 +535,18 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
     names.update({t: f"O{i}" for i, t in enumerate(source.outputs)})
     descriptors = {d.name: (d, names[d.tensor]) for d in source.descriptors(config)}
+    args = {p.name: p.name for p in params}
+    scalars = ()
+    if match.runtime:
+        from .runtime import argument, shape_vars
+
+        scalars = tuple(shape_vars(p.shape for p in params))
+        args.update({argument(a): match.frame.extents[a] for a in match.runtime})
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
         fn,
         params,
-        {p.name: p.name for p in params},
+        args,
         constexprs,
         grid,
         launch_options(source, config),
@@ -522,6 +556,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         descriptors=descriptors,
         dependent=dependent,
         launch_dependents=launch_dependents,
+        scalars=scalars,
     )
     if split:
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)

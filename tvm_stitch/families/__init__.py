@@ -35,7 +35,10 @@ fullest example, ``tests/toy_family`` the smallest).
     Triton form (its ``family`` is set to the family's name); ``grid(config, match, source)``:
     programs along x, y (, z).  Optional: ``buffers(source, match, consts)`` (buffers a launch
     needs besides the kernel's tensors: a split-K workspace) and ``tma_layout(match)`` (how TMA
-    reads its bands' B operands: joining them in one weight tensor).
+    reads its bands' B operands: joining them in one weight tensor), and ``RUNTIME_EXTENTS``
+    (the frame's axes whose extent may be a kernel argument, for functions of symbolic shape:
+    :mod:`tvm_stitch.codegen.runtime`; a kernel printed for a match whose ``runtime`` names
+    them has no form sized by them).
 ``gluon.py`` (code generation, optional)
     A warp-specialized form: ``ws_legality(match)``, ``ws_descriptors(match)``,
     ``ws_source(match, name)`` and ``ws_launch_options(config)``.

@@ -266,7 +266,7 @@ class TensorDependencyGraph:
 
 
 def build_graph(
-    mod: tvm.IRModule, func_name: str | None = None, legalize: bool = True
+    mod: tvm.IRModule, func_name: str | None = None, legalize: bool = True, point=None
 ) -> TensorDependencyGraph:
     """Build the tensor dependency graph of one Relax function of ``mod``.
 
@@ -280,6 +280,9 @@ def build_graph(
         Run ``LegalizeOps`` first if high-level ops remain.  Off for modules where the remaining
         Relax ops are meant to stay (``R.reshape`` views after ``RewriteDataflowReshape``): those
         are recorded in ``skipped``.
+    point : dict, optional
+        Where symbolic dims are read (``{name: size}``); by default the function's
+        representative point (:func:`~.specialize.representative`).
 
     Returns
     -------
@@ -289,7 +292,7 @@ def build_graph(
         mod = relax.transform.LegalizeOps()(mod)
     func = mod[_entry_name(mod, func_name)]
     graph = TensorDependencyGraph()
-    graph.point = representative(func)
+    graph.point = dict(point) if point is not None else representative(func)
     names = _Namer()
     for param in func.params:
         _add_relax_tensor(graph, names.name(param), param.ty, "input")

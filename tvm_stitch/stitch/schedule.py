@@ -220,7 +220,10 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
                 pass
     bind = sch.bind if gpu else cpu_bind(sch)
     if plan.composition == "thread":
-        return _elementwise(sch, outputs, plan, bind, gpu)
+        # staged through registers only at static sizes (TVM sizes a register buffer of a
+        # symbolic function's elementwise by its whole extent: "constant size stack
+        # allocation" refused at build)
+        return _elementwise(sch, outputs, plan, bind, gpu, staged=checked)
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
     # one value per row (a row sum kept as (..., rows, 1), or reduced without keepdims): all
@@ -451,7 +454,7 @@ def _all_exprs(expr):
                 yield from _all_exprs(i)
 
 
-def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
+def _elementwise(sch, outputs, plan, bind, gpu, staged=True) -> tvm.tirx.PrimFunc:
     """Thread composition: ``vector`` consecutive elements of a row per thread, threads over
     (rows × column vectors), ``plan.threads`` per block.  On a GPU the output is computed into
     registers and stored with one 128-bit store; full-size inputs are loaded the same way (an
@@ -459,7 +462,8 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
     if len(outputs) != 1:
         raise IllegalPatternError(f"elementwise pattern with {len(outputs)} outputs")
     out = sch.get_sblock(outputs[0])
-    store = sch.cache_write(out, 0, "local") if gpu else out
+    gpu_staged = gpu and staged
+    store = sch.cache_write(out, 0, "local") if gpu_staged else out
     loops = sch.get_loops(store)
     if len(loops) > 2:
         loops = [sch.fuse(*loops[:-1]), loops[-1]]
@@ -473,7 +477,7 @@ def _elementwise(sch, outputs, plan, bind, gpu) -> tvm.tirx.PrimFunc:
         sch.unroll(vec)
     else:
         sch.vectorize(vec)
-    if not gpu:
+    if not gpu_staged:
         return finish(sch, gpu)
     sch.compute_at(out, tx, preserve_unit_loops=True)
     sch.unroll(sch.get_loops(out)[-1])

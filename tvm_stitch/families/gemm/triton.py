@@ -26,6 +26,8 @@ from tvm_stitch.families.gemm.template import GEMM_MAX_TILE
 
 #: largest tile (BLOCK_M * BLOCK_N) whose GEMM combines its row statistics after the product loop
 LATE_STATISTICS = 64 * 64
+#: axes whose extent may be a kernel argument (:mod:`tvm_stitch.codegen.runtime`): the rows
+RUNTIME_EXTENTS = ("m",)
 
 
 def gemm_source(match, name: str) -> KernelSource:
@@ -53,8 +55,9 @@ def gemm_source(match, name: str) -> KernelSource:
         start = bounds[-1]
     prelude.append(f"tiles_n = {start}")
     # split-K (a computed A, a folded normalization, is not split): SPLIT_K programs per output
-    # tile, each over a slice of k whole BLOCK_K steps long
-    split = match.prologue is None
+    # tile, each over a slice of k whole BLOCK_K steps long; not with rows known at run time
+    # (the workspace is sized by the tiles)
+    split = match.prologue is None and not match.runtime
     lines = ["pid_b = tl.program_id(1)"]
     if split:
         per = f"(({k} + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K)"
@@ -70,6 +73,8 @@ def gemm_source(match, name: str) -> KernelSource:
         ]
     else:
         lines.append("tile = tl.program_id(0)")
+        if match.prologue is None:  # not split (rows known at run time): the whole of k
+            lines += ["k_lo = 0", f"k_hi = {k}"]
     lines += [
         "pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
@@ -455,6 +460,8 @@ def tma_layout(match, apart: bool = False):
     tensors of the same strides and dtype, each band read through a descriptor of its own
     (:func:`tma_descriptors` makes them)."""
     ext = match.frame.extents
+    if match.runtime:
+        return "rows known at run time (a descriptor is made for its sizes)"
     if any(len(seg.products) != 1 for seg in match.segments):
         return "several products"
     if match.prologue is not None:
