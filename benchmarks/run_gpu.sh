@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests[:FILE] | bert:BATCHxSEQ | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
+# STEP: env | tests[:FILE] | bert:BATCHxSEQ | dynamic (benchmarks/dynamic.py; DYNAMIC_FLAGS) | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
@@ -63,6 +63,11 @@ for step in "$@"; do
             ;;
         check:*)
             python3 -m tvm_stitch check "${step#check:}" 2>&1 | tee -a "$out/check.log" || status=1
+            ;;
+        dynamic)  # one dynamic compile of BERT-base against static builds and
+            # torch.compile(dynamic=True); DYNAMIC_FLAGS: benchmarks/dynamic.py's options
+            python3 -m tvm_stitch.benchmarks.dynamic --target cuda ${DYNAMIC_FLAGS:-} 2>&1 \
+                | tee "$out/dynamic.log" || status=1
             ;;
         bert:*)
             shape=${step#bert:}

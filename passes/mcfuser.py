@@ -197,6 +197,7 @@ class _Rewriter:
         self.weights = weight_tensors(graph, func) if self.join else set()
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
         self.name, self.families = name, families
+        self.at_points = {}  # sentinel point -> the function's matches there
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None,
                           runtime=bool(graph.point))
@@ -312,10 +313,13 @@ class _Rewriter:
 
     def _recognized_at(self, point, match):
         """``match`` recognized anew with the function's symbolic dims at ``point``."""
-        graph = build_graph(self.mod, self.name, legalize=False, point=point)
-        found = recognize(graph, self.families, fold_norms=self.fold_norms,
-                          weights=self.weights if self.join else None, runtime=True)
-        for other in found.matches:
+        key = tuple(sorted(point.items()))
+        if key not in self.at_points:
+            graph = build_graph(self.mod, self.name, legalize=False, point=point)
+            self.at_points[key] = recognize(
+                graph, self.families, fold_norms=self.fold_norms,
+                weights=self.weights if self.join else None, runtime=True).matches
+        for other in self.at_points[key]:
             if sorted(other.covered) == sorted(match.covered):
                 return other
         raise UnsupportedKernelError(f"not recognized alike with the dims at {point}")

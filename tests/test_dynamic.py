@@ -319,7 +319,7 @@ def test_a_linear_of_symbolic_rows_is_one_kernel_with_the_rows_as_an_argument():
     script = Path(__file__).with_name("runtime_interpret_cases.py")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=script.parent)
+                         timeout=600, cwd=script.parent, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [c["rows"] for c in cases] == [1, 14, 111] * 2
@@ -345,7 +345,7 @@ def test_a_kernel_whose_literals_depend_on_more_than_its_rows_is_refused():
         bb.emit_func_output(out)
     mod = run_until(bb.get(), CUDA, "StitchFuseMBCI")
     graph = build_graph(mod, legalize=False)
-    (match,) = recognize(graph, runtime=True).matches
+    assert len(recognize(graph, runtime=True).matches) == 1
     points = runtime.sentinel_points(graph.point)
     pair = [recognize(build_graph(mod, legalize=False, point=p), runtime=True).matches[0]
             for p in points]
