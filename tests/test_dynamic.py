@@ -271,10 +271,8 @@ def test_one_primfunc_called_for_two_dims_is_read_at_each_calls_own_size():
 @pytest.mark.parametrize("rows", [1, 7, 300])
 def test_a_stitched_pattern_of_symbolic_rows_is_planned_at_the_point_and_runs_at_any_size(rows):
     """The residual + LayerNorm + scale pattern over symbolic rows is formed and scheduled by a
-    kernel plan (made at n = 300, applied to the symbolic function with guards): one llvm build
-    gives numpy's numbers at 1, 7 and 300 rows (16 rows per block do not divide them); its CUDA
-    report has the static build's stitched kernel; the product beside it, of symbolic shape, is
-    not made a Triton kernel (its sizes would be the point's) and stays TVM's."""
+    kernel plan (made at n = 300, applied to the symbolic function): one llvm build gives
+    numpy's numbers at 1, 7 and 300 rows, the product beside it too."""
     n = tirx.Var("n", "int64")
     mod = _residual_norm(n)
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
@@ -287,6 +285,32 @@ def test_a_stitched_pattern_of_symbolic_rows_is_planned_at_the_point_and_runs_at
     want = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(out.numpy(), (want * gamma + beta) * 2, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(prod.numpy(), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_symbolic_row_pattern_reduces_its_rows_across_threads_on_the_gpu():
+    """The plan of a LayerNorm over symbolic ``(batch, seq)`` rows lowers for CUDA with its row
+    sums as cross-thread reductions (TVM's ``red_buf``): rows in blocks of several, which need
+    not divide ``batch * seq``, would leave each thread a partial sum of its own (TVM does not
+    lower a reduction under a guard on its rows); such plans are refused, by TVM's checks."""
+    from tvm_stitch.codegen.check import lower
+    from tvm_stitch.hardware import HardwareModel
+    from tvm_stitch.stitch.schedule import schedule_pattern
+
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([b, s, 768], "float16"))
+    ones, zeros = (relax.const(np.full(768, v, "float16")) for v in (1, 0))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.layer_norm(x, ones, zeros, axes=[-1]))
+        bb.emit_func_output(out)
+    func = relax.transform.LegalizeOps()(bb.get())["layer_norm"]
+    hw = HardwareModel.from_target(CUDA)
+    scheduled, plan, _ = schedule_pattern(func, hw, True, point={"b": 64, "s": 512})
+    assert plan is not None and plan.composition in ("warp", "block")
+    (device,) = lower(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}),
+                      CUDA).values()
+    assert "red_buf" in device.script()
 
 
 def test_the_symbolic_report_has_the_static_stitched_kernel():

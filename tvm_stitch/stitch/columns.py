@@ -304,15 +304,14 @@ def _estimate(hw: HardwareModel, plan: ColumnPlan, io_bytes, special, elem_bytes
 
 def apply_column_plan(
     func: tvm.tirx.PrimFunc, plan: ColumnPlan, gpu: bool = True, point=None,
-    checked: bool = True,
 ) -> tvm.tirx.PrimFunc:
     """The scheduled PrimFunc: one kernel per phase, the partials lifted to trailing outputs
     (:data:`PARTIALS_ATTR` says how many).  With ``gpu=False`` the same loops run on a CPU
     (blocks parallel, threads serial).  Raises IllegalPatternError when TVM refuses a step.
 
-    ``point`` and ``checked`` are :func:`~.schedule.apply_plan`'s; the partials' buffers are
-    sized by the plan, so a function of symbolic shape (``checked`` False) is refused."""
-    if not checked:
+    The partials' buffers are sized by the plan: a function of symbolic shape (given with
+    its ``point``, :func:`~.schedule.apply_plan`'s) is refused."""
+    if point is not None:
         raise IllegalPatternError("a column pattern of symbolic shape (its partials are sized "
                                   "by the plan)")
     try:

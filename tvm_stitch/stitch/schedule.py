@@ -137,9 +137,8 @@ def _schedule_pattern(func, hw, gpu, thread_only, planned, point):
         try:
             if planned is func:
                 scheduled = apply(func, candidate, gpu=gpu)
-            else:  # symbolic: every step checked at the point first
-                apply(planned, candidate, gpu=gpu)
-                scheduled = apply(func, candidate, gpu=gpu, point=point, checked=False)
+            else:  # symbolic: the plan made at the point
+                scheduled = apply(func, candidate, gpu=gpu, point=point)
             _lowers(scheduled, gpu)
             return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
@@ -177,14 +176,14 @@ def _is_column_pattern(func) -> bool:
 
 
 def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
-               point=None, checked: bool = True) -> tvm.tirx.PrimFunc:
+               point=None) -> tvm.tirx.PrimFunc:
     """The scheduled PrimFunc (one kernel).  Raises IllegalPatternError if TVM refuses a step.
 
-    A function with symbolic shapes takes the plan made at ``point`` (its sizes there): its
-    row and column loops are split alike, with guards where the sizes do not divide.  TVM's
-    checks of each step (``checked``) refuse to bind a loop whose blocks are guarded; the
-    caller applies the plan to the function specialized at the point first, with the checks,
-    and to the symbolic one without (:func:`schedule_pattern`).
+    A function with symbolic shapes takes the plan made at ``point`` (its sizes there), every
+    step checked by TVM as for any other: where a split leaves guards that a step cannot take
+    (a row reduction under a guard on its rows — rows in blocks of several that need not
+    divide — is no cross-thread reduction TVM can lower), TVM refuses the step and the plan
+    gives way to the next; a plan of one row per block splits no row loop.
 
     With ``gpu=False`` the same plan is lowered for a CPU (``llvm``): the same inlining,
     sub-roots at the row loop and column splits, with the block loop parallel and the thread
@@ -194,7 +193,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
     kernel packing) share the row loop: their row loops are merged (``Schedule.merge``), so a
     thread block computes the same rows of every packed pattern.
     """
-    sch = s_tir.Schedule(func, enable_check=checked)
+    sch = s_tir.Schedule(func)
     hoist_row_reciprocals(sch)
     for name in plan.epilogue:
         # the row op before a reshape/transpose writes its element straight to the permuted
@@ -223,7 +222,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
         # staged through registers only at static sizes (TVM sizes a register buffer of a
         # symbolic function's elementwise by its whole extent: "constant size stack
         # allocation" refused at build)
-        return _elementwise(sch, outputs, plan, bind, gpu, staged=checked)
+        return _elementwise(sch, outputs, plan, bind, gpu, staged=point is None)
     # with 128-bit accesses an output is computed element by element into registers and
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
     # one value per row (a row sum kept as (..., rows, 1), or reduced without keepdims): all
