@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--tune", default="model", choices=["model", "measure"])
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile baseline")
+    parser.add_argument("--profile", action="store_true",
+                        help="CUDA: the dynamic build's kernels at each shape (torch.profiler)")
     args = parser.parse_args(argv)
 
     import torch
@@ -134,7 +136,34 @@ def main(argv=None) -> int:
                     row["static_err"] = float((_hidden(fixed(ids, mask)).float() - want)
                                               .abs().max())
         print(json.dumps(row), flush=True)
+        if cuda and args.profile:
+            _profile(fn, (ids, mask), f"{b}x{s}")
     return 0
+
+
+def _profile(fn, args, label: str, calls: int = 5) -> None:
+    """The dynamic build's kernels at one shape: time per call by kernel name (the 15 largest)
+    and in all, from torch.profiler (CUPTI sees TVM's and Triton's kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(*args)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*args)
+            torch.cuda.synchronize()
+    totals, counts = {}, {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
+            counts[e.name] = counts.get(e.name, 0) + 1
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:15]
+    print(json.dumps({"profile": label, "kernels_per_call": sum(counts.values()) // calls,
+                      "gpu_us": round(sum(totals.values()), 1),
+                      "top": [[n[:60], round(t, 1), counts[n] // calls] for n, t in top]}),
+          flush=True)
 
 
 if __name__ == "__main__":
