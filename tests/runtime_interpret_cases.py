@@ -52,7 +52,59 @@ def linear_module(dtype: str, k: int = 96, n: int = 80):
     return bb.get(), w, bias
 
 
-def runtime_kernels(mod):
+def attention_module(dtype: str, heads: int = 2, d: int = 32):
+    """``softmax(q kᵀ / √d + mask) v`` over symbolic ``(b, s)``, the mask a padding mask."""
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    q, k, v = (relax.Var(n, relax.TensorType([b, heads, s, d], dtype)) for n in "qkv")
+    mask = relax.Var("mask", relax.TensorType([b, 1, 1, s], dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q, k, v, mask], {"tir_var_lower_bound": {"b": 1, "s": 1},
+                                               "tir_var_upper_bound": {"b": 8, "s": 128}}):
+        with bb.dataflow():
+            scores = relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2]))
+            scores = relax.op.add(relax.op.multiply(scores, relax.const(d ** -0.5, dtype)), mask)
+            out = bb.emit_output(relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), v))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _at(kernel, sizes):
+    """``kernel``'s runtime arguments and grid at ``sizes`` of its dims."""
+    frame = copy.copy(kernel.match.frame)
+    frame.extents = {a: value_at(e, sizes) for a, e in frame.extents.items()}
+    values = [value_at(e, sizes) for e in kernel.source.arguments.values()]
+    return values, dataclasses.replace(kernel.match, frame=frame)
+
+
+def attention_cases(dtypes, heads=2, d=32):
+    for dtype in dtypes:
+        mod = run_until(attention_module(dtype, heads, d), CUDA, "StitchFuseMBCI")
+        kernels = [k for k, _ in runtime_kernels(mod, ("b", "m", "n"))]
+        (kernel,) = [k for k in kernels if k.match.family == "attention"]
+        fn = triton_gen.load(kernel.source)
+        tdt = getattr(torch, dtype)
+        consts = {**TILES, "BLOCK_K": 32, "BLOCK_H": 32, "DOT_PREC": "ieee", "TMA": False}
+        consts = {k: v for k, v in {**consts, **kernel.source.constexprs}.items()
+                  if k in fn.arg_names}
+        for b, s in SIZES:
+            q, k, v = (torch.randn(b, heads, s, d).to(tdt) for _ in range(3))
+            mask = torch.zeros(b, 1, 1, s)
+            if s > 2:
+                mask[-1, ..., s - s // 3:] = -10000.0  # the last sequence padded
+            mask = mask.to(tdt)
+            inputs = {"q": q, "k": k, "v": v, "mask": mask}
+            scores = q.float() @ k.float().transpose(-1, -2) * d ** -0.5 + mask.float()
+            want = torch.softmax(scores, -1) @ v.float()
+            got = torch.zeros(b, heads, s, d, dtype=tdt)
+            values, sized = _at(kernel, {"b": b, "s": s})
+            grid = kernel.source.grid(consts, sized)
+            fn[grid](*values, *[inputs[t] for t in kernel.source.inputs], got, **consts)
+            err = float((got.float() - want).abs().max())
+            print(json.dumps({"case": f"attention {dtype} {b}x{s}", "rows": b * s,
+                              "max_err": err, "ok": err <= TOL[dtype] * 4}))
+
+
+def runtime_kernels(mod, axes=("m",)):
     """``(kernel, graph)`` of every runtime kernel recognized in ``mod`` (legalized for the
     H100)."""
     graph = build_graph(mod, legalize=False)
@@ -63,7 +115,7 @@ def runtime_kernels(mod):
         for point in points:
             at = recognize(build_graph(mod, legalize=False, point=point), runtime=True)
             pair += [m for m in at.matches if sorted(m.covered) == sorted(match.covered)]
-        found.append((runtime.runtime_kernel(pair, points, graph.values, ("m",)), graph))
+        found.append((runtime.runtime_kernel(pair, points, graph.values, axes), graph))
     return found
 
 
@@ -85,10 +137,8 @@ def main(dtypes):
                     for t in kernel.source.inputs]
             got = torch.zeros(b, s, 80, dtype=tdt)
             rows = value_at(kernel.extents["m"], {"b": b, "s": s})
-            frame = copy.copy(kernel.match.frame)
-            frame.extents = {**frame.extents, "m": rows}
-            grid = kernel.source.grid(consts, dataclasses.replace(kernel.match, frame=frame))
-            fn[grid](rows, *args, got, **consts)
+            values, sized = _at(kernel, {"b": b, "s": s})
+            fn[kernel.source.grid(consts, sized)](*values, *args, got, **consts)
             err = float((got.float() - want).abs().max())
             scale = max(1.0, float(want.abs().max()))
             print(json.dumps({"case": f"{dtype} {b}x{s}", "rows": rows, "max_err": err,
@@ -96,4 +146,6 @@ def main(dtypes):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["float32", "float16"])
+    dtypes = sys.argv[1:] or ["float32", "float16"]
+    main(dtypes)
+    attention_cases(dtypes)

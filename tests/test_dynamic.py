@@ -329,11 +329,12 @@ def test_the_symbolic_report_has_the_static_stitched_kernel():
 
 
 # -- generated kernels with runtime extents ------------------------------------------------------
-def test_a_linear_of_symbolic_rows_is_one_kernel_with_the_rows_as_an_argument():
-    """A Linear + bias + GELU + residual over symbolic ``(batch, seq)`` rows: its kernel is
-    printed once with ``batch * seq`` as an argument (the text at two sentinel points equal up
-    to the rows), and Triton's interpreter gives torch's numbers at 1, 14 and 111 rows, in
-    float32 and float16."""
+def test_kernels_of_symbolic_shape_take_their_sizes_as_arguments():
+    """A Linear + bias + GELU + residual over symbolic ``(batch, seq)`` rows, and an attention
+    over symbolic batch and length with a padding mask: each kernel is printed once with the
+    literals that depend on the dims as arguments (rows; batch strides, query and key counts),
+    the texts at two sentinel points equal but for those, and Triton's interpreter gives
+    torch's numbers at 1×1, 2×7 and 3×37, in float32 and float16."""
     import json
     import os
     import subprocess
@@ -346,7 +347,8 @@ def test_a_linear_of_symbolic_rows_is_one_kernel_with_the_rows_as_an_argument():
                          timeout=600, cwd=script.parent, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [c["rows"] for c in cases] == [1, 14, 111] * 2
+    assert [c["rows"] for c in cases] == [1, 14, 111] * 4
+    assert sum(c["case"].startswith("attention") for c in cases) == 6
     assert all(c["ok"] for c in cases), cases
 
 

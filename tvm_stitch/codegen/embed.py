@@ -538,10 +538,10 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     args = {p.name: p.name for p in params}
     scalars = ()
     if match.runtime:
-        from .runtime import argument, shape_vars
+        from .runtime import shape_vars
 
         scalars = tuple(shape_vars(p.shape for p in params))
-        args.update({argument(a): match.frame.extents[a] for a in match.runtime})
+        args.update(source.arguments)
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(
         fn,

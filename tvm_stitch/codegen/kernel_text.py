@@ -141,6 +141,10 @@ class KernelSource:
     tma_store : bool
         A GEMM whose persistent formulation can store its outputs by TMA (constexpr
         ``TMA_STORE``).
+    arguments : dict
+        Integer arguments before the pointers (a kernel of symbolic shape,
+        :mod:`tvm_stitch.codegen.runtime`): name -> the expression of the symbolic dims the
+        launch passes.
     ws : str, optional
         A warp-specialized Gluon form (an attention's, :mod:`tvm_stitch.families.attention.gluon`,
         or a GEMM's, :mod:`tvm_stitch.families.gemm.gluon`), the text of a module defining a
@@ -161,6 +165,7 @@ class KernelSource:
     ws_descs: tuple = ()
     descs: tuple = ()
     tma_store: bool = False
+    arguments: dict = dataclasses.field(default_factory=dict)
 
     def descriptors(self, config: dict) -> tuple:
         """The TMA descriptor arguments of the form ``config`` launches."""

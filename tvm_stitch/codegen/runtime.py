@@ -1,17 +1,18 @@
-"""Kernels whose extents are arguments: generated kernels for functions of symbolic shape.
+"""Kernels whose sizes are arguments: generated kernels for functions of symbolic shape.
 
 A generated kernel's shapes, strides and offsets are literals (:mod:`.kernel_text`).  For a
-function whose dims are symbolic (``R.Tensor(("batch", "seq", 768))``), a family that lists an
-axis in its ``RUNTIME_EXTENTS`` (a GEMM's rows ``m``) gets that axis's extent as an argument
-instead, computed by the launch from the tensors' shapes at call time.
+function whose dims are symbolic (``R.Tensor(("batch", "seq", 768))``), a family that lists
+axes in its ``RUNTIME_EXTENTS`` (a GEMM's rows ``m``; an attention's batch, queries and keys)
+gets the literals that depend on them as arguments instead — extents, strides, bounds —
+computed by the launch from the symbolic dims at call time.
 
-What may vary is established, not assumed: the match is recognized at two **sentinel points**
+What varies is established, not assumed: the match is recognized at two **sentinel points**
 (each symbolic dim a distinct prime above 1000, different at each point) and its kernel printed
-at both.  The runtime axes must take different extents at the two points, every other extent
-the same, and the two texts must be equal once each point's runtime extents are replaced by the
-argument names: then no stride, offset, mask or bound of the kernel depends on the dims other
-than through those extents.  A runtime extent is then an expression of the function's dims
-(a product of consecutive dims of one of its tensors) that has the right value at both points.
+at both.  Only the runtime axes may take different extents at the two points; the two texts
+must be the same but for their integer literals; and every literal that differs must be a
+constant times a product of the dims (:func:`monomial`), which then becomes an argument.  Any
+other dependence on the dims (a different structure, a literal no product of the dims gives)
+refuses the kernel, which stays TVM's.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import itertools
+import math
 import re
 
 import tvm
 from tvm import relax, tirx
-
-from tvm_stitch.graph.specialize import value_at
 
 from .kernel_text import KernelSource, UnsupportedKernelError
 from .triton_gen import kernel_source
@@ -48,9 +49,9 @@ def sentinel_points(dims) -> tuple[dict, dict]:
     return tuple({n: values[i] for i, n in enumerate(names)} for values in SENTINELS)
 
 
-def argument(axis: str) -> str:
-    """The kernel argument holding ``axis``'s extent."""
-    return f"RT_{axis.upper()}"
+def argument(index: int) -> str:
+    """The name of the kernel's ``index``-th runtime argument."""
+    return f"RT_{index}"
 
 
 @dataclasses.dataclass
@@ -60,12 +61,13 @@ class RuntimeKernel:
     Attributes
     ----------
     source : KernelSource
-        Its text takes the runtime extents as arguments (:func:`argument`) before its pointers.
+        Its text takes the runtime values as arguments (``arguments``) before its pointers.
     extents : dict
-        Axis -> the expression of the function's symbolic dims it equals.
+        Runtime axis -> the expression of the function's symbolic dims it equals.
     match : Match
         The match at the first sentinel point, ``runtime`` set, its frame giving the runtime
-        axes' expressions (what the launch passes, :func:`~.embed.generated_launch`).
+        axes' expressions (what the launch's grid is computed from,
+        :func:`~.embed.generated_launch`).
     """
 
     source: KernelSource
@@ -73,11 +75,17 @@ class RuntimeKernel:
     match: object
 
 
+#: an integer literal (also after the ``x`` of a shape, ``12x1013``, in the text's header)
+_NUMBER = re.compile(r"(?<![A-Za-wyz_\d.])(\d+)(?![\d.])")
+
+
 def runtime_kernel(matches, points, values, axes) -> RuntimeKernel:
     """The kernel of a match recognized at the two sentinel ``points`` (``matches``, one at
-    each), with the extents of ``axes`` as arguments; ``values`` maps graph tensors to their
-    Relax values (whose symbolic shapes give the extents' expressions).  Raises
-    :class:`UnsupportedKernelError` where the kernel depends on the dims otherwise."""
+    each), whose ``axes`` may vary; ``values`` maps graph tensors to their Relax values (their
+    shapes hold the symbolic dims).  Every literal of the kernel's text that differs between
+    the points becomes an argument: it must be a constant times a product of the dims (a
+    stride, a bound, a row count).  Raises :class:`UnsupportedKernelError` where the kernel
+    depends on the dims otherwise."""
     first, second = (dataclasses.replace(m, runtime=tuple(axes)) for m in matches)
     ext1, ext2 = first.frame.extents, second.frame.extents
     if set(ext1) != set(ext2):
@@ -86,48 +94,64 @@ def runtime_kernel(matches, points, values, axes) -> RuntimeKernel:
     if not varying or not set(varying) <= set(axes):
         raise UnsupportedKernelError(
             f"extents {varying} depend on the symbolic dims; only {list(axes)} may")
-    texts, names = [], []
-    for match, ext in ((first, ext1), (second, ext2)):
-        source = kernel_source(match, name="KERNEL")
-        text = source.text
-        for axis in varying:
-            text = re.sub(rf"(?<![\w.]){ext[axis]}(?![\d.])", argument(axis), text)
-        texts.append(text)
-        names.append((tuple(source.inputs), tuple(source.outputs)))
-    if texts[0] != texts[1] or names[0] != names[1]:
-        raise UnsupportedKernelError("its kernel's literals depend on the symbolic dims beyond "
-                                     f"the extents of {varying}")
-    args = ", ".join(argument(a) for a in varying)
-    text = texts[0].replace("def KERNEL(", f"def KERNEL({args}, ", 1)
+    sources = [kernel_source(m, name="KERNEL") for m in (first, second)]
+    if (sources[0].inputs, sources[0].outputs) != (sources[1].inputs, sources[1].outputs):
+        raise UnsupportedKernelError("the kernel's tensors differ between the sentinel points")
+    parts = [_NUMBER.split(s.text) for s in sources]
+    if len(parts[0]) != len(parts[1]) or parts[0][::2] != parts[1][::2]:
+        raise UnsupportedKernelError("the kernel's text depends on the symbolic dims beyond "
+                                     "its literals")
+    dims = _dims(values)
+    names, arguments, text = {}, {}, []
+    for i, (a, b) in enumerate(zip(*parts)):
+        if i % 2 == 0 or a == b:
+            text.append(a)
+            continue
+        pair = (int(a), int(b))
+        if pair not in names:
+            names[pair] = argument(len(names))
+            arguments[names[pair]] = monomial(pair, dims, points)
+        text.append(names[pair])
+    text = "".join(text).replace("def KERNEL(", f"def KERNEL({', '.join(names.values())}, ", 1)
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     name = f"{first.family}_rt_{digest}"
     text = text.replace("def KERNEL(", f"def {name}(", 1)
-    inputs, outputs = names[0]
-    source = dataclasses.replace(kernel_source(first, name="KERNEL"), name=name, text=text,
-                                 ws=None, ws_descs=(), descs=(), persistent=False)
-    tensors = [*inputs, *outputs]
-    extents = {a: _expression(a, ext1[a], ext2[a], tensors, values, points) for a in varying}
+    source = dataclasses.replace(sources[0], name=name, text=text, ws=None, ws_descs=(),
+                                 descs=(), persistent=False, tma=False, arguments=arguments)
+    extents = {a: monomial((ext1[a], ext2[a]), dims, points) for a in varying}
     frame = copy.copy(first.frame)
     frame.extents = {**frame.extents, **extents}
     return RuntimeKernel(source, extents, dataclasses.replace(first, frame=frame))
 
 
-def _expression(axis, at1, at2, tensors, values, points):
-    """A product of consecutive dims of one of ``tensors`` worth ``at1`` and ``at2`` at the
-    two points."""
-    for tensor in tensors:
-        value = values.get(tensor)
+def monomial(pair, dims: dict, points):
+    """The expression ``c * Π dim^e`` (exponents up to 2) worth ``pair`` at the two points,
+    the lowest degree first; raises :class:`UnsupportedKernelError` when there is none."""
+    names = sorted(dims)
+    for degree in range(1, 2 * len(names) + 1):
+        for exps in itertools.product(range(3), repeat=len(names)):
+            if sum(exps) != degree:
+                continue
+            at = [math.prod(p[n] ** e for n, e in zip(names, exps)) for p in points]
+            if all(v % a == 0 for v, a in zip(pair, at)) and pair[0] // at[0] == pair[1] // at[1]:
+                expr = tirx.IntImm("int64", pair[0] // at[0])
+                for n, e in zip(names, exps):
+                    for _ in range(e):
+                        expr = expr * dims[n]
+                return tvm.sym.Analyzer().simplify(expr)
+    raise UnsupportedKernelError(f"a literal of the kernel, {pair[0]} and {pair[1]} at the "
+                                 "sentinel points, is no product of the symbolic dims")
+
+
+def _dims(values) -> dict:
+    """The symbolic dims (tir Vars) the shapes of ``values`` hold, by name."""
+    found = {}
+    for value in values.values():
         ty = getattr(value, "ty", None)
-        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-            continue
-        dims = list(ty.shape.values)
-        for i in range(len(dims)):
-            expr = None
-            for j in range(i, len(dims)):
-                expr = dims[j] if expr is None else expr * dims[j]
-                if (value_at(expr, points[0]) == at1 and value_at(expr, points[1]) == at2):
-                    return tvm.sym.Analyzer().simplify(expr)
-    raise UnsupportedKernelError(f"no dims of the kernel's tensors give the extent of {axis}")
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            for var in shape_vars([ty.shape.values]):
+                found.setdefault(var.name, var)
+    return found
 
 
 def shape_vars(shapes) -> list:

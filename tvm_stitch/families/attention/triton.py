@@ -147,6 +147,8 @@ def attention_tma(match) -> str | None:
     and its offset are multiples of 16 bytes (TMA's alignment); a head tile is at most 256
     elements (a TMA box's limit)."""
     ext = match.frame.extents
+    if match.runtime:
+        return "sizes known at run time (a descriptor is made for its sizes)"
     if max(pow2(ext["k"]), pow2(ext["d"])) > 256:
         return "a head dimension wider than a TMA box (256 elements)"
     for role, inner, rows in (("q", "k", "m"), ("k", "k", "n"), ("v", "d", "n")):
@@ -316,6 +318,10 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
 
 
 kernel = attention_source  # the family's printer (see :mod:`tvm_stitch.families`)
+
+
+#: axes whose sizes may be kernel arguments (:mod:`tvm_stitch.codegen.runtime`)
+RUNTIME_EXTENTS = ("b", "m", "n")
 
 
 def grid(config: dict, match, source) -> tuple:
