@@ -246,6 +246,8 @@ def plan_launch(
             signature[arg] = "fp32"
         elif not isinstance(value, int):  # computed at call time
             signature[arg] = "i32"
+            if _multiple_of_16(value):  # a stride of 768 x seq: vectorised accesses
+                attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
         elif value == 1:
             consts[arg] = 1
             continue
@@ -335,6 +337,11 @@ def plan_launch(
                 call += nulls + [_int32(e) for e in extents]
                 T.evaluate(T.call_packed(symbol, *call))
     return Launch(ib.get(), ptx, symbol, arg_types, tags)
+
+
+def _multiple_of_16(expr) -> bool:
+    """Whether an integer expression of symbolic dims is a multiple of 16 for every value."""
+    return tvm.sym.Analyzer().can_prove(tvm.tirx.floormod(expr, 16) == 0)
 
 
 def _int32(value):
