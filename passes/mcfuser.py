@@ -306,7 +306,7 @@ class _Rewriter:
             self.prims[key] = func
             self.externals.extend(ext)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
-        scalars = runtime.shape_vars(shape for shape, _ in shapes.values())
+        scalars = runtime.dims_of(shape for shape, _ in shapes.values())
         args = [*values[: len(source.inputs)], *scalars]
         types = [v.ty for v in values[len(source.inputs):]]
         return self.funcs[key], args, types, values[len(source.inputs):], []

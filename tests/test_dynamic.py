@@ -378,3 +378,17 @@ def test_a_kernel_whose_literals_depend_on_more_than_its_rows_is_refused():
     with pytest.raises(UnsupportedKernelError, match=r"extents \['m', 'n'\]"):
         runtime.runtime_kernel(pair, points, graph.values, ("m",))
     assert not recognize(graph).matches  # without runtime extents: nothing of symbolic shape
+
+
+def test_the_stitch_pipeline_logs_the_time_of_each_phase(caplog):
+    """Compile time is logged by phase, with each phase's slowest passes (issue 48's item 4
+    asks where a compile's minutes go)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tvm_stitch.pipeline"):
+        tvm.compile(_residual_norm(tirx.Var("n", "int64")), "llvm",
+                    relax_pipeline=tvm_stitch.pipeline("llvm"))
+    (line,) = [r.getMessage() for r in caplog.records if "stitch pipeline:" in r.getMessage()]
+    phases = [part.split(" ")[0] for part in line.split(": ", 1)[1].split("; ")]
+    assert phases == ["dispatch", "fusion", "schedule", "lower", "finalize"]
+    assert "StitchFusion" in line

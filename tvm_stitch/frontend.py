@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import time
 
 import numpy as np
 import tvm
@@ -719,8 +720,12 @@ def from_torch(
     target = as_target(target)
     cuda = target.kind.name == "cuda"
     dtype = dtype or default_dtype(module, cuda, example_args)
+    start = time.perf_counter()
     imported = import_torch(module, example_args, dtype, example_kwargs,
                             dynamic_shapes=dynamic_shapes)
     options = default_options(target, **options)
+    built = time.perf_counter()
     ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
+    logger.info("from_torch: %.1f s (export, import and conversion %.1f s, compile %.1f s)",
+                time.perf_counter() - start, built - start, time.perf_counter() - built)
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0), check_indices)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 
 import tvm
 from tvm import relax
@@ -251,11 +252,27 @@ def pipeline(target=None, **options) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="StitchPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         tgt = as_target(fixed)
-        seq = [p for _, group in phases(tgt, "stitch", **options) for p in group]
         with tgt:
-            return tvm.transform.Sequential(seq)(mod)
+            return _timed(mod, phases(tgt, "stitch", **options))
 
     return _pipeline
+
+
+def _timed(mod: tvm.IRModule, groups) -> tvm.IRModule:
+    """``mod`` through every phase's passes in order, one at a time (each a ``Sequential`` of
+    one, as the whole would run it), logging the time of each phase and of its slowest
+    passes."""
+    lines = []
+    for phase, passes_ in groups:
+        start, slow = time.perf_counter(), []
+        for p in passes_:
+            begin = time.perf_counter()
+            mod = tvm.transform.Sequential([p])(mod)
+            slow.append((time.perf_counter() - begin, p.info.name))
+        slowest = ", ".join(f"{name} {t:.1f} s" for t, name in sorted(slow, reverse=True)[:3])
+        lines.append(f"{phase} {time.perf_counter() - start:.1f} s ({slowest})")
+    logger.info("stitch pipeline: %s", "; ".join(lines))
+    return mod
 
 
 def num_input(mod: tvm.IRModule, func: str) -> int | None:

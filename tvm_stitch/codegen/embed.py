@@ -545,9 +545,9 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     args = {p.name: p.name for p in params}
     scalars = ()
     if match.runtime:
-        from .runtime import shape_vars
+        from .runtime import dims_of
 
-        scalars = tuple(shape_vars(p.shape for p in params))
+        scalars = tuple(dims_of(p.shape for p in params))
         args.update(source.arguments)
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
     launch = plan_launch(

@@ -149,12 +149,12 @@ def _dims(values) -> dict:
     for value in values.values():
         ty = getattr(value, "ty", None)
         if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
-            for var in shape_vars([ty.shape.values]):
+            for var in dims_of([ty.shape.values]):
                 found.setdefault(var.name, var)
     return found
 
 
-def shape_vars(shapes) -> list:
+def dims_of(shapes) -> list:
     """The symbolic dims (tir Vars) the ``shapes`` use, by name, in name order."""
     found = {}
     for shape in shapes:
