@@ -280,7 +280,8 @@ class _Rewriter:
                                          "at run time")
         points = runtime.sentinel_points(graph.point)
         pair = [self._recognized_at(point, match) for point in points]
-        kernel = runtime.runtime_kernel(pair, points, graph.values, axes)
+        kernel = runtime.runtime_kernel(pair, points, graph.values, axes, at_point=match,
+                                        upper=graph.point)
         source = kernel.source
         tensors = [*source.inputs, *source.outputs]
         shapes, values = {}, []

@@ -392,3 +392,50 @@ def test_the_stitch_pipeline_logs_the_time_of_each_phase(caplog):
     phases = [part.split(" ")[0] for part in line.split(": ", 1)[1].split("; ")]
     assert phases == ["dispatch", "fusion", "schedule", "lower", "finalize"]
     assert "StitchFusion" in line
+
+
+def test_a_dim_without_a_range_elsewhere_leaves_the_other_kernels_their_runtime_sizes():
+    """``x @ w`` over rows ``n`` in [1, 256] beside ``y * 2`` over an unranged ``m``: the
+    product's kernel takes ``n`` at run time (the unranged dim is not one of its tensors'),
+    and the analysis at a point never reads ``m``."""
+    import dataclasses
+
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.codegen import runtime
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+
+    n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
+    x = relax.Var("x", relax.TensorType([n, 64], "float16"))
+    y = relax.Var("y", relax.TensorType([m, 8], "float16"))
+    w = relax.const(np.ones((64, 48), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y], {"tir_var_lower_bound": {"n": 1},
+                                      "tir_var_upper_bound": {"n": 256}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Tuple([relax.op.matmul(x, w),
+                                              relax.op.multiply(y, relax.const(2, "float16"))]))
+        bb.emit_func_output(out)
+    mod = run_until(bb.get(), CUDA, "StitchFuseMBCI")
+    graph = build_graph(mod, legalize=False)
+    assert graph.point == {"n": 256}
+    (match,) = recognize(graph, runtime=True).matches
+    points = runtime.sentinel_points(graph.point)
+    pair = [recognize(build_graph(mod, legalize=False, point=p), runtime=True).matches[0]
+            for p in points]
+    kernel = runtime.runtime_kernel(pair, points, graph.values, ("m",), at_point=match,
+                                    upper=graph.point)
+    assert [str(e) for e in kernel.source.arguments.values()] == ["n"]
+    assert str(kernel.extents["m"]) == "n"
+    with pytest.raises(runtime.UnsupportedKernelError, match="is not 255"):
+        wrong = dataclasses.replace(match, frame=_copy_frame(match.frame, m=255))
+        runtime.runtime_kernel(pair, points, graph.values, ("m",), at_point=wrong,
+                               upper=graph.point)
+
+
+def _copy_frame(frame, **extents):
+    import copy
+
+    out = copy.copy(frame)
+    out.extents = {**frame.extents, **extents}
+    return out

@@ -27,6 +27,8 @@ import re
 import tvm
 from tvm import relax, tirx
 
+from tvm_stitch.graph.specialize import value_at
+
 from .kernel_text import KernelSource, UnsupportedKernelError
 from .triton_gen import kernel_source
 
@@ -79,13 +81,18 @@ class RuntimeKernel:
 _NUMBER = re.compile(r"(?<![A-Za-wyz_\d.])(\d+)(?![\d.])")
 
 
-def runtime_kernel(matches, points, values, axes) -> RuntimeKernel:
+def runtime_kernel(matches, points, values, axes, at_point=None,
+                   upper: dict | None = None) -> RuntimeKernel:
     """The kernel of a match recognized at the two sentinel ``points`` (``matches``, one at
     each), whose ``axes`` may vary; ``values`` maps graph tensors to their Relax values (their
     shapes hold the symbolic dims).  Every literal of the kernel's text that differs between
     the points becomes an argument: it must be a constant times a product of the dims (a
     stride, a bound, a row count).  Raises :class:`UnsupportedKernelError` where the kernel
-    depends on the dims otherwise."""
+    depends on the dims otherwise.
+
+    With ``at_point``, the same match recognized at the function's representative point
+    ``upper`` (the dims' upper bounds): its extents must be what the runtime axes' expressions
+    give there, and no argument may reach 2³¹ there (the launch passes them as int32)."""
     first, second = (dataclasses.replace(m, runtime=tuple(axes)) for m in matches)
     ext1, ext2 = first.frame.extents, second.frame.extents
     if set(ext1) != set(ext2):
@@ -101,7 +108,11 @@ def runtime_kernel(matches, points, values, axes) -> RuntimeKernel:
     if len(parts[0]) != len(parts[1]) or parts[0][::2] != parts[1][::2]:
         raise UnsupportedKernelError("the kernel's text depends on the symbolic dims beyond "
                                      "its literals")
-    dims = _dims(values)
+    dims = _dims({t: values[t] for t in (*sources[0].inputs, *sources[0].outputs)
+                  if t in values})
+    if set(dims) - set(points[0]):
+        raise UnsupportedKernelError(f"dims {sorted(set(dims) - set(points[0]))} of its "
+                                     "tensors have no range")
     names, arguments, text = {}, {}, []
     for i, (a, b) in enumerate(zip(*parts)):
         if i % 2 == 0 or a == b:
@@ -119,9 +130,25 @@ def runtime_kernel(matches, points, values, axes) -> RuntimeKernel:
     source = dataclasses.replace(sources[0], name=name, text=text, ws=None, ws_descs=(),
                                  descs=(), persistent=False, tma=False, arguments=arguments)
     extents = {a: monomial((ext1[a], ext2[a]), dims, points) for a in varying}
+    if at_point is not None:
+        _check_at(at_point, extents, arguments, upper or {})
     frame = copy.copy(first.frame)
     frame.extents = {**frame.extents, **extents}
     return RuntimeKernel(source, extents, dataclasses.replace(first, frame=frame))
+
+
+def _check_at(match, extents: dict, arguments: dict, upper: dict) -> None:
+    """Refuse a kernel whose runtime expressions disagree with the match at the representative
+    point, or whose arguments overflow an int32 at the dims' upper bounds."""
+    for axis, expr in extents.items():
+        if value_at(expr, upper) != match.frame.extents[axis]:
+            raise UnsupportedKernelError(
+                f"the extent of {axis}, {expr}, is not {match.frame.extents[axis]} at {upper}")
+    for name, expr in arguments.items():
+        value = value_at(expr, upper)
+        if value is None or value >= 2**31:
+            raise UnsupportedKernelError(f"{name} = {expr} reaches {value} at {upper}, past "
+                                         "an int32")
 
 
 def monomial(pair, dims: dict, points):
@@ -144,14 +171,29 @@ def monomial(pair, dims: dict, points):
 
 
 def _dims(values) -> dict:
-    """The symbolic dims (tir Vars) the shapes of ``values`` hold, by name."""
+    """The symbolic dims (tir Vars) the shapes of ``values`` hold, by name; raises
+    :class:`UnsupportedKernelError` where a dim is more than a product of them (a ``min``, a
+    division: a size the sentinel points could hide)."""
     found = {}
     for value in values.values():
         ty = getattr(value, "ty", None)
         if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            for dim in ty.shape.values:
+                if not _product(dim):
+                    raise UnsupportedKernelError(f"a tensor of the kernel has a dim {dim}, "
+                                                 "not a product of the symbolic dims")
             for var in dims_of([ty.shape.values]):
                 found.setdefault(var.name, var)
     return found
+
+
+def _product(dim) -> bool:
+    """Whether ``dim`` is built of dims and constants by multiplication only."""
+    if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
+        return True
+    if isinstance(dim, tirx.Mul):
+        return _product(dim.a) and _product(dim.b)
+    return False
 
 
 def dims_of(shapes) -> list:

@@ -96,9 +96,8 @@ def _at_point(func, point):
     it cannot be)."""
     from tvm_stitch.graph.specialize import is_symbolic, specialize
 
-    if not any(is_symbolic(p.shape) for p in func.params if hasattr(p, "shape")) and all(
-            hasattr(p, "shape") for p in func.params):
-        return func
+    if not any(is_symbolic(p.shape) for p in func.params if hasattr(p, "shape")):
+        return func  # static (a scalar parameter alone is refused later, as it always was)
     return specialize(func, point or {})
 
 
@@ -123,9 +122,10 @@ def _schedule_pattern(func, hw, gpu, thread_only, planned, point):
     # a column pattern's refusals are the pattern's (below): its four cheapest plans only
     plans = [p for p in plans[: FALLBACK_PLANS if column else None] if math.isfinite(p.latency_us)]
     if planned is not func and _symbolic_rows(func):
-        # a row of symbolic length has no constant slice per thread to keep in registers
-        plans = [p for p in plans
-                 if not getattr(p, "cached", 0) and not getattr(p, "registers", ())]
+        # a row of symbolic length has no constant slice per thread to keep in registers, and
+        # no vector TVM can keep whole (a guarded vector is split into elements)
+        plans = [p for p in plans if not getattr(p, "cached", 0)
+                 and not getattr(p, "registers", ()) and getattr(p, "vector", 1) == 1]
     if not plans:
         return None, None, ["no plan fits the SM"]
     reasons, seen, groupings = [], set(), set()
@@ -242,7 +242,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
         if len(loops) < 2:
             raise IllegalPatternError(f"{n} has no row dimension")
         rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
-    extents = {str(tvm.sym.Analyzer().simplify(sch.get(r).extent)) for r in rows}
+    extents = {_dim_key(sch.get(r).extent) for r in rows}
     if len(extents) > 1:
         raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
     row = sch.merge(*rows) if len(rows) > 1 else rows[0]
@@ -360,8 +360,22 @@ def _size(dim, point) -> int:
     return value
 
 
+def _dim_key(dim):
+    """A dim as an int when constant (whatever its index dtype), else its simplified text."""
+    if isinstance(dim, tvm.tirx.IntImm):
+        return int(dim)
+    return str(tvm.sym.Analyzer().simplify(dim))
+
+
 def _same_shape(a, b) -> bool:
-    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+    """Equal shapes: constant dims by value (int32 and int64 alike), symbolic ones when TVM
+    proves them equal."""
+    def same(x, y):
+        if isinstance(x, tvm.tirx.IntImm) and isinstance(y, tvm.tirx.IntImm):
+            return int(x) == int(y)
+        return tvm_ffi.structural_equal(x, y) or tvm.sym.Analyzer().can_prove_equal(x, y)
+
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 
 
 def _per_row(sch, block, rows: int, point=None) -> bool:
