@@ -341,6 +341,10 @@ class Composer:
         self.graph = graph
         self.analyzer = analyzer
         self._memo: dict = {}
+        # the policies the memo has seen, kept alive: it is keyed by their ids, and a policy
+        # made for one call and freed can give its id to another (a composition seen through
+        # casts by one policy was once returned for another that stops at them)
+        self._policies: dict = {}
 
     def element(self, tensor: str, index, policy: Policy) -> Elem:
         """``tensor[index]`` composed through the producers ``policy`` inlines.
@@ -357,6 +361,7 @@ class Composer:
             raise CompositionError(str(err)) from err
 
     def _element(self, tensor, index, policy) -> Elem:
+        self._policies.setdefault(id(policy), policy)
         key = (tensor, tuple(str(i) for i in index), id(policy))
         if key in self._memo:
             return self._memo[key]
