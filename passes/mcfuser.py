@@ -38,7 +38,7 @@ from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents, check_tune
 from tvm_stitch.errors import error_line
-from tvm_stitch.families import FAMILIES, part
+from tvm_stitch.families import FAMILIES, part, runtime_extents
 from tvm_stitch.families import check as check_families
 from tvm_stitch.graph import build_graph
 from tvm_stitch.tune.policy import KernelTuner
@@ -274,7 +274,7 @@ class _Rewriter:
         function's representative point, its launch takes the symbolic dims."""
         from tvm_stitch.codegen import runtime
 
-        axes = getattr(part(match.family, "triton"), "RUNTIME_EXTENTS", ())
+        axes = runtime_extents(match.family)
         if not axes or match.derived:
             raise UnsupportedKernelError("symbolic extents the family's kernel cannot take "
                                          "at run time")
@@ -298,14 +298,7 @@ class _Rewriter:
         point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
         config = {**self.tuner.config(at_point, point_source, point_shapes, {}),
                   **runtime.FIXED_OPTIONS}
-        key = f"{source.name}_{embed._tag(config)}"
-        if key not in self.funcs:
-            func, ext, config = self._build(kernel.match, source, config, shapes)
-            func = func.with_attrs(
-                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()})
-            self.funcs[key] = self.ctx.add_func(func, key)
-            self.prims[key] = func
-            self.externals.extend(ext)
+        key = self._add(kernel.match, source, config, shapes, match.describe())
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         scalars = runtime.dims_of(shape for shape, _ in shapes.values())
         args = [*values[: len(source.inputs)], *scalars]
@@ -340,16 +333,16 @@ class _Rewriter:
         return self._add(match, source, self.tuner.config(match, source, shapes, constants),
                          shapes)
 
-    def _add(self, match, source, config, shapes) -> str:
+    def _add(self, match, source, config, shapes, describe=None) -> str:
         """The name of the PrimFunc launching ``source`` with ``config``, added to the module
-        the first time."""
+        the first time (``describe``: what the kernel computes, by default ``match``'s own
+        description; a runtime kernel's match has its sentinel sizes)."""
         key = f"{source.name}_{embed._tag(config)}"
         if key not in self.funcs:
             func, ext, config = self._build(match, source, config, shapes)
             # opaque to FuseOps: the kernel is complete, nothing may be fused into it
-            func = func.with_attrs(
-                {"global_symbol": key, "op_pattern": 8, "tvm_stitch.kernel": match.describe()}
-            )
+            func = func.with_attrs({"global_symbol": key, "op_pattern": 8,
+                                    "tvm_stitch.kernel": describe or match.describe()})
             self.funcs[key] = self.ctx.add_func(func, key)
             self.prims[key] = func
             self.externals.extend(ext)

@@ -509,11 +509,11 @@ def test_a_refused_plan_falls_back_to_the_next_one(monkeypatch, caplog):
 
     original, calls = schedule.apply_plan, []
 
-    def refuse_first(func, plan, gpu=True):
+    def refuse_first(func, plan, gpu=True, point=None):
         calls.append(plan)
         if len(calls) == 1:
             raise IllegalPatternError("refused for the test")
-        return original(func, plan, gpu)
+        return original(func, plan, gpu, point)
 
     inst = _instance("layernorm", "float16", 4096, 768, {})
     mod = _unscheduled(inst)
@@ -616,7 +616,7 @@ def test_a_pattern_no_plan_schedules_is_left_to_tvms_fusion(monkeypatch, caplog)
     one fused function: one thread per row, the rows' columns summed serially)."""
     from tvm_stitch.stitch import schedule
 
-    def refuse(func, plan, gpu=True):
+    def refuse(func, plan, gpu=True, point=None):
         raise IllegalPatternError("refused for the test")
 
     monkeypatch.setattr(schedule, "apply_plan", refuse)
@@ -674,9 +674,9 @@ def test_each_pattern_is_scheduled_once(monkeypatch, tmp_path):
 
     original, calls = schedule.apply_plan, []
 
-    def counted(func, plan, gpu=True):
+    def counted(func, plan, gpu=True, point=None):
         calls.append(func)
-        return original(func, plan, gpu)
+        return original(func, plan, gpu, point)
 
     monkeypatch.setattr(schedule, "apply_plan", counted)
     monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "db.json"))

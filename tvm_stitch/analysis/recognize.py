@@ -38,7 +38,7 @@ import logging
 
 from tvm import ir, tirx
 
-from tvm_stitch.families import FAMILIES, REGISTRY
+from tvm_stitch.families import FAMILIES, REGISTRY, runtime_extents
 from tvm_stitch.families import check as check_families
 from tvm_stitch.graph import OpKind, TensorDependencyGraph
 
@@ -132,7 +132,7 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
     matches = []
     for match in found.matches:  # an epilogue of symbolic shape: the same
         symbolic = [n for n in match.covered if n in graph.nodes and graph.nodes[n].symbolic]
-        if symbolic and not (runtime and _runtime_extents(match.family)):
+        if symbolic and not (runtime and runtime_extents(match.family)):
             rejected.append((symbolic[0], _SYMBOLIC))
         else:
             matches.append(match)
@@ -143,9 +143,6 @@ def recognize(graph: TensorDependencyGraph, families=FAMILIES, fold_norms=False,
 
 _SYMBOLIC = "symbolic extents: the family's kernels take none at run time, left to TVM"
 
-
-def _runtime_extents(family: str) -> tuple:
-    return getattr(REGISTRY[family].module("triton"), "RUNTIME_EXTENTS", ())
 
 
 def _recognizer(family: str):

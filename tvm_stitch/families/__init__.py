@@ -127,6 +127,12 @@ def part(name: str, part: str):
     return family(name).module(part)
 
 
+def runtime_extents(name: str) -> tuple:
+    """The axes of family ``name`` whose sizes its kernels may take at run time (its
+    ``triton.RUNTIME_EXTENTS``; none by default)."""
+    return getattr(part(name, "triton"), "RUNTIME_EXTENTS", ())
+
+
 def check(names) -> tuple:
     """``names`` as a tuple of registered families; ValueError naming the unknown ones."""
     if isinstance(names, str):

@@ -142,17 +142,24 @@ def specialize(func: tirx.PrimFunc, point: dict) -> tirx.PrimFunc | None:
     return func
 
 
-def call_point(func: tirx.PrimFunc, args, outs, point: dict) -> dict:
-    """``point`` as ``func`` sees it when called with ``args`` (the call's arguments, shape
-    scalars among them) and ``outs`` (its output types): a parameter's variable takes the
-    value of what the call passes in its place (one PrimFunc may serve calls of different
-    dims — an ``arange`` of ``seq`` and one of ``batch``); other names keep theirs."""
+def call_types(call) -> list:
+    """The types of a ``call_tir``'s tensors: its tensor arguments' (TVM 0.27 passes shape
+    scalars in the same tuple), then its outputs'."""
+    out = call.ty_args[0]
+    outs = list(out.fields) if isinstance(out, tvm.ir.TupleType) else [out]
+    return [a.ty for a in call.args[1].fields if not isinstance(a.ty, tvm.ir.PrimType)] + outs
+
+
+def call_point(func: tirx.PrimFunc, call, point: dict) -> dict:
+    """``point`` as ``func`` sees it when ``call`` (a ``call_tir`` of it) calls it: a
+    parameter's variable takes the value of what the call passes in its place (one PrimFunc
+    may serve calls of different dims — an ``arange`` of ``seq`` and one of ``batch``); other
+    names keep theirs."""
     local = dict(point)
-    tensors = [a.ty for a in args if not isinstance(a.ty, tvm.ir.PrimType)] + list(outs)
-    scalars = [a for a in args if isinstance(a.ty, tvm.ir.PrimType)]
+    scalars = [a for a in call.args[1].fields if isinstance(a.ty, tvm.ir.PrimType)]
     buffers = [p for p in func.params if hasattr(p, "shape")]
     names = [p for p in func.params if not hasattr(p, "shape")]
-    for param, ty in zip(buffers, tensors):
+    for param, ty in zip(buffers, call_types(call)):
         if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
             continue
         for dim, given in zip(param.shape, ty.shape.values):

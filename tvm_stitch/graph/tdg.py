@@ -22,7 +22,7 @@ from tvm import relax, s_tir, sym, tirx
 
 from .access import AccessMap, Dependence, analyze_access
 from .classify import OpKind, classify, count_flops
-from .specialize import call_point, dims_at, is_symbolic, representative, specialize
+from .specialize import call_point, call_types, dims_at, is_symbolic, representative, specialize
 from .tir_walk import buffer_loads, iter_sblocks
 
 logger = logging.getLogger(__name__)
@@ -450,17 +450,14 @@ def _visit_binding(graph, mod, names, binding) -> None:
 
 
 def _visit_call_tir(graph, mod, names, var, call) -> None:
-    gvar, args = call.args[0], call.args[1]
+    gvar = call.args[0]
     func = mod[gvar]
     why = _unanalysable(func)
     symbolic = bool(why) and isinstance(func, tirx.PrimFunc) and bool(graph.point)
     if symbolic:
-        outs = call.ty_args[0]
-        outs = list(outs.fields) if isinstance(outs, tvm.ir.TupleType) else [outs]
-        point = call_point(func, list(args.fields), outs, graph.point)
-        func, why = _at_point(func, point, why)
+        func, why = _at_point(func, call_point(func, call, graph.point), why)
     if not why:
-        why = _disagrees(graph, names, func, call, var)
+        why = _disagrees(graph, func, call)
     if why:
         _add_relax_tensor(graph, names.name(var), var.ty, "global")
         graph.values[names.name(var)] = var
@@ -502,13 +499,10 @@ def _at_point(func, point, why):
     return (func, f"{still} at the point {point}") if still else (special, None)
 
 
-def _disagrees(graph, names, func, call, var) -> str | None:
+def _disagrees(graph, func, call) -> str | None:
     """Why the call's tensors do not have the shapes of ``func``'s buffers (at the graph's
     point: a shape variable named like the function's but standing for another dim), or None."""
-    out = call.ty_args[0]
-    outs = list(out.fields) if isinstance(out, tvm.ir.TupleType) else [out]
-    tys = [a.ty for a in _tensor_args(call)] + outs
-    for param, ty in zip(func.params, tys):
+    for param, ty in zip(func.params, call_types(call)):
         if not hasattr(param, "shape") or not isinstance(ty, relax.TensorType):
             continue
         if not isinstance(ty.shape, relax.ShapeExpr):

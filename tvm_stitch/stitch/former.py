@@ -81,9 +81,7 @@ def callee_nodes(mod, binding, point=None) -> list | None:
     if not isinstance(func, tvm.tirx.PrimFunc):
         return None
     if point:
-        out = value.ty_args[0]
-        outs = list(out.fields) if isinstance(out, tvm.ir.TupleType) else [out]
-        point = call_point(func, list(value.args[1].fields), outs, point)
+        point = call_point(func, value, point)
     return prim_func_nodes(func, value.args[0].name_hint, point)
 
 

@@ -26,6 +26,7 @@ from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from tvm_stitch.errors import error_line
+from tvm_stitch.graph.specialize import is_symbolic, specialize, value_at
 from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, iter_sblocks
 
 from .bind import cpu_bind, finish
@@ -94,8 +95,6 @@ def schedule_pattern(
 def _at_point(func, point):
     """``func`` itself when its shapes are static, else specialized at ``point`` (None when
     it cannot be)."""
-    from tvm_stitch.graph.specialize import is_symbolic, specialize
-
     if not any(is_symbolic(p.shape) for p in func.params if hasattr(p, "shape")):
         return func  # static (a scalar parameter alone is refused later, as it always was)
     return specialize(func, point or {})
@@ -103,8 +102,6 @@ def _at_point(func, point):
 
 def _symbolic_rows(func) -> bool:
     """Whether a buffer of ``func`` has a row (its last axis) of symbolic length."""
-    from tvm_stitch.graph.specialize import is_symbolic
-
     return any(is_symbolic(list(p.shape)[-1:]) for p in func.params if hasattr(p, "shape"))
 
 
@@ -135,10 +132,9 @@ def _schedule_pattern(func, hw, gpu, thread_only, planned, point):
             continue
         groupings.add(grouping)
         try:
-            if planned is func:
-                scheduled = apply(func, candidate, gpu=gpu)
-            else:  # symbolic: the plan made at the point
-                scheduled = apply(func, candidate, gpu=gpu, point=point)
+            # a symbolic function takes the plan made at the point
+            scheduled = apply(func, candidate, gpu=gpu,
+                              point=None if planned is func else point)
             _lowers(scheduled, gpu)
             return scheduled, candidate, reasons
         except Exception as err:  # noqa: BLE001 - any refusal: the next plan, then TVM
@@ -352,8 +348,6 @@ def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:
 
 def _size(dim, point) -> int:
     """A dim's size (at ``point`` when symbolic, where the plan's sizes are)."""
-    from tvm_stitch.graph.specialize import value_at
-
     value = value_at(dim, point or {})
     if value is None:
         raise IllegalPatternError(f"{dim} has no size at the point {point}")
