@@ -81,7 +81,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tune", default="model", choices=["model", "measure"])
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile baseline")
     parser.add_argument("--profile", action="store_true",
-                        help="CUDA: the dynamic build's kernels at each shape (torch.profiler)")
+                        help="CUDA: the dynamic build's kernels at each shape, and the static "
+                             "build's (torch.profiler)")
+    parser.add_argument("--no-graphs", action="store_true",
+                        help="CUDA: builds without CUDA graphs (one launch per kernel)")
     args = parser.parse_args(argv)
 
     import torch
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
     static = {tuple(map(int, s.split("x"))) for s in args.static.split(",") if s}
     batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=1, max=512)
     dims = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
-    options = {"tune": args.tune} if cuda else {}
+    options = {"tune": args.tune, "cuda_graph": not args.no_graphs} if cuda else {}
     ids, mask = _inputs(2, 17, device)
 
     start = time.perf_counter()
@@ -138,11 +141,13 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
         if cuda and args.profile:
             _profile(fn, (ids, mask), f"{b}x{s}")
+            if (b, s) in static:
+                _profile(fixed, (ids, mask), f"{b}x{s} static")
     return 0
 
 
 def _profile(fn, args, label: str, calls: int = 5) -> None:
-    """The dynamic build's kernels at one shape: time per call by kernel name (the 15 largest)
+    """A build's kernels at one shape: time per call by kernel name (the 25 largest)
     and in all, from torch.profiler (CUPTI sees TVM's and Triton's kernels)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -159,7 +164,7 @@ def _profile(fn, args, label: str, calls: int = 5) -> None:
         if e.device_type.name == "CUDA":
             totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
             counts[e.name] = counts.get(e.name, 0) + 1
-    top = sorted(totals.items(), key=lambda kv: -kv[1])[:15]
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:25]
     print(json.dumps({"profile": label, "kernels_per_call": sum(counts.values()) // calls,
                       "gpu_us": round(sum(totals.values()), 1),
                       "top": [[n[:60], round(t, 1), counts[n] // calls] for n, t in top]}),

@@ -8,6 +8,12 @@ layer's attention kernel cuts a BERT into one graph per layer, each boundary a V
 (~5 µs).  ``StageInputs`` copies each such input once, at the start of the function, into a
 tensor of the function's own: every kernel then reads the copy, and only the copies run outside
 the graph.
+
+A function of symbolic shape (``R.Tensor(("batch", "seq"))``) whose input dims all have upper
+bounds (``tir_var_upper_bound``, which memory planning sizes its storage by) has those inputs
+copied too, and is annotated with TVM's ``relax.rewrite_cuda_graph.capture_symbolic_vars``:
+its graph is then captured once per value of the dims (at the first call of each shape) and
+replayed at every later call of that shape.
 """
 
 from __future__ import annotations
@@ -22,18 +28,31 @@ from .module import replace_functions
 logger = logging.getLogger("tvm_stitch.graphs")
 
 
-def _static_shape(var) -> tuple | None:
-    """The shape of a tensor variable when every dimension is a constant, else None."""
+#: TVM's attribute naming the symbolic dims a function's CUDA graphs are captured per value of
+CAPTURE_VARS = "relax.rewrite_cuda_graph.capture_symbolic_vars"
+
+
+def _bounded_shape(var, bounded: set) -> tuple | None:
+    """The shape of a tensor variable when every dimension is a constant or a dim in
+    ``bounded`` (names), else None."""
     ty = var.ty
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     dims = list(ty.shape.values)
-    return tuple(int(d) for d in dims) if all(isinstance(d, tvm.tirx.IntImm) for d in dims) \
-        else None
+    ok = all(isinstance(d, tvm.tirx.IntImm)
+             or (isinstance(d, tvm.tirx.Var) and d.name in bounded) for d in dims)
+    return tuple(dims) if ok else None
+
+
+def _symbolic(shape) -> list:
+    return [d for d in shape if not isinstance(d, tvm.tirx.IntImm)]
 
 
 def _copy(shape, dtype) -> tvm.tirx.PrimFunc:
-    """An elementwise copy kernel (TVM's default schedule binds it to threads)."""
+    """An elementwise copy kernel (TVM's default schedule binds it to threads); a symbolic dim
+    becomes a variable of the kernel's own, defined by its input's shape."""
+    shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else tvm.tirx.Var(d.name, str(d.ty))
+             for d in shape]
     src = te.placeholder(shape, dtype, "x")
     dst = te.compute(shape, src, name="staged")
     return te.create_prim_func([src, dst]).with_attr("op_pattern", 0)
@@ -55,7 +74,9 @@ class StageInputs:
     when CUDA graphs are on (``relax.backend.use_cuda_graph``; else nothing changes).
 
     Only functions that say which parameters are inputs (the ``num_input`` attribute, which
-    ``RewriteCUDAGraph`` reads too) are changed, and only their inputs of static shape.
+    ``RewriteCUDAGraph`` reads too) are changed, and only their inputs whose dims are constants
+    or symbolic dims with an upper bound; a function with such symbolic dims is annotated to
+    capture a graph per value of them (:data:`CAPTURE_VARS`).
     """
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -70,19 +91,23 @@ class StageInputs:
             if "num_input" not in func.attrs or not isinstance(func.body, relax.SeqExpr):
                 continue
             read = set(relax.analysis.free_vars(func.body))
-            shapes = {p: _static_shape(p) for p in list(func.params)[: int(func.attrs["num_input"])]
-                      if p in read}
+            bounded = {str(k) for k in (func.attrs.get("tir_var_upper_bound", None) or {})}
+            shapes = {p: _bounded_shape(p, bounded)
+                      for p in list(func.params)[: int(func.attrs["num_input"])] if p in read}
             inputs = [p for p, shape in shapes.items() if shape is not None]
             if not inputs:
                 continue
             bindings, mapping = [], {}
             for p in inputs:
-                key = (shapes[p], str(p.ty.dtype))
+                dtype = str(p.ty.dtype)
+                key = (str(shapes[p]), dtype)  # symbolic dims by name: their copy is shared
                 if key not in copies:
                     name = f"stage_input_{len(copies)}"
-                    copies[key] = bb.add_func(_copy(*key).with_attr("global_symbol", name), name)
+                    copies[key] = bb.add_func(
+                        _copy(shapes[p], dtype).with_attr("global_symbol", name), name)
                 var = relax.Var(f"{p.name}_staged", p.ty)
-                call = bb.normalize(relax.call_tir(copies[key], [p], relax.TensorType(*key)))
+                call = bb.normalize(relax.call_tir(copies[key], [p],
+                                                   relax.TensorType(shapes[p], dtype)))
                 bindings.append(relax.VarBinding(var, call))
                 mapping[p] = var
             body = _Rename(mapping).visit_expr(func.body)
@@ -91,8 +116,12 @@ class StageInputs:
                 blocks[0] = relax.DataflowBlock(bindings + list(blocks[0].bindings))
             else:
                 blocks.insert(0, relax.DataflowBlock(bindings))
-            updates[gv] = relax.Function(func.params, relax.SeqExpr(blocks, body.body),
-                                         func.ret_ty, func.is_pure, func.attrs)
+            updated = relax.Function(func.params, relax.SeqExpr(blocks, body.body),
+                                     func.ret_ty, func.is_pure, func.attrs)
+            dims = sorted({d.name for p in inputs for d in _symbolic(shapes[p])})
+            if dims and CAPTURE_VARS not in func.attrs:
+                updated = updated.with_attr(CAPTURE_VARS, dims)
+            updates[gv] = updated
             logger.info("%s: inputs %s copied before the CUDA graph", gv.name_hint,
                         [p.name for p in inputs])
         if not updates:

@@ -118,3 +118,91 @@ def test_lifted_bert_runs_in_one_cuda_graph(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
     inst = get_workload("bert-tiny").instance("float16", batch=2, seq=67)
     assert _graph_regions(inst.mod, lift_params=True) == 1
+
+
+def _symbolic(bound: bool):
+    @I.ir_module
+    class Module:
+        @T.prim_func(private=True, s_tir=True)
+        def add(a_h: T.handle, m_h: T.handle, out_h: T.handle):
+            n = T.int64()
+            a = T.match_buffer(a_h, (n, 8), "float16")
+            m = T.match_buffer(m_h, (n, 8), "float16")
+            out = T.match_buffer(out_h, (n, 8), "float16")
+            for i, j in T.grid(n, 8):
+                with T.sblock("add"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    out[vi, vj] = a[vi, vj] + m[vi, vj]
+
+        @R.function
+        def main(x: R.Tensor(("n", 8), "float16"), mask: R.Tensor(("n", 8), "float16"),
+                 w: R.Tensor(("n", 8), "float16")) -> R.Tensor(("n", 8), "float16"):
+            n = T.int64()
+            R.func_attr({"num_input": 2, "tir_var_upper_bound": {"n": 64}})
+            cls = Module
+            with R.dataflow():
+                y = R.call_tir(cls.add, (w, mask), out_ty=R.Tensor((n, 8), "float16"))
+                z = R.call_tir(cls.add, (y, mask), out_ty=R.Tensor((n, 8), "float16"))
+                R.output(z)
+            return z
+
+    if bound:
+        return Module
+    main = Module["main"]
+    return tvm_stitch.passes.module.replace_functions(
+        Module, {Module.get_global_var("main"): main.without_attr("tir_var_upper_bound")})
+
+
+def test_an_input_of_bounded_symbolic_shape_is_copied_and_graphs_are_captured_per_shape():
+    """A mask of shape ``(n, 8)``, ``n`` at most 64: it is copied first as a static one is (the
+    copy's storage is planned at the bound), and the function names ``n`` as a dim its CUDA
+    graphs are captured per value of; without a bound nothing changes."""
+    with tvm.transform.PassContext(config=GRAPHS):
+        after = StageInputs()(_symbolic(bound=True))
+        unbounded = _symbolic(bound=False)
+        assert StageInputs()(unbounded).same_as(unbounded)
+    main = after["main"]
+    assert list(main.attrs["relax.rewrite_cuda_graph.capture_symbolic_vars"]) == ["n"]
+    copy = after["stage_input_0"]
+    (x, staged) = copy.params
+    assert [str(d) for d in x.shape] == ["n", "8"] and [str(d) for d in staged.shape] == ["n", "8"]
+    calls = [b.value for b in main.body.blocks[0].bindings]
+    assert calls[0].args[0].name_hint == "stage_input_0"
+    assert calls[0].args[1][0].same_as(main.params[1])  # the mask, not x nor the weight
+    staged_var = main.body.blocks[0].bindings[0].var
+    assert all(c.args[1][1].same_as(staged_var) for c in calls[1:])
+
+
+def test_a_dynamic_bert_replays_its_kernels_as_graphs_captured_per_shape():
+    """Hugging Face BERT-tiny with dynamic batch and length, lowered for CUDA with graphs on:
+    its generated kernels (GEMMs and attention) all run inside CUDA graphs, each captured with
+    the symbolic dims as its key; only the input copies and the kernels writing the outputs
+    run outside."""
+    import torch
+    import transformers
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        vocab_size=300, attn_implementation="eager")).eval()
+    ids, mask = torch.randint(0, 300, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
+    imported = import_torch(model, (ids, mask), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    with tvm.transform.PassContext(config=GRAPHS):
+        lowered = tvm_stitch.pipeline(CUDA, tune="model", **default_options(CUDA))(imported.mod)
+    captures = [gv for gv in lowered.functions if "cuda_graph_capture" in gv.name_hint]
+    assert captures
+    keys = [lowered[gv].params[-1] for gv in captures]  # the dims each graph depends on
+    assert all(key.name == "shape_expr" for key in keys)
+    dims = {str(d) for d in lowered["main"].attrs["tir_var_upper_bound"]}  # batch, length
+    assert len(dims) == 2 and {str(d) for key in keys for d in key.ty.values} == dims
+    generated = {gv.name_hint for gv, f in lowered.functions.items()
+                 if f.attrs is not None and "tvm_stitch.kernel" in f.attrs}
+    assert any("attention" in k for k in generated) and any("gemm" in k for k in generated)
+    outside = lowered["main"].script()
+    assert not [k for k in generated if f"{k}(" in outside]
+    assert outside.count("stage_input_") == 2

@@ -678,7 +678,8 @@ def default_dtype(module, cuda: bool, example_args=()) -> str:
 
 def from_torch(
     module, example_args, target="cuda", dtype: str | None = None, example_kwargs=None,
-    check_indices: bool | None = None, dynamic_shapes=None, **options
+    check_indices: bool | None = None, dynamic_shapes=None, cuda_graph: bool | None = None,
+    **options
 ) -> StitchModule:
     """Compile a PyTorch module with the stitch pipeline; call the result like the module.
 
@@ -705,7 +706,11 @@ def from_torch(
     dynamic_shapes : dict or tuple, optional
         Dims that may vary, as ``torch.export`` takes them (:func:`import_torch`): one
         compile serves every shape in their ranges; a call outside them raises ``ValueError``.
-        On CUDA such a build is correct but not yet fused (issue 48).
+    cuda_graph : bool, optional
+        Replay the kernels as CUDA graphs (TVM's ``relax.backend.use_cuda_graph``): a call
+        then costs one graph launch instead of one launch per kernel.  With dynamic dims a
+        graph is captured at the first call of each shape (two runs of the model) and replayed
+        at the later ones.  Default: on for CUDA.
     **options
         :func:`tvm_stitch.pipeline` options; on CUDA ``lift_params`` is on unless given
         (:func:`default_options`).
@@ -725,7 +730,12 @@ def from_torch(
                             dynamic_shapes=dynamic_shapes)
     options = default_options(target, **options)
     built = time.perf_counter()
-    ex = tvm.compile(imported.mod, target, relax_pipeline=tvm_stitch.pipeline(target, **options))
+    graphs = cuda if cuda_graph is None else bool(cuda_graph) and cuda
+    current = tvm.transform.PassContext.current()
+    config = {**dict(current.config), "relax.backend.use_cuda_graph": graphs}
+    with tvm.transform.PassContext(opt_level=current.opt_level, config=config):
+        ex = tvm.compile(imported.mod, target,
+                         relax_pipeline=tvm_stitch.pipeline(target, **options))
     logger.info("from_torch: %.1f s (export, import and conversion %.1f s, compile %.1f s)",
                 time.perf_counter() - start, built - start, time.perf_counter() - built)
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0), check_indices)
