@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
+import math
 
 import numpy as np
 import tvm
@@ -62,7 +64,7 @@ def embed_builder(match, source, config, shapes, dependent=True,
     with programmatic dependent launch, releasing the next launch at ``launch_dependents``)."""
     launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent,
                                     launch_dependents)
-    return launch.func, [launch.module()]
+    return launch.func, launch.modules()
 
 
 def plan_builder(match, source, config, shapes):
@@ -298,6 +300,9 @@ class _Rewriter:
         point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
         config = {**self.tuner.config(at_point, point_source, point_shapes, {}),
                   **runtime.FIXED_OPTIONS}
+        variants = self._bucket_configs(match, kernel, config)
+        if variants:
+            config = {**config, embed.VARIANTS: variants}
         key = self._add(kernel.match, source, config, shapes, match.describe())
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         scalars = runtime.dims_of(shape for shape, _ in shapes.values())
@@ -305,18 +310,50 @@ class _Rewriter:
         types = [v.ty for v in values[len(source.inputs):]]
         return self.funcs[key], args, types, values[len(source.inputs):], []
 
-    def _recognized_at(self, point, match):
-        """``match`` recognized anew with the function's symbolic dims at ``point``."""
+    def _recognized_at(self, point, match, graph=False):
+        """``match`` recognized anew with the function's symbolic dims at ``point`` (and the
+        tensor graph there, with ``graph``)."""
         key = tuple(sorted(point.items()))
         if key not in self.at_points:
-            graph = build_graph(self.mod, self.name, legalize=False, point=point)
-            self.at_points[key] = recognize(
-                graph, self.families, fold_norms=self.fold_norms,
+            at = build_graph(self.mod, self.name, legalize=False, point=point)
+            self.at_points[key] = at, recognize(
+                at, self.families, fold_norms=self.fold_norms,
                 weights=self.weights if self.join else None, runtime=True).matches
-        for other in self.at_points[key]:
+        at, matches = self.at_points[key]
+        for other in matches:
             if sorted(other.covered) == sorted(match.covered):
-                return other
+                return (other, at) if graph else other
         raise UnsupportedKernelError(f"not recognized alike with the dims at {point}")
+
+    def _bucket_configs(self, match, kernel, config) -> tuple:
+        """The tiles of a runtime kernel at smaller sizes (:func:`runtime.bucket_points`):
+        ``((size, config), ...)`` ascending, each the tuner's at a point (searched, measured or
+        modelled, and kept in the tuning database under that point's extents), where it
+        differs from the next larger one's; :func:`embed.generated_launch` launches the first
+        whose size the call's does not exceed."""
+        from tvm_stitch.codegen import runtime
+        from tvm_stitch.graph.specialize import value_at, var_ranges
+
+        found = []
+        for point in runtime.bucket_points(var_ranges(self.mod[self.name])):
+            try:
+                other, graph = self._recognized_at(point, match, graph=True)
+            except UnsupportedKernelError as err:
+                logger.info("%s: no tiles of its own at %s: %s", match.describe(), point, err)
+                continue
+            at = dataclasses.replace(other, runtime=kernel.match.runtime)
+            source = kernel_source(at)
+            shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                      for t in (*source.inputs, *source.outputs)}
+            size = math.prod(value_at(e, point) for e in kernel.extents.values())
+            found.append((size, {**self.tuner.config(at, source, shapes, {}),
+                                 **runtime.FIXED_OPTIONS}))
+        variants, larger = [], config
+        for size, tiles in sorted(found, key=lambda x: -x[0]):  # the largest first
+            if tiles != larger:
+                variants.append((size, tiles))
+            larger = tiles
+        return tuple(reversed(variants))
 
     def _variant(self, match, source, shapes, constants) -> str:
         """The name of the kernel's PrimFunc with its tuned config (built once per variant);
@@ -338,6 +375,8 @@ class _Rewriter:
         the first time (``describe``: what the kernel computes, by default ``match``'s own
         description; a runtime kernel's match has its sentinel sizes)."""
         key = f"{source.name}_{embed._tag(config)}"
+        if config.get(embed.VARIANTS):  # tiles of smaller sizes besides
+            key += "_" + hashlib.sha1(repr(config[embed.VARIANTS]).encode()).hexdigest()[:6]
         if key not in self.funcs:
             func, ext, config = self._build(match, source, config, shapes)
             # opaque to FuseOps: the kernel is complete, nothing may be fused into it

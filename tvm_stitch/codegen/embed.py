@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import tvm
 
@@ -107,6 +108,15 @@ class Launch:
     symbol: str
     arg_types: list
     tags: list
+    #: the other kernels the PrimFunc may launch instead (:func:`plan_launch`), each a Launch
+    #: whose ``func`` is None
+    alternatives: tuple = ()
+    #: what :func:`plan_launch` makes the PrimFunc's call of (:func:`compile_call`)
+    plan: dict | None = None
+
+    def modules(self) -> list:
+        """The CUDA modules of the kernel and of its alternatives (:meth:`module`)."""
+        return [self.module(), *(a.module() for a in self.alternatives)]
 
     def module(self):
         """The TVM CUDA module holding the PTX.
@@ -152,6 +162,117 @@ def _tensormap_module(ptx: str, arg_types: list, tags: list, symbol: str):
     return tvm_ffi.get_global_func("ffi.Module.create.cuda")(ptx.encode(), "ptx", fmap, {})
 
 
+def compile_call(
+    name,
+    params: list[Param],
+    args: dict,
+    constexprs: dict,
+    grid: tuple,
+    launch: dict,
+    symbol: str,
+    outputs: int = 1,
+    smem_limit: int | None = None,
+    descriptors: dict | None = None,
+    dependent: bool = True,
+    launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
+    scalars: tuple = (),
+    aligned: tuple = (),
+) -> Launch:
+    """Compile kernel ``name`` for sm_90: :func:`plan_launch`'s parameters (but its
+    ``alternatives``); the Launch has no PrimFunc, it is one of another's alternatives."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    fn = kernel(name) if isinstance(name, str) else name
+    dtypes = {p.name: p.dtype for p in params}
+    # IEEE float32 products for float32 inputs (Triton's default is TF32)
+    fp32 = any(p.dtype == "float32" for p in params[:-outputs])
+    consts = {"DOT_PREC": "tf32", **precision("float32" if fp32 else "float16"), **constexprs}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    descriptors = descriptors or {}
+    missing = [a for a in fn.arg_names if a not in args and a not in consts
+               and a not in descriptors]
+    if missing:
+        raise ValueError(f"{name}: no value for kernel arguments {missing}")
+    signature, attrs, values = {}, {}, []
+    for arg in fn.arg_names:
+        if arg in consts:
+            continue
+        if arg in descriptors:
+            desc, _ = descriptors[arg]
+            block = desc.block(consts)
+            layout = ""  # a Gluon kernel's descriptor names its shared-memory layout
+            if _is_gluon(fn):
+                from .kernel_text import smem_layout
+
+                layout = f",{smem_layout(*block, desc.dtype)!r}"
+            signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}"
+                              f"[{block[0]},{block[1]}]{layout}>")
+            values.append(descriptors[arg])
+            continue
+        value = args[arg]
+        if isinstance(value, str):
+            signature[arg] = _TRITON_TYPES[dtypes[value]]
+            attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[arg] = "fp32"
+        elif not isinstance(value, int):  # computed at call time
+            signature[arg] = "i32"
+            if _multiple_of_16(value) or arg in aligned:  # a stride of 768 x seq: vectorised
+                attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
+        elif value == 1:
+            consts[arg] = 1
+            continue
+        else:
+            signature[arg] = "i32"
+            if value % 16 == 0:
+                attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
+        values.append(value)
+    src = _ast_source(fn)(
+        fn, {**signature, **dict.fromkeys(consts, "constexpr")}, constexprs=consts, attrs=attrs
+    )
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={**launch, "ptx_version": PTX_ISA}
+    )
+    meta = compiled.metadata
+    if smem_limit is not None and meta.shared > smem_limit:
+        raise SharedMemoryError(
+            f"{symbol} needs {meta.shared} bytes of shared memory, the device has {smem_limit}"
+        )
+    if getattr(meta, "profile_scratch_size", 0):
+        raise NotImplementedError(f"{symbol} needs Triton's profiling scratch memory")
+    scratch = getattr(meta, "global_scratch_size", 0)
+    if scratch:  # per program (TMA descriptors made on the device): one more output buffer
+        if not all(isinstance(g, int) for g in grid):
+            raise UnsupportedKernelError(f"{symbol} needs scratch memory per program of a "
+                                         "grid known at run time")
+        align = max(getattr(meta, "global_scratch_align", 1), 1)
+        size = -(-scratch // align) * align * math.prod(grid)
+        params = [*params, Param("scratch", (size,), "uint8")]
+        outputs += 1
+    arg_types = []
+    for t in signature.values():
+        if t.startswith("tensordesc"):  # the descriptor, its shape, its strides (rank 2)
+            arg_types += [TENSORMAP, "int32", "int32", "int64", "int64"]
+        else:
+            arg_types.append(
+                "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32"))
+    # Triton's scratch pointers: the global one when the kernel needs it, else null
+    arg_types += ["handle" if scratch else "int64", "int64"]
+    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
+    tags += [PDL_TAG] if dependent else []
+    extents = [meta.num_warps * 32, *grid]
+    if meta.shared:
+        tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
+        extents.append(meta.shared)
+    ptx = compiled.asm["ptx"].replace(meta.name, symbol)
+    ptx = dependent_launch(ptx, launch_dependents) if dependent else ptx
+
+    plan = {"values": values, "extents": extents, "params": params, "outputs": outputs,
+            "scratch": scratch, "boxes": list(getattr(meta, "tensordesc_meta", None) or [])}
+    return Launch(None, ptx, symbol, arg_types, tags, plan=plan)
+
+
 def plan_launch(
     name,
     params: list[Param],
@@ -166,6 +287,8 @@ def plan_launch(
     dependent: bool = True,
     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
     scalars: tuple = (),
+    aligned: tuple = (),
+    alternatives: tuple = (),
 ) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
@@ -205,98 +328,26 @@ def plan_launch(
     scalars : tuple of tir.Var
         Symbolic dims the buffers' shapes use: integer parameters of the PrimFunc after its
         inputs (where TVM's own kernels take them), passed by the call.
+    aligned : tuple of str
+        Arguments computed at call time that the kernel is compiled to take as multiples of
+        16 (Triton's ``tt.divisibility``, what its JIT specializes an int on): the caller
+        launches it only where they are (``alternatives``).
+    alternatives : tuple of (PrimExpr, Launch)
+        Kernels launched instead where their condition (of ``scalars``) holds, the first that
+        holds; each planned by this function on the same ``params`` and ``scalars``
+        (:func:`compile_call`), without a PrimFunc of its own.
     """
-    import triton
-    from triton.backends.compiler import GPUTarget
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script.builder import ir as T
 
-    fn = kernel(name) if isinstance(name, str) else name
-    dtypes = {p.name: p.dtype for p in params}
-    # IEEE float32 products for float32 inputs (Triton's default is TF32)
-    fp32 = any(p.dtype == "float32" for p in params[:-outputs])
-    consts = {"DOT_PREC": "tf32", **precision("float32" if fp32 else "float16"), **constexprs}
-    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
-    descriptors = descriptors or {}
-    missing = [a for a in fn.arg_names if a not in args and a not in consts
-               and a not in descriptors]
-    if missing:
-        raise ValueError(f"{name}: no value for kernel arguments {missing}")
-    signature, attrs, values = {}, {}, []
-    for arg in fn.arg_names:
-        if arg in consts:
-            continue
-        if arg in descriptors:
-            desc, _ = descriptors[arg]
-            block = desc.block(consts)
-            layout = ""  # a Gluon kernel's descriptor names its shared-memory layout
-            if _is_gluon(fn):
-                from .kernel_text import smem_layout
-
-                layout = f",{smem_layout(*block, desc.dtype)!r}"
-            signature[arg] = (f"tensordesc<{_TRITON_TYPES[desc.dtype][1:]}"
-                              f"[{block[0]},{block[1]}]{layout}>")
-            values.append(descriptors[arg])
-            continue
-        value = args[arg]
-        if isinstance(value, str):
-            signature[arg] = _TRITON_TYPES[dtypes[value]]
-            attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[arg] = "fp32"
-        elif not isinstance(value, int):  # computed at call time
-            signature[arg] = "i32"
-            if _multiple_of_16(value):  # a stride of 768 x seq: vectorised accesses
-                attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
-        elif value == 1:
-            consts[arg] = 1
-            continue
-        else:
-            signature[arg] = "i32"
-            if value % 16 == 0:
-                attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
-        values.append(value)
-    src = _ast_source(fn)(
-        fn, {**signature, **dict.fromkeys(consts, "constexpr")}, constexprs=consts, attrs=attrs
-    )
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={**launch, "ptx_version": PTX_ISA}
-    )
-    meta = compiled.metadata
-    if smem_limit is not None and meta.shared > smem_limit:
-        raise SharedMemoryError(
-            f"{symbol} needs {meta.shared} bytes of shared memory, the device has {smem_limit}"
-        )
-    if getattr(meta, "profile_scratch_size", 0):
-        raise NotImplementedError(f"{symbol} needs Triton's profiling scratch memory")
-    scratch = getattr(meta, "global_scratch_size", 0)
-    if scratch:  # per program (TMA descriptors made on the device): one more output buffer
-        if not all(isinstance(g, int) for g in grid):
-            raise UnsupportedKernelError(f"{symbol} needs scratch memory per program of a "
-                                         "grid known at run time")
-        align = max(getattr(meta, "global_scratch_align", 1), 1)
-        size = -(-scratch // align) * align * math.prod(grid)
-        params = [*params, Param("scratch", (size,), "uint8")]
-        outputs += 1
-    arg_types = []
-    for t in signature.values():
-        if t.startswith("tensordesc"):  # the descriptor, its shape, its strides (rank 2)
-            arg_types += [TENSORMAP, "int32", "int32", "int64", "int64"]
-        else:
-            arg_types.append(
-                "handle" if t.startswith("*") else ("float32" if t == "fp32" else "int32"))
-    box_meta = iter(getattr(meta, "tensordesc_meta", None) or [])
-    # Triton's scratch pointers: the global one when the kernel needs it, else null
-    arg_types += ["handle" if scratch else "int64", "int64"]
-    tags = ["threadIdx.x", *["blockIdx.x", "blockIdx.y", "blockIdx.z"][: len(grid)]]
-    tags += [PDL_TAG] if dependent else []
-    extents = [meta.num_warps * 32, *grid]
-    if meta.shared:
-        tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
-        extents.append(meta.shared)
-    ptx = compiled.asm["ptx"].replace(meta.name, symbol)
-    ptx = dependent_launch(ptx, launch_dependents) if dependent else ptx
-
+    main = compile_call(name, params, args, constexprs, grid, launch, symbol, outputs=outputs,
+                        smem_limit=smem_limit, descriptors=descriptors, dependent=dependent,
+                        launch_dependents=launch_dependents, scalars=scalars, aligned=aligned)
+    for _, other in alternatives:
+        if other.plan["scratch"] or other.plan["boxes"] or main.plan["scratch"]:
+            raise UnsupportedKernelError(f"{symbol}: alternatives take no TMA descriptors and "
+                                         "no scratch memory")
+    params, outputs = main.plan["params"], main.plan["outputs"]
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
             T.func_name("main")
@@ -319,24 +370,41 @@ def plan_launch(
             with T.sblock("root"):
                 T.reads(*[whole(p) for p in params[:-outputs]])
                 T.writes(*[whole(p) for p in params[-outputs:]])
-                call = []
                 written = {p.name for p in params[-outputs:]}
-                for v in values:
-                    if isinstance(v, tuple):  # a TMA descriptor, made here on the host
-                        mode = "w" if v[1] in written else "r"
-                        call += _host_descriptor(T, bufs[v[1]], v[0], next(box_meta), mode)
-                    elif isinstance(v, str):
-                        call.append(bufs[v].data)
-                    elif isinstance(v, float):
-                        call.append(T.float32(v))
-                    else:
-                        call.append(_int32(v))
-                nulls = [T.int64(0)] * _SCRATCH_ARGS
-                if scratch:
-                    nulls[0] = bufs["scratch"].data
-                call += nulls + [_int32(e) for e in extents]
-                T.evaluate(T.call_packed(symbol, *call))
-    return Launch(ib.get(), ptx, symbol, arg_types, tags)
+
+                def launch_of(kernel):
+                    plan, call = kernel.plan, []
+                    boxes = iter(plan["boxes"])
+                    for v in plan["values"]:
+                        if isinstance(v, tuple):  # a TMA descriptor, made here on the host
+                            mode = "w" if v[1] in written else "r"
+                            call += _host_descriptor(T, bufs[v[1]], v[0], next(boxes), mode)
+                        elif isinstance(v, str):
+                            call.append(bufs[v].data)
+                        elif isinstance(v, float):
+                            call.append(T.float32(v))
+                        else:
+                            call.append(_int32(v))
+                    nulls = [T.int64(0)] * _SCRATCH_ARGS
+                    if plan["scratch"]:
+                        nulls[0] = bufs["scratch"].data
+                    call += nulls + [_int32(e) for e in plan["extents"]]
+                    T.evaluate(T.call_packed(kernel.symbol, *call))
+
+                def choose(options):  # the first whose condition holds, else the main kernel
+                    if not options:
+                        launch_of(main)
+                        return
+                    (condition, kernel), rest = options[0], options[1:]
+                    with T.If(condition):
+                        with T.Then():
+                            launch_of(kernel)
+                        with T.Else():
+                            choose(rest)
+
+                choose(list(alternatives))
+    return dataclasses.replace(main, func=ib.get(), plan=None,
+                               alternatives=tuple(k for _, k in alternatives))
 
 
 def _multiple_of_16(expr) -> bool:
@@ -506,6 +574,12 @@ def _ast_source(fn):
     return ASTSource
 
 
+#: a runtime kernel's config key: the configs of smaller sizes, ``((size, config), ...)``
+#: ascending, each launched where the kernel's size (the product of its runtime extents, at
+#: call time) is at most ``size`` (:func:`generated_launch`)
+VARIANTS = "VARIANTS"
+
+
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
                      dependent: bool = True,
                      launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> Launch:
@@ -514,10 +588,69 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
     ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
+
     A kernel with runtime extents (:mod:`.runtime`) has a ``match`` whose ``runtime`` axes'
     extents are expressions of the symbolic dims the ``shapes`` hold: the PrimFunc takes those
-    dims after its inputs, passes the extents and computes the grid from them at call time.
+    dims after its inputs, passes the extents and computes the grid from them at call time.  It
+    launches one of several compiled variants, chosen at call time as Triton's JIT chooses its
+    specializations:
+
+    - by size: ``config[VARIANTS]`` holds the tiles of smaller sizes (:data:`VARIANTS`);
+    - by alignment: each is compiled twice where a runtime argument that scales an address
+      (a batch stride of ``seq`` elements) may be no multiple of 16, once taking it as one
+      (16-byte vector loads, asynchronous copies of narrow tensors such as a boolean padding
+      mask), launched where it is, and once not.
     """
+    variants = tuple(config.get(VARIANTS, ()))
+    config = {k: v for k, v in config.items() if k != VARIANTS}
+    main, parts = _generated_call(source, match, config, shapes, smem_limit, dependent,
+                                  launch_dependents)
+    split = parts.pop("split")
+    if not match.runtime:
+        launch = plan_launch(*main, **parts)
+        if split:
+            launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
+        return launch
+    speculative = speculative_arguments(source)
+    aligned = tvm.tirx.const(True, "bool")
+    for name in speculative:
+        aligned = tvm.tirx.And(aligned, tvm.tirx.floormod(source.arguments[name], 16) == 0)
+    size = math.prod(match.frame.extents[a] for a in match.runtime)
+    alternatives = []
+    for bound, other in variants:
+        fits = size <= bound
+        if speculative:
+            alternatives.append((tvm.tirx.And(fits, aligned), _generated_call(
+                source, match, other, shapes, smem_limit, dependent, launch_dependents,
+                speculative, compiled=True)))
+        alternatives.append((fits, _generated_call(
+            source, match, other, shapes, smem_limit, dependent, launch_dependents,
+            compiled=True)))
+    if speculative:
+        alternatives.append((aligned, _generated_call(
+            source, match, config, shapes, smem_limit, dependent, launch_dependents,
+            speculative, compiled=True)))
+    return plan_launch(*main, **parts, alternatives=tuple(alternatives))
+
+
+def speculative_arguments(source) -> tuple:
+    """The runtime arguments of ``source`` (:mod:`.runtime`) that scale an address (a factor of
+    a product in its text) and are not multiples of 16 for every size: those a variant
+    compiled to take them as multiples of 16 vectorizes."""
+    names = []
+    for name, expr in sorted(source.arguments.items()):
+        if _multiple_of_16(expr):
+            continue
+        if re.search(rf"\*\s*{name}\b|\b{name}\s*\*", source.text):
+            names.append(name)
+    return tuple(names)
+
+
+def _generated_call(source, match, config, shapes, smem_limit, dependent, launch_dependents,
+                    aligned=(), compiled=False):
+    """:func:`plan_launch`'s arguments for ``source`` with ``config`` (``aligned``: runtime
+    arguments taken as multiples of 16); with ``compiled``, the kernel compiled
+    (:func:`compile_call`) under a symbol of its own."""
     from .kernel_text import launch_buffers, launch_constexprs
     from .triton_gen import load
 
@@ -537,6 +670,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     if split:
         params.append(Param("WS", (split["WS"][0],), split["WS"][1]))
     symbol = f"{source.name}_{_tag({**constexprs, **_launch(config), 'WS': config.get('WS')})}"
+    symbol += "_a16" if aligned else ""
     # TMA descriptors over parameters: the warp-specialized attention's Q, K and V, or the
     # kernel's own (a persistent GEMM's A and B, and its outputs for TMA_STORE)
     names = {t: f"I{i}" for i, t in enumerate(source.inputs)}
@@ -550,24 +684,14 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         scalars = tuple(dims_of(p.shape for p in params))
         args.update(source.arguments)
     grid = source.grid({**constexprs, "WS": config.get("WS")}, match)
-    launch = plan_launch(
-        fn,
-        params,
-        args,
-        constexprs,
-        grid,
-        launch_options(source, config),
-        symbol,
-        outputs=len(source.outputs) + bool(split),
-        smem_limit=smem_limit,
-        descriptors=descriptors,
-        dependent=dependent,
-        launch_dependents=launch_dependents,
-        scalars=scalars,
-    )
-    if split:
-        launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
-    return launch
+    positional = (fn, params, args, constexprs, grid, launch_options(source, config), symbol)
+    keywords = {"outputs": len(source.outputs) + bool(split), "smem_limit": smem_limit,
+                "descriptors": descriptors, "dependent": dependent,
+                "launch_dependents": launch_dependents, "scalars": scalars,
+                "aligned": tuple(aligned)}
+    if compiled:
+        return compile_call(*positional, **keywords)
+    return positional, {**keywords, "split": split}
 
 
 def _cdiv(a: int, b: int) -> int:

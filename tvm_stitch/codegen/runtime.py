@@ -42,6 +42,24 @@ FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False, "WS": No
                  "SPLIT_K": 1}
 
 
+#: the sizes a runtime kernel has tiles of its own for: every dim at this fraction of its upper
+#: bound (BERT-base's batch 64 × 512 tokens: 32 × 256, 16 × 128, 4 × 32), besides the upper
+#: bounds themselves (the representative point)
+BUCKET_FRACTIONS = (1 / 2, 1 / 4, 1 / 16)
+
+
+def bucket_points(ranges: dict) -> list[dict]:
+    """The points below the representative one where runtime kernels get their own tiles:
+    ``ranges`` ``{dim: (lower, upper)}`` scaled by :data:`BUCKET_FRACTIONS` (within the ranges,
+    distinct, the largest first)."""
+    points = []
+    for fraction in BUCKET_FRACTIONS:
+        point = {d: max(lo, 1, math.ceil(up * fraction)) for d, (lo, up) in ranges.items()}
+        if point not in points and point != {d: up for d, (_, up) in ranges.items()}:
+            points.append(point)
+    return points
+
+
 def sentinel_points(dims) -> tuple[dict, dict]:
     """The two points where a function's symbolic ``dims`` (names) are read."""
     names = sorted(dims)
@@ -124,7 +142,11 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
             arguments[names[pair]] = monomial(pair, dims, points)
         text.append(names[pair])
     text = "".join(text).replace("def KERNEL(", f"def KERNEL({', '.join(names.values())}, ", 1)
-    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    # named after its code and its tensors' symbolic types, not the header's tensor names:
+    # the same kernel in every layer is one kernel (one compile, one PrimFunc)
+    signature = [_type(values.get(t)) for t in (*sources[0].inputs, *sources[0].outputs)]
+    body = text[text.index("@triton.jit"):]
+    digest = hashlib.sha1((body + repr(signature)).encode()).hexdigest()[:12]
     name = f"{first.family}_rt_{digest}"
     text = text.replace("def KERNEL(", f"def {name}(", 1)
     source = dataclasses.replace(sources[0], name=name, text=text, ws=None, ws_descs=(),
@@ -135,6 +157,14 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
     frame = copy.copy(first.frame)
     frame.extents = {**frame.extents, **extents}
     return RuntimeKernel(source, extents, dataclasses.replace(first, frame=frame))
+
+
+def _type(value) -> tuple | None:
+    """A Relax tensor value's shape (dims by name) and dtype."""
+    ty = getattr(value, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(str(d) for d in ty.shape.values), str(ty.dtype)
 
 
 def _check_at(match, extents: dict, arguments: dict, upper: dict) -> None:

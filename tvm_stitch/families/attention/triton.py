@@ -206,23 +206,25 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
 
     sq, sk, sv = q.stride, kv.stride, vv.stride
     tma = attention_tma(match) is None
-    pointer_loads = {
-        "q": f"tl.load(Q + rm[:, None] * {sq.get('m', 0)} + rk[None, :] * {sq.get('k', 0)}"
-        f"{mask('m', 'k')})",
-        "k": f"tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}"
-        f"{mask('k', 'n')})",
-        "v": f"tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}"
-        f"{mask('n', 'd')})",
-    }
+    def pointer_loads(keys_bounded=True):
+        kn, nd = ("n", "n") if keys_bounded else (None, None)
+        return {
+            "q": f"tl.load(Q + rm[:, None] * {sq.get('m', 0)} + rk[None, :] * {sq.get('k', 0)}"
+            f"{mask('m', 'k')})",
+            "k": f"tl.load(K + rk[:, None] * {sk.get('k', 0)} + rn[None, :] * {sk.get('n', 0)}"
+            f"{mask('k', kn)})",
+            "v": f"tl.load(V + rn[:, None] * {sv.get('n', 0)} + rh[None, :] * {sv.get('d', 0)}"
+            f"{mask(nd, 'd')})",
+        }
     # out-of-bounds rows and columns of a descriptor's box read as zero: no masks
     tma_loads = {"q": "q_desc.load([pid_m * BLOCK_M, 0])", "k": "k_desc.load([n0, 0]).T",
                  "v": "v_desc.load([n0, 0])"}
 
-    def load(role):
+    def load(role, keys_bounded=True):
+        pointer = pointer_loads(keys_bounded)[role]
         if not tma:
-            return [f"{role} = {pointer_loads[role]}"]
-        return ["if TMA:", f"    {role} = {tma_loads[role]}", "else:",
-                f"    {role} = {pointer_loads[role]}"]
+            return [f"{role} = {pointer}"]
+        return ["if TMA:", f"    {role} = {tma_loads[role]}", "else:", f"    {role} = {pointer}"]
 
     lines = [
         "pid_m = tl.program_id(0)",
@@ -265,17 +267,20 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
     visible = rest[0] if rest else None
     exp2 = softmax_exp2(scale, fused)
 
-    def loop(score, start, stop):
+    def loop(score, start, stop, keys_bounded=True):
+        """The key loop; ``keys_bounded`` False: over whole key blocks only, no key bound
+        checked (unmasked loads, vectorized and copied asynchronously where aligned)."""
+        bounded = masks if keys_bounded else {a: x for a, x in masks.items() if a != "n"}
         printer = ElemPrinter(
-            tiles, masks, pointers, extras, {match.score_tensor: ("s", "float32")}, prefix="g",
-            paired=paired,
+            tiles, bounded, pointers, extras, {match.score_tensor: ("s", "float32")},
+            prefix="g", paired=paired,
         )
         z = printer.expr(score)
-        if "n" in cols:
+        if "n" in cols and keys_bounded:
             z = f"tl.where({cols['n']}, {z}, float('-inf'))"
         body = [
             "rn = n0 + tl.arange(0, BLOCK_N)",
-            *load("k"),
+            *load("k", keys_bounded),
             "s = tl.dot(q, k, input_precision=DOT_PREC)",
             *printer.lines,
             f"z = {z}",
@@ -283,7 +288,7 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
             f"p = tl.exp2({exp2[0].format(m='m_safe[:, None]')})",
             f"alpha = tl.exp2({exp2[1]})",
-            *load("v"),
+            *load("v", keys_bounded),
             "l_i = l_i * alpha + tl.sum(p, 1)",
             # the rescaled output is the product's accumulator (wgmma adds into it in place)
             "acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)",
@@ -303,6 +308,11 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(logits, "lo", "hi")
         else:
             lines += loop(logits, 0, "hi")
+    elif "n" in cols:
+        # the key bound is checked on the last, partial block only (FlashAttention's way)
+        lines.append(f"whole = {n} // BLOCK_N * BLOCK_N")
+        lines += loop(logits, 0, "whole", keys_bounded=False)
+        lines += loop(logits, "whole", n)
     else:
         lines += loop(logits, 0, n)
     lines.append(f"o = acc / {empty_rows_denominator(match)}[:, None]")
