@@ -43,9 +43,9 @@ FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False, "WS": No
 
 
 #: the sizes a runtime kernel has tiles of its own for: every dim at this fraction of its upper
-#: bound (BERT-base's batch 64 × 512 tokens: 32 × 256, 16 × 128, 4 × 32), besides the upper
-#: bounds themselves (the representative point)
-BUCKET_FRACTIONS = (1 / 2, 1 / 4, 1 / 16)
+#: bound (BERT-base's batch 64 × 512 tokens: 32 × 256, 16 × 128, 8 × 64, 4 × 32, 1 × 8),
+#: besides the upper bounds themselves (the representative point)
+BUCKET_FRACTIONS = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 64)
 
 
 def bucket_points(ranges: dict) -> list[dict]:
