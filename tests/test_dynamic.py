@@ -439,3 +439,51 @@ def _copy_frame(frame, **extents):
     out = copy.copy(frame)
     out.extents = {**frame.extents, **extents}
     return out
+
+
+# -- variants chosen at call time ----------------------------------------------------------------
+def test_bucket_points_scale_every_dim_within_its_range():
+    from tvm_stitch.codegen.runtime import bucket_points
+
+    assert bucket_points({"b": (1, 64), "s": (1, 512)}) == [
+        {"b": 32, "s": 256}, {"b": 16, "s": 128}, {"b": 8, "s": 64}, {"b": 4, "s": 32},
+        {"b": 1, "s": 8}]
+    # a lower bound holds; points equal to another, or to the upper bounds, are left out
+    assert bucket_points({"s": (100, 128)}) == [{"s": 100}]
+    assert bucket_points({"s": (1, 1)}) == []
+
+
+def test_a_dynamic_bert_has_one_runtime_kernel_per_computation_with_variants_chosen_at_call_time():
+    """HF BERT-tiny (2 layers) with dynamic batch and length, fused for CUDA: each layer's
+    attention and GEMMs are the same runtime kernels (one PrimFunc each, called by both
+    layers); each launch chooses at call time among tiles of smaller sizes (conditions on the
+    product of its runtime extents) and, for the attention whose padding mask is read at
+    ``b * seq``, a variant compiled for a length that is a multiple of 16."""
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+
+    model, inputs, _ = _bert()
+    model = type(model)(type(model.config)(**{**model.config.to_dict(), "num_hidden_layers": 2,
+                                              "attn_implementation": "eager"})).eval()
+    dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    calls = {}
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir":
+            calls[e.args[0].name_hint] = calls.get(e.args[0].name_hint, 0) + 1
+
+    relax.analysis.post_order_visit(fused["main"].body, visit)
+    runtime = {k: n for k, n in calls.items() if "_rt_" in k}
+    attention = [k for k in runtime if k.startswith("attention_rt_")]
+    assert len(attention) == 1 and runtime[attention[0]] == 2
+    # Q/K/V, the output projection, the two FFN GEMMs: once a layer; the pooler's once
+    assert sorted(n for k, n in runtime.items() if k.startswith("gemm_rt_")) == [1, 2, 2, 2, 2]
+    text = fused[attention[0]].script()
+    launches = text.count("T.call_packed(")
+    assert launches >= 3 and "% T.int64(16) == T.int64(0)" in text and " <= " in text
+    assert text.count("_a16\"") >= 1  # the aligned variant's symbol

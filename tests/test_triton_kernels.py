@@ -386,7 +386,16 @@ def test_attention_rounds_its_float16_logits_in_pairs():
               for t in [*source.inputs, *source.outputs]}
     ptx = embed.generated_launch(source, match, {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4,
                                                  "num_stages": 3}, shapes).ptx
-    assert "cvt.rn.f16x2.f32" in ptx and not re.search(r"cvt\.rn\.f16\.f32", ptx)
+    assert "cvt.rn.f16x2.f32" in ptx
+    # no value rounded alone on a line rounding logits (the partial last key block's
+    # probabilities may be: Triton knows which of its columns are past the keys)
+    lines, alone, at = source.text.splitlines(), [], None
+    for line in ptx.splitlines():
+        loc = re.match(r"\s*\.loc\s+1\s+(\d+)", line)
+        at = int(loc.group(1)) if loc else at
+        if re.search(r"cvt\.rn\.f16\.f32", line):
+            alone.append(lines[at - 1])
+    assert not [x for x in alone if "_cvt_f16x2" in x], alone
     gemm = next(m for m in found if m.family == "gemm")
     assert "_cvt_" not in kernel_source(gemm).text
 
