@@ -298,8 +298,8 @@ class _Rewriter:
         at_point = dataclasses.replace(match, runtime=kernel.match.runtime)
         point_source = kernel_source(at_point)
         point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
-        config = {**self.tuner.config(at_point, point_source, point_shapes, {}),
-                  **runtime.FIXED_OPTIONS}
+        config = runtime.fixed(self.tuner.config(at_point, point_source, point_shapes, {}),
+                               source)
         variants = self._bucket_configs(match, kernel, config)
         if variants:
             config = {**config, embed.VARIANTS: variants}
@@ -346,8 +346,8 @@ class _Rewriter:
             shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                       for t in (*source.inputs, *source.outputs)}
             size = math.prod(value_at(e, point) for e in kernel.extents.values())
-            found.append((size, {**self.tuner.config(at, source, shapes, {}),
-                                 **runtime.FIXED_OPTIONS}))
+            found.append((size, runtime.fixed(self.tuner.config(at, source, shapes, {}),
+                                              kernel.source)))
         variants, larger = [], config
         for size, tiles in sorted(found, key=lambda x: -x[0]):  # the largest first
             if tiles != larger:

@@ -420,7 +420,17 @@ def _mixed_precision(mod, names, unbounded=None):
             raise
     from tvm_stitch.passes import BoundSymbolicShapes
 
-    return BoundSymbolicShapes()(convert(unbounded))
+    try:
+        return BoundSymbolicShapes()(convert(unbounded))
+    except Exception:  # noqa: BLE001 - TVM's, any: the weights are converted apart below
+        pass
+    # TVM 0.27 fails ("no block is being built") to make the weights float16 parameters of
+    # a function of symbolic shape (even a Linear's): they stay float32 parameters, converted
+    # in the function (computations of weights only: with lift_params, once, at load time)
+    logger.warning("ToMixedPrecision cannot make the weights float16 parameters of this "
+                   "function of symbolic shape: they are converted in it (once, at load time, "
+                   "with lift_params)")
+    return relax.transform.ToMixedPrecision("float32")(mod)
 
 
 @contextlib.contextmanager

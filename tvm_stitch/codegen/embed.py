@@ -344,9 +344,8 @@ def plan_launch(
                         smem_limit=smem_limit, descriptors=descriptors, dependent=dependent,
                         launch_dependents=launch_dependents, scalars=scalars, aligned=aligned)
     for _, other in alternatives:
-        if other.plan["scratch"] or other.plan["boxes"] or main.plan["scratch"]:
-            raise UnsupportedKernelError(f"{symbol}: alternatives take no TMA descriptors and "
-                                         "no scratch memory")
+        if other.plan["scratch"] or main.plan["scratch"]:
+            raise UnsupportedKernelError(f"{symbol}: alternatives take no scratch memory")
     params, outputs = main.plan["params"], main.plan["outputs"]
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
@@ -546,13 +545,25 @@ def _host_descriptor(T, buf, desc, meta: dict, mode: str = "r") -> list:  # noqa
     stride, 1]``."""
     rows, cols = meta["block_size"]
     tmap = T.Bind(T.tvm_stack_alloca("tensormap", 1))
-    ptr = buf.access_ptr(mode, offset=desc.offset) if desc.offset else buf.data
+    ptr = buf.access_ptr(mode, offset=desc.offset) if _nonzero(desc.offset) else buf.data
     width = {"float16": 2, "bfloat16": 2, "float32": 4}[desc.dtype]
+    # a runtime kernel's sizes are expressions of the call's dims (:mod:`.runtime`)
     T.evaluate(T.tensormap_encode_tiled(
-        tmap, ptr, desc.cols, desc.rows, desc.stride * width, cols, rows, 1, 1,
-        descriptor_dtype=desc.dtype, rank=2, swizzle=int(meta["swizzle"]),
+        tmap, ptr, _int32(desc.cols), _int32(desc.rows), _int64(desc.stride * width), cols,
+        rows, 1, 1, descriptor_dtype=desc.dtype, rank=2, swizzle=int(meta["swizzle"]),
         l2_promotion=2, oob_fill=0))  # L2 promotion 128 B, zeros past the ends: Triton's
-    return [tmap, T.int32(desc.rows), T.int32(desc.cols), T.int64(desc.stride), T.int64(1)]
+    return [tmap, _int32(desc.rows), _int32(desc.cols), _int64(desc.stride), T.int64(1)]
+
+
+def _nonzero(value) -> bool:
+    return not isinstance(value, int) or value != 0
+
+
+def _int64(value):
+    """An int64 argument: a constant, or an integer expression cast at call time."""
+    if isinstance(value, int):
+        return tvm.tirx.IntImm("int64", value)
+    return tvm.tirx.Cast("int64", value)
 
 
 def _is_gluon(fn) -> bool:
@@ -641,7 +652,7 @@ def speculative_arguments(source) -> tuple:
     for name, expr in sorted(source.arguments.items()):
         if _multiple_of_16(expr):
             continue
-        if re.search(rf"\*\s*{name}\b|\b{name}\s*\*", source.text):
+        if re.search(rf"\*\s*{name}\b|\b{name}\s*\*", source.text + (source.ws or "")):
             names.append(name)
     return tuple(names)
 

@@ -183,6 +183,16 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def smaller(a, b):
+    """``min(a, b)`` of ints, or of integer expressions known at call time (a runtime
+    kernel's grid, :mod:`tvm_stitch.codegen.runtime`)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    import tvm
+
+    return tvm.tirx.min(a, b)
+
+
 def consumers(config: dict) -> int:
     """Consumer warpgroups of a warp-specialized GEMM launch (``WS``), else 1 — also where
     ``WS`` is a Triton GEMM's split-K workspace argument (a buffer among its constexprs)."""

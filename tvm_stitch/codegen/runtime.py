@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import hashlib
 import itertools
+import logging
 import math
 import re
 
@@ -32,14 +33,26 @@ from tvm_stitch.graph.specialize import value_at
 from .kernel_text import KernelSource, UnsupportedKernelError
 from .triton_gen import kernel_source
 
+logger = logging.getLogger("tvm_stitch.runtime")
+
 #: the symbolic dims' values at the two sentinel points (primes, none a product of others)
 SENTINELS = ((1009, 1013, 1019, 1021, 1031, 1033), (1039, 1049, 1051, 1061, 1063, 1069))
 
 
-#: the launch options of a kernel with runtime extents: none sized by them (a persistent grid
-#: over the tiles, TMA descriptors, split-K workspaces, warp-specialized rings)
-FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False, "WS": None,
-                 "SPLIT_K": 1}
+#: the launch options of a kernel with runtime extents: none sized by them (the Triton form's
+#: persistent grid and TMA descriptors, made in the kernel, and split-K workspaces); the
+#: warp-specialized form, whose descriptors are made on the host at call time, where it has
+#: one (:func:`fixed`)
+FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False, "SPLIT_K": 1}
+
+
+def fixed(config: dict, source) -> dict:
+    """``config`` for a runtime kernel ``source``: :data:`FIXED_OPTIONS`, and no
+    warp-specialized form where it has none."""
+    out = {**config, **FIXED_OPTIONS}
+    if not source.ws:
+        out["WS"] = None
+    return out
 
 
 #: the sizes a runtime kernel has tiles of its own for: every dim at this fraction of its upper
@@ -122,34 +135,47 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
     sources = [kernel_source(m, name="KERNEL") for m in (first, second)]
     if (sources[0].inputs, sources[0].outputs) != (sources[1].inputs, sources[1].outputs):
         raise UnsupportedKernelError("the kernel's tensors differ between the sentinel points")
-    parts = [_NUMBER.split(s.text) for s in sources]
-    if len(parts[0]) != len(parts[1]) or parts[0][::2] != parts[1][::2]:
-        raise UnsupportedKernelError("the kernel's text depends on the symbolic dims beyond "
-                                     "its literals")
     dims = _dims({t: values[t] for t in (*sources[0].inputs, *sources[0].outputs)
                   if t in values})
     if set(dims) - set(points[0]):
         raise UnsupportedKernelError(f"dims {sorted(set(dims) - set(points[0]))} of its "
                                      "tensors have no range")
-    names, arguments, text = {}, {}, []
-    for i, (a, b) in enumerate(zip(*parts)):
-        if i % 2 == 0 or a == b:
-            text.append(a)
-            continue
-        pair = (int(a), int(b))
-        if pair not in names:
-            names[pair] = argument(len(names))
-            arguments[names[pair]] = monomial(pair, dims, points)
-        text.append(names[pair])
-    text = "".join(text).replace("def KERNEL(", f"def KERNEL({', '.join(names.values())}, ", 1)
+    names, arguments = {}, {}
+
+    def argument_of(a: int, b: int) -> str:
+        if (a, b) not in names:
+            names[(a, b)] = argument(len(names))
+            arguments[names[(a, b)]] = monomial((a, b), dims, points)
+        return names[(a, b)]
+
+    text = _with_arguments(sources[0].text, sources[1].text, argument_of)
+    ws, ws_descs = sources[0].ws, sources[0].ws_descs
+    if ws:  # the warp-specialized form, where it takes its sizes the same way
+        try:
+            ws = _with_arguments(ws, sources[1].ws or "", argument_of)
+            ws_descs = tuple(_descriptor(d, e, arguments, names)
+                             for d, e in zip(ws_descs, sources[1].ws_descs, strict=True))
+        except (UnsupportedKernelError, ValueError) as err:
+            logger.info("%s: no warp-specialized form with runtime sizes: %s",
+                        first.describe(), err)
+            ws, ws_descs = None, ()
+    signature = f"def KERNEL({', '.join(names.values())}, " if names else "def KERNEL("
+    text = text.replace("def KERNEL(", signature, 1)
+    if ws:
+        ws = _partitions_take(ws.replace("def KERNEL(", signature, 1), list(names.values()))
+        if ws is None:
+            logger.info("%s: no warp-specialized form with runtime sizes: a helper of it "
+                        "uses them", first.describe())
+            ws, ws_descs = None, ()
     # named after its code and its tensors' symbolic types, not the header's tensor names:
     # the same kernel in every layer is one kernel (one compile, one PrimFunc)
-    signature = [_type(values.get(t)) for t in (*sources[0].inputs, *sources[0].outputs)]
-    body = text[text.index("@triton.jit"):]
-    digest = hashlib.sha1((body + repr(signature)).encode()).hexdigest()[:12]
+    types = [_type(values.get(t)) for t in (*sources[0].inputs, *sources[0].outputs)]
+    body = text[text.index("@triton.jit"):] + (ws[ws.index("@gluon"):] if ws else "")
+    digest = hashlib.sha1((body + repr(types)).encode()).hexdigest()[:12]
     name = f"{first.family}_rt_{digest}"
-    text = text.replace("def KERNEL(", f"def {name}(", 1)
-    source = dataclasses.replace(sources[0], name=name, text=text, ws=None, ws_descs=(),
+    text = re.sub(r"\bKERNEL\b", name, text)
+    ws = re.sub(r"\bKERNEL\b", name, ws) if ws else ws
+    source = dataclasses.replace(sources[0], name=name, text=text, ws=ws, ws_descs=ws_descs,
                                  descs=(), persistent=False, tma=False, arguments=arguments)
     extents = {a: monomial((ext1[a], ext2[a]), dims, points) for a in varying}
     if at_point is not None:
@@ -157,6 +183,57 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
     frame = copy.copy(first.frame)
     frame.extents = {**frame.extents, **extents}
     return RuntimeKernel(source, extents, dataclasses.replace(first, frame=frame))
+
+
+def _with_arguments(first: str, second: str, argument_of) -> str:
+    """``first`` with each integer literal that differs from ``second``'s (the same text printed
+    at the other sentinel point) replaced by its argument's name; raises
+    :class:`UnsupportedKernelError` where the texts differ otherwise."""
+    parts = [_NUMBER.split(t) for t in (first, second)]
+    if len(parts[0]) != len(parts[1]) or parts[0][::2] != parts[1][::2]:
+        raise UnsupportedKernelError("the kernel's text depends on the symbolic dims beyond "
+                                     "its literals")
+    return "".join(a if i % 2 == 0 or a == b else argument_of(int(a), int(b))
+                   for i, (a, b) in enumerate(zip(*parts)))
+
+
+def _partitions_take(text: str, arguments: list) -> str | None:
+    """A warp-specialized (Gluon) kernel's ``text`` with the runtime ``arguments`` passed on
+    to its partitions (the functions ``gl.warp_specialize`` runs, and their calls of each
+    other); None where another function of it would need them."""
+    if not arguments:
+        return text
+    partitions = set(re.findall(r"\(\s*(\w+),\s*\(", text))
+    chunks = re.split(r"(?=^@gluon\.jit)", text, flags=re.M)
+    for chunk in chunks:
+        name = re.search(r"^def (\w+)\(", chunk, flags=re.M)
+        if name and name.group(1) not in partitions and "def KERNEL" not in chunk and \
+                any(re.search(rf"\b{a}\b", chunk) for a in arguments):
+            return None
+    if not partitions:
+        return text
+    given = ", ".join(arguments) + ", "
+    names = "|".join(sorted(map(re.escape, partitions)))
+    text = re.sub(rf"(\bdef (?:{names})\()", rf"\g<1>{given}", text)
+    text = re.sub(rf"(\(\s*(?:{names}),\s*\()", rf"\g<1>{given}", text)
+    return re.sub(rf"((?<!def )(?<![\w.])(?:{names})\()", rf"\g<1>{given}", text)
+
+
+def _descriptor(first, second, arguments: dict, names: dict):
+    """A host-made TMA descriptor (:class:`~.kernel_text.Descriptor`) whose sizes may vary
+    between the sentinel points: each that does is its argument's expression."""
+    fields = {}
+    for field in ("offset", "rows", "cols", "stride"):
+        a, b = getattr(first, field), getattr(second, field)
+        if a != b:
+            if (a, b) not in names:
+                raise UnsupportedKernelError(f"descriptor {first.name}'s {field} is no "
+                                             "argument of the kernel")
+            fields[field] = arguments[names[(a, b)]]
+    if (first.name, first.tensor, first.dtype, first.box) != (
+            second.name, second.tensor, second.dtype, second.box):
+        raise UnsupportedKernelError(f"descriptor {first.name} differs between the points")
+    return dataclasses.replace(first, **fields)
 
 
 def _type(value) -> tuple | None:

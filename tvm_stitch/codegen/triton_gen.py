@@ -43,7 +43,7 @@ def printed(match, name: str) -> KernelSource:
     if not family.has("gluon"):
         return source
     gluon = family.module("gluon")
-    why = "extents known at run time" if match.runtime else gluon.ws_legality(match)
+    why = gluon.ws_legality(match)  # with runtime extents, where its descriptors take them
     if why:
         logger.info("%s: no warp-specialized form: %s", match.describe(), why)
         return dataclasses.replace(source, ws=None, ws_descs=())

@@ -18,6 +18,7 @@ from tvm_stitch.codegen.kernel_text import (
     literal,
     pointer_args,
     pow2,
+    smaller,
     tma_unreadable,
 )
 from tvm_stitch.families.attention.recognize import visible_logits
@@ -340,5 +341,5 @@ def grid(config: dict, match, source) -> tuple:
     ext = match.frame.extents
     tiles = (cdiv(ext["m"], config["BLOCK_M"]), ext.get("b", 1) * ext.get("h", 1))
     if config.get("WS"):
-        return (min(tiles[0] * tiles[1], config["NUM_SMS"]), 1)
+        return (smaller(tiles[0] * tiles[1], config["NUM_SMS"]), 1)
     return tiles

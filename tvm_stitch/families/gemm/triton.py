@@ -15,6 +15,7 @@ from tvm_stitch.codegen.kernel_text import (
     UnsupportedKernelError,
     base,
     cdiv,
+    smaller,
     consumers,
     extra_views,
     function,
@@ -460,7 +461,8 @@ def tma_layout(match, apart: bool = False):
     tensors of the same strides and dtype, each band read through a descriptor of its own
     (:func:`tma_descriptors` makes them)."""
     ext = match.frame.extents
-    if match.runtime:
+    if match.runtime and not apart:  # the warp-specialized form's are made on the host, at
+        # call time (:mod:`tvm_stitch.codegen.runtime`); the Triton form's in the kernel
         return "rows known at run time (a descriptor is made for its sizes)"
     if any(len(seg.products) != 1 for seg in match.segments):
         return "several products"
@@ -554,7 +556,7 @@ def grid(config: dict, match, source) -> tuple:
     warpgroups, whose descriptors are its own) one per SM."""
     tiles = output_tiles(match, config)
     if (source.persistent and config.get("PERSISTENT")) or consumers(config) > 1:
-        return (min(config["NUM_SMS"], tiles), 1)
+        return (smaller(config["NUM_SMS"], tiles), 1)
     return (tiles * config.get("SPLIT_K", 1), match.frame.extents.get("b", 1))
 
 
