@@ -15,11 +15,11 @@ from tvm_stitch.codegen.kernel_text import (
     UnsupportedKernelError,
     base,
     cdiv,
-    smaller,
     consumers,
     extra_views,
     function,
     pointer_args,
+    smaller,
     tl_dtype,
     tma_unreadable,
 )
