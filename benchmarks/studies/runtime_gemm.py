@@ -28,8 +28,8 @@ def _config(text):
     bm, bn, bk, w, st, ws = m.groups()
     out = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(w),
            "num_stages": int(st)}
-    if ws:
-        out["WS"] = int(ws)
+    if ws:  # persistent: one program an SM (the H100's and H200's 132)
+        out.update(WS=int(ws), NUM_SMS=132)
     return out
 
 
