@@ -3,6 +3,8 @@ exported with a dynamic batch and sequence length build once and run at any shap
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -514,3 +516,81 @@ def test_a_dynamic_bert_has_one_runtime_kernel_per_computation_with_variants_cho
     launches = text.count("T.call_packed(")
     assert launches >= 3 and "% T.int64(16) == T.int64(0)" in text and " <= " in text
     assert text.count("_a16\"") >= 1  # the aligned variant's symbol
+
+
+def test_a_runtime_gemm_takes_the_warp_specialized_form_with_descriptors_made_at_call_time(
+        monkeypatch):
+    """With the warp-specialized tiles (what a measured search picks; forced here), a GEMM of
+    symbolic rows is the Gluon form: its partitions take the rows as an argument, and its TMA
+    descriptors are made on the host from the rows at call time (a persistent grid of at most
+    one program an SM). On the H200 this form gave PyTorch's numbers and the static build's
+    speed (``benchmarks/studies/runtime_gemm.py``)."""
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+    from tvm_stitch.tune import policy
+
+    ws = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3,
+          "WS": 2, "NUM_SMS": 132}
+    original = policy.KernelTuner.config
+
+    def chosen(self, match, source, shapes, constants):
+        got = original(self, match, source, shapes, constants)
+        return {**got, **ws} if match.family == "gemm" and source.ws else got
+
+    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    model, inputs, _ = _bert()
+    dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    launches = [f.script() for gv, f in fused.functions.items()
+                if gv.name_hint.startswith("gemm_rt_") and "ws2" in f.script()]
+    assert launches
+    dims = {str(v) for v in fused["main"].attrs["tir_var_upper_bound"]}
+    products = set()
+    for text in launches:
+        # the A descriptor's rows are the call's rows (batch × seq; the pooler's, batch)
+        a = re.search(r"tensormap_encode_tiled\(v, I0\.data, \d+, T\.Cast\(\"int32\", "
+                      r"([\w ]+?(?: \* [\w ]+?)?)\)", text)
+        assert a, text
+        assert set(a.group(1).split(" * ")) <= dims
+        products.add(len(a.group(1).split(" * ")))
+        assert "T.min(T.int64(132), " in text  # persistent: at most a program an SM
+    assert products == {1, 2}
+
+
+def test_partitions_of_a_warp_specialized_kernel_take_its_runtime_arguments():
+    from tvm_stitch.codegen.runtime import _partitions_take
+
+    text = '''@gluon.jit
+def _load(a_desc, n):
+    x = RT_0 * n
+
+
+@gluon.jit
+def _consume(I0, k):
+    _helper(I0)
+    _load(a, RT_0)
+
+
+@gluon.jit
+def _helper(I0):
+    y = I0
+
+
+@gluon.jit
+def KERNEL(RT_0, I0, a_desc):
+    gl.warp_specialize([
+        (_consume, (I0, 1)),
+        (_load, (a_desc, 2)),
+    ], [4], [24])
+'''
+    out = _partitions_take(text, ["RT_0"])
+    assert "def _load(RT_0, a_desc, n)" in out and "def _consume(RT_0, I0, k)" in out
+    assert "(_consume, (RT_0, I0, 1))" in out and "(_load, (RT_0, a_desc, 2))" in out
+    assert "_load(RT_0, a, RT_0)" in out and "def _helper(I0)" in out
+    assert "def KERNEL(RT_0, I0, a_desc)" in out
+    # a helper (no partition) that would need the argument: no such form
+    assert _partitions_take(text.replace("y = I0", "y = RT_0"), ["RT_0"]) is None
