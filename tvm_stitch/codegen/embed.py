@@ -18,9 +18,11 @@ compiled in as constants: without that the loads are not vectorised and kernels 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 import re
 
 import tvm
@@ -627,21 +629,32 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     for name in speculative:
         aligned = tvm.tirx.And(aligned, tvm.tirx.floormod(source.arguments[name], 16) == 0)
     size = math.prod(match.frame.extents[a] for a in match.runtime)
-    alternatives = []
+    jobs = []  # (condition, config, aligned arguments), the first that holds launched
     for bound, other in variants:
         fits = size <= bound
         if speculative:
-            alternatives.append((tvm.tirx.And(fits, aligned), _generated_call(
-                source, match, other, shapes, smem_limit, dependent, launch_dependents,
-                speculative, compiled=True)))
-        alternatives.append((fits, _generated_call(
-            source, match, other, shapes, smem_limit, dependent, launch_dependents,
-            compiled=True)))
+            jobs.append((tvm.tirx.And(fits, aligned), other, speculative))
+        jobs.append((fits, other, ()))
     if speculative:
-        alternatives.append((aligned, _generated_call(
-            source, match, config, shapes, smem_limit, dependent, launch_dependents,
-            speculative, compiled=True)))
+        jobs.append((aligned, config, speculative))
+    # compiled side by side: Triton's compiler leaves the interpreter while it works (its own
+    # asynchronous mode runs compiles on an executor the same way); each form of the text is
+    # loaded here first, once
+    from .triton_gen import load
+
+    for _, other, _ in jobs:
+        load(source, other)
+    with concurrent.futures.ThreadPoolExecutor(_compile_workers(len(jobs))) as pool:
+        futures = [pool.submit(_generated_call, source, match, other, shapes, smem_limit,
+                               dependent, launch_dependents, given, compiled=True)
+                   for _, other, given in jobs]
+        alternatives = [(job[0], f.result()) for job, f in zip(jobs, futures)]
     return plan_launch(*main, **parts, alternatives=tuple(alternatives))
+
+
+def _compile_workers(jobs: int) -> int:
+    """Threads compiling a launch's variants: one a job, at most one a core."""
+    return max(1, min(jobs, os.cpu_count() or 1))
 
 
 def speculative_arguments(source) -> tuple:

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from tvm_stitch.codegen.kernel_text import KernelSource, UnsupportedKernelError, pointer_args
@@ -120,7 +121,7 @@ def load(source: KernelSource, config: dict | None = None):
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{source.name}_{key}.py"
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
     module_name = f"tvm_stitch_generated_{key}"
