@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import math
 
 import numpy as np
 import tvm
@@ -338,16 +337,18 @@ class _Rewriter:
         for point in runtime.bucket_points(var_ranges(self.mod[self.name])):
             try:
                 other, graph = self._recognized_at(point, match, graph=True)
-            except UnsupportedKernelError as err:
-                logger.info("%s: no tiles of its own at %s: %s", match.describe(), point, err)
+                at = dataclasses.replace(other, runtime=kernel.match.runtime)
+                source = kernel_source(at)
+                shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+                          for t in (*source.inputs, *source.outputs)}
+                tiles = runtime.fixed(self.tuner.config(at, source, shapes, {}), kernel.source)
+            except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
+                logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,
+                            type(err).__name__, err)
                 continue
-            at = dataclasses.replace(other, runtime=kernel.match.runtime)
-            source = kernel_source(at)
-            shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
-                      for t in (*source.inputs, *source.outputs)}
-            size = math.prod(value_at(e, point) for e in kernel.extents.values())
-            found.append((size, runtime.fixed(self.tuner.config(at, source, shapes, {}),
-                                              kernel.source)))
+            size = value_at(runtime.kernel_size(kernel.match.frame.extents,
+                                                kernel.match.runtime), point)
+            found.append((size, tiles))
         variants, larger = [], config
         for size, tiles in sorted(found, key=lambda x: -x[0]):  # the largest first
             if tiles != larger:

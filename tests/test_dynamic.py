@@ -587,10 +587,58 @@ def KERNEL(RT_0, I0, a_desc):
         (_load, (a_desc, 2)),
     ], [4], [24])
 '''
+    text = text.replace("    y = I0", "    y = I0\n    z = gl.where(c, (acc * 0.01), acc)")
     out = _partitions_take(text, ["RT_0"])
+    assert "gl.where(c, (acc * 0.01), acc)" in out  # a parenthesized expression, no partition
     assert "def _load(RT_0, a_desc, n)" in out and "def _consume(RT_0, I0, k)" in out
     assert "(_consume, (RT_0, I0, 1))" in out and "(_load, (RT_0, a_desc, 2))" in out
     assert "_load(RT_0, a, RT_0)" in out and "def _helper(I0)" in out
     assert "def KERNEL(RT_0, I0, a_desc)" in out
     # a helper (no partition) that would need the argument: no such form
     assert _partitions_take(text.replace("y = I0", "y = RT_0"), ["RT_0"]) is None
+
+
+def test_an_attention_of_one_sequence_of_symbolic_length_takes_its_length_at_run_time():
+    """BERT-tiny with a fixed batch of 1 and a symbolic length: its attention has no batch
+    axis, yet is a runtime kernel (the variants' size is the product of the extents that vary:
+    seq × seq, not a missing batch)."""
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+
+    model, inputs, _ = _bert()
+    ids, mask = inputs(1, 9)
+    mask[:] = 1
+    seq = {1: Dim("seq", min=2, max=512)}
+    imported = import_torch(model, (ids, mask), "float16",
+                            dynamic_shapes={"input_ids": seq, "attention_mask": seq})
+    fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    attention = [f for gv, f in fused.functions.items() if gv.name_hint.startswith("attention_rt_")]
+    assert len(attention) == 1
+    (dim,) = [str(v) for v in fused["main"].attrs["tir_var_upper_bound"]]
+    assert f"{dim} * {dim} <= " in attention[0].script()
+
+
+def test_from_torch_keeps_the_callers_pass_context_and_its_cuda_graph_setting(monkeypatch):
+    """``from_torch`` compiles in the caller's PassContext (its disabled passes kept), with CUDA
+    graphs as ``cuda_graph`` says, or as the caller's config says when it is not given."""
+    seen = []
+    real = tvm.compile
+
+    def compile_(*args, **kwargs):
+        ctx = tvm.transform.PassContext.current()
+        seen.append((list(ctx.disabled_pass), ctx.config.get("relax.backend.use_cuda_graph")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tvm, "compile", compile_)
+    model = torch.nn.Linear(8, 4).eval()
+    x = torch.randn(2, 8)
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["SomePass"],
+                                   config={"relax.backend.use_cuda_graph": True}):
+        tvm_stitch.from_torch(model, (x,), target="llvm")
+        tvm_stitch.from_torch(model, (x,), target="llvm", cuda_graph=True)
+    tvm_stitch.from_torch(model, (x,), target="llvm")
+    # the caller's setting kept; on llvm an explicit request still means no graphs; none set
+    assert [s[0] for s in seen] == [["SomePass"], ["SomePass"], []]
+    assert [bool(s[1]) for s in seen] == [True, False, False]

@@ -720,7 +720,9 @@ def from_torch(
         Replay the kernels as CUDA graphs (TVM's ``relax.backend.use_cuda_graph``): a call
         then costs one graph launch instead of one launch per kernel.  With dynamic dims a
         graph is captured at the first call of each shape (two runs of the model) and replayed
-        at the later ones.  Default: on for CUDA.
+        at the later ones; each shape seen keeps its graph (TVM has no eviction: a service
+        with very many shapes may prefer ``False``).  Default: on for CUDA, unless the
+        caller's ``PassContext`` sets ``relax.backend.use_cuda_graph``.
     **options
         :func:`tvm_stitch.pipeline` options; on CUDA ``lift_params`` is on unless given
         (:func:`default_options`).
@@ -740,10 +742,14 @@ def from_torch(
                             dynamic_shapes=dynamic_shapes)
     options = default_options(target, **options)
     built = time.perf_counter()
-    graphs = cuda if cuda_graph is None else bool(cuda_graph) and cuda
     current = tvm.transform.PassContext.current()
-    config = {**dict(current.config), "relax.backend.use_cuda_graph": graphs}
-    with tvm.transform.PassContext(opt_level=current.opt_level, config=config):
+    config = dict(current.config)
+    if cuda_graph is not None or "relax.backend.use_cuda_graph" not in config:
+        config["relax.backend.use_cuda_graph"] = cuda and cuda_graph is not False
+    with tvm.transform.PassContext(  # the caller's context, CUDA graphs as asked
+            opt_level=current.opt_level, required_pass=current.required_pass,
+            disabled_pass=current.disabled_pass, instruments=current.instruments,
+            config=config):
         ex = tvm.compile(imported.mod, target,
                          relax_pipeline=tvm_stitch.pipeline(target, **options))
     logger.info("from_torch: %.1f s (export, import and conversion %.1f s, compile %.1f s)",

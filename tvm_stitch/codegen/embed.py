@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import math
 import os
 import re
@@ -32,6 +33,8 @@ from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 from .kernel_text import UnsupportedKernelError
 from .ptx import TENSORMAP, build_module
 from .triton_kernels import kernel, precision
+
+logger = logging.getLogger("tvm_stitch.embed")
 
 _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers to every kernel
 #: PTX ISA of the kernels: 8.7 (CUDA 12.8) has everything sm_90a kernels use, and drivers from
@@ -628,7 +631,9 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     aligned = tvm.tirx.const(True, "bool")
     for name in speculative:
         aligned = tvm.tirx.And(aligned, tvm.tirx.floormod(source.arguments[name], 16) == 0)
-    size = math.prod(match.frame.extents[a] for a in match.runtime)
+    from .runtime import kernel_size
+
+    size = kernel_size(match.frame.extents, match.runtime)
     jobs = []  # (condition, config, aligned arguments), the first that holds launched
     for bound, other in variants:
         fits = size <= bound
@@ -639,16 +644,24 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         jobs.append((aligned, config, speculative))
     # compiled side by side: Triton's compiler leaves the interpreter while it works (its own
     # asynchronous mode runs compiles on an executor the same way); each form of the text is
-    # loaded here first, once
+    # loaded here first, once; equal configs are compiled once
     from .triton_gen import load
 
     for _, other, _ in jobs:
         load(source, other)
-    with concurrent.futures.ThreadPoolExecutor(_compile_workers(len(jobs))) as pool:
-        futures = [pool.submit(_generated_call, source, match, other, shapes, smem_limit,
-                               dependent, launch_dependents, given, compiled=True)
-                   for _, other, given in jobs]
-        alternatives = [(job[0], f.result()) for job, f in zip(jobs, futures)]
+    keys = [(repr(sorted(other.items())), given) for _, other, given in jobs]
+    unique = dict(zip(keys, jobs))
+    with concurrent.futures.ThreadPoolExecutor(_compile_workers(len(unique))) as pool:
+        futures = {key: pool.submit(_generated_call, source, match, other, shapes, smem_limit,
+                                    dependent, launch_dependents, given, compiled=True)
+                   for key, (_, other, given) in unique.items()}
+        alternatives = []
+        for key, (condition, other, _) in zip(keys, jobs):
+            try:
+                alternatives.append((condition, futures[key].result()))
+            except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
+                logger.info("%s: variant %s left out: %s: %s", source.name, _tag(other),
+                            type(err).__name__, str(err).splitlines()[0] if str(err) else "")
     return plan_launch(*main, **parts, alternatives=tuple(alternatives))
 
 

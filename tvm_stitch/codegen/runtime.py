@@ -61,6 +61,18 @@ def fixed(config: dict, source) -> dict:
 BUCKET_FRACTIONS = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 64)
 
 
+def kernel_size(extents: dict, axes) -> object:
+    """The size a runtime kernel's variants are chosen by: the product of those of its
+    runtime ``axes`` whose extent varies (an expression of the dims; a constant one, such as a
+    batch of 1 an attention has no axis for, leaves it unchanged)."""
+    size = 1
+    for axis in axes:
+        extent = extents.get(axis, 1)
+        if not isinstance(extent, int):
+            size = size * extent
+    return size
+
+
 def bucket_points(ranges: dict) -> list[dict]:
     """The points below the representative one where runtime kernels get their own tiles:
     ``ranges`` ``{dim: (lower, upper)}`` scaled by :data:`BUCKET_FRACTIONS` (within the ranges,
@@ -203,7 +215,10 @@ def _partitions_take(text: str, arguments: list) -> str | None:
     other); None where another function of it would need them."""
     if not arguments:
         return text
-    partitions = set(re.findall(r"\(\s*(\w+),\s*\(", text))
+    defined = set(re.findall(r"^def (\w+)\(", text, flags=re.M))
+    lists = re.findall(r"warp_specialize\(\s*\[(.*?)\]\s*,", text, flags=re.S)
+    partitions = {name for body in lists for name in re.findall(r"\(\s*(\w+),\s*\(", body)
+                  if name in defined}
     chunks = re.split(r"(?=^@gluon\.jit)", text, flags=re.M)
     for chunk in chunks:
         name = re.search(r"^def (\w+)\(", chunk, flags=re.M)
@@ -215,7 +230,11 @@ def _partitions_take(text: str, arguments: list) -> str | None:
     given = ", ".join(arguments) + ", "
     names = "|".join(sorted(map(re.escape, partitions)))
     text = re.sub(rf"(\bdef (?:{names})\()", rf"\g<1>{given}", text)
-    text = re.sub(rf"(\(\s*(?:{names}),\s*\()", rf"\g<1>{given}", text)
+
+    def in_lists(match):  # the partitions' argument tuples, in warp_specialize's lists only
+        return re.sub(rf"(\(\s*(?:{names}),\s*\()", rf"\g<1>{given}", match.group(0))
+
+    text = re.sub(r"warp_specialize\(\s*\[.*?\]\s*,", in_lists, text, flags=re.S)
     return re.sub(rf"((?<!def )(?<![\w.])(?:{names})\()", rf"\g<1>{given}", text)
 
 
