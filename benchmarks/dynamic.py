@@ -146,14 +146,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def _profile(fn, args, label: str, calls: int = 5) -> None:
-    """A build's kernels at one shape: time per call by kernel name (the 25 largest)
-    and in all, from torch.profiler (CUPTI sees TVM's and Triton's kernels)."""
+def kernel_times(fn, args, calls: int = 5, warmup: int = 1) -> dict:
+    """``{kernel name: (µs a call, launches a call)}`` of ``fn(*args)`` from torch.profiler
+    (CUPTI sees TVM's and Triton's kernels), over ``calls`` calls after ``warmup``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
-        fn(*args)
+        for _ in range(warmup):
+            fn(*args)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
@@ -164,10 +165,18 @@ def _profile(fn, args, label: str, calls: int = 5) -> None:
         if e.device_type.name == "CUDA":
             totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
             counts[e.name] = counts.get(e.name, 0) + 1
-    top = sorted(totals.items(), key=lambda kv: -kv[1])[:25]
-    print(json.dumps({"profile": label, "kernels_per_call": sum(counts.values()) // calls,
-                      "gpu_us": round(sum(totals.values()), 1),
-                      "top": [[n[:60], round(t, 1), counts[n] // calls] for n, t in top]}),
+    return {name: (totals[name], counts[name] // calls) for name in totals}
+
+
+def _profile(fn, args, label: str, calls: int = 5) -> None:
+    """A build's kernels at one shape: time per call by kernel name (the 25 largest)
+    and in all (:func:`kernel_times`)."""
+    times = kernel_times(fn, args, calls)
+    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:25]
+    print(json.dumps({"profile": label,
+                      "kernels_per_call": sum(n for _, n in times.values()),
+                      "gpu_us": round(sum(t for t, _ in times.values()), 1),
+                      "top": [[name[:60], round(t, 1), n] for name, (t, n) in top]}),
           flush=True)
 
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dynamic import kernel_times
 
 HEADS, HEAD = 12, 64
 
@@ -55,8 +61,9 @@ def _config(text):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
 
 
-def _forced(config):
-    """The tuner's attention configs replaced by ``config`` (None: the tuner's own)."""
+def forced(family, config):
+    """The tuner's configs of ``family``'s kernels with their tiles, warps, stages and forms
+    replaced by ``config`` (None: the tuner's own)."""
     from tvm_stitch.tune import policy
 
     original = policy.KernelTuner.__dict__.get("_original_config") or policy.KernelTuner.config
@@ -64,31 +71,20 @@ def _forced(config):
 
     def chosen(self, match, source, shapes, constants):
         got = original(self, match, source, shapes, constants)
-        if config is None or match.family != "attention":
+        if config is None or match.family != family:
             return got
         keep = {k: v for k, v in got.items() if not k.startswith("BLOCK_")
-                and k not in ("num_warps", "num_stages", "WS", "TMA")}
+                and k not in ("num_warps", "num_stages", "WS", "PERSISTENT", "TMA")}
         return {**keep, **config}
 
     policy.KernelTuner.config = chosen
 
 
-def _kernel_us(fn, args, calls=20):
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args)
-        torch.cuda.synchronize()
-    total = sum(e.device_time for e in prof.events()
-                if e.device_type.name == "CUDA" and "attention" in e.name)
-    names = sorted({e.name[:50] for e in prof.events()
-                    if e.device_type.name == "CUDA" and "attention" in e.name})
-    return total / calls, names
+def kernel_us(fn, args, part: str, calls=20):
+    """µs a call of the kernels whose names hold ``part``, and their names."""
+    times = kernel_times(fn, args, calls, warmup=3)
+    mine = {name: t for name, (t, _) in times.items() if part in name}
+    return sum(mine.values()), sorted({name[:50] for name in mine})
 
 
 def main(argv=None) -> int:
@@ -112,7 +108,7 @@ def main(argv=None) -> int:
     dynamic = {"q": dims, "k": dims, "v": dims, "mask": dims}
     for name in args.configs.split(","):
         config = None if name == "tuner" else _config(name)
-        _forced(config)
+        forced("attention", config)
         start = time.perf_counter()
         try:
             fn = tvm_stitch.from_torch(model, _inputs(2, 17), target="cuda", tune="model",
@@ -126,7 +122,7 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 want = model(*inputs).float()
                 err = float((fn(*inputs).float() - want).abs().max())
-                us, names = _kernel_us(fn, inputs)
+                us, names = kernel_us(fn, inputs, "attention")
                 row = {"build": "dynamic", "config": name, "shape": f"{b}x{s}",
                        "compile_s": round(compile_s, 1), "max_err": err,
                        "kernel_us": round(us, 1),
@@ -134,7 +130,7 @@ def main(argv=None) -> int:
                        "kernels": names}
                 if args.static:
                     fixed = tvm_stitch.from_torch(model, inputs, target="cuda", tune="model")
-                    us, names = _kernel_us(fixed, inputs)
+                    us, names = kernel_us(fixed, inputs, "attention")
                     row.update(static_us=round(us, 1), static_kernels=names,
                                static_err=float((fixed(*inputs).float() - want).abs().max()))
             print(json.dumps(row), flush=True)

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dynamic import _hidden, _inputs, _model
+from runtime_attention import forced, kernel_us
 
 
 def _config(text):
@@ -31,39 +33,6 @@ def _config(text):
     if ws:  # persistent: one program an SM (the H100's and H200's 132)
         out.update(WS=int(ws), NUM_SMS=132)
     return out
-
-
-def _forced(config):
-    """The tuner's GEMM configs replaced by ``config`` (None: the tuner's own)."""
-    from tvm_stitch.tune import policy
-
-    original = policy.KernelTuner.__dict__.get("_original_config") or policy.KernelTuner.config
-    policy.KernelTuner._original_config = original
-
-    def chosen(self, match, source, shapes, constants):
-        got = original(self, match, source, shapes, constants)
-        if config is None or match.family != "gemm":
-            return got
-        keep = {k: v for k, v in got.items() if not k.startswith("BLOCK_")
-                and k not in ("num_warps", "num_stages", "WS", "PERSISTENT", "TMA")}
-        return {**keep, **config}
-
-    policy.KernelTuner.config = chosen
-
-
-def _gemm_us(fn, args, calls=20):
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args)
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA" and "gemm" in e.name]
-    return sum(e.device_time for e in events) / calls, sorted({e.name[:48] for e in events})
 
 
 def main(argv=None) -> int:
@@ -83,7 +52,7 @@ def main(argv=None) -> int:
     dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
     dynamic = {"input_ids": dims, "attention_mask": dims}
     for name in args.configs.split(","):
-        _forced(None if name == "tuner" else _config(name))
+        forced("gemm", None if name == "tuner" else _config(name))
         start = time.perf_counter()
         fn = tvm_stitch.from_torch(model, _inputs(2, 17, "cuda"), target="cuda", tune="model",
                                    dynamic_shapes=dynamic)
@@ -93,9 +62,9 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 want = _hidden(reference(*inputs)).float()
                 err = float((_hidden(fn(*inputs)).float() - want).abs().max())
-                us, names = _gemm_us(fn, inputs)
+                us, names = kernel_us(fn, inputs, "gemm")
                 fixed = tvm_stitch.from_torch(model, inputs, target="cuda", tune="model")
-                static_us, static_names = _gemm_us(fixed, inputs)
+                static_us, static_names = kernel_us(fixed, inputs, "gemm")
                 static_err = float((_hidden(fixed(*inputs)).float() - want).abs().max())
             print(json.dumps({"config": name, "shape": f"{b}x{s}", "compile_s": compile_s,
                               "max_err": err, "gemm_us": round(us, 1), "kernels": names,

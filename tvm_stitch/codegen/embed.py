@@ -183,8 +183,50 @@ def compile_call(
     scalars: tuple = (),
     aligned: tuple = (),
 ) -> Launch:
-    """Compile kernel ``name`` for sm_90: :func:`plan_launch`'s parameters (but its
-    ``alternatives``); the Launch has no PrimFunc, it is one of another's alternatives."""
+    """Compile kernel ``name`` for sm_90: a Launch without a PrimFunc, which
+    :func:`plan_launch` makes (launching it, or it among other kernels).
+
+    Parameters
+    ----------
+    name : str or triton.JITFunction
+        A template of :mod:`tvm_stitch.codegen.triton_kernels`, or a generated kernel.
+    params : list of Param
+        The PrimFunc's buffers, inputs first, the ``outputs`` outputs last.
+    args : dict
+        Every runtime argument of the kernel: a parameter's name (its data pointer), an int, a
+        float, or an integer expression of ``scalars`` (computed at call time).  Ints equal to
+        1 become constants, like Triton's JIT does.
+    constexprs : dict
+        The template's ``tl.constexpr`` values.
+    grid : tuple of int
+        Programs along x (, y, z); integer expressions of ``scalars`` where they vary.
+    launch : dict
+        ``num_warps`` and ``num_stages``.
+    symbol : str
+        The kernel's name in the PTX; every variant needs its own, since the executable looks
+        kernels up by name across all embedded modules.
+    outputs : int
+        How many of ``params`` (the last ones) the kernel writes.
+    smem_limit : int, optional
+        Shared memory per block the device grants; a kernel needing more raises
+        :class:`SharedMemoryError` (it would fail at launch).
+    descriptors : dict, optional
+        Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
+        the host (:class:`~tvm_stitch.codegen.kernel_text.Descriptor`) over that buffer
+        parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
+    dependent : bool
+        Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
+        for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
+    launch_dependents : {"start", "exit"}
+        When a dependent kernel lets the next one be launched (:func:`dependent_launch`).
+    scalars : tuple of tir.Var
+        Symbolic dims the buffers' shapes use: integer parameters of the PrimFunc after its
+        inputs (where TVM's own kernels take them), passed by the call.
+    aligned : tuple of str
+        Arguments computed at call time that the kernel is compiled to take as multiples of
+        16 (Triton's ``tt.divisibility``, what its JIT specializes an int on): the caller
+        launches it only where they are (``alternatives``).
+    """
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -274,84 +316,31 @@ def compile_call(
     ptx = dependent_launch(ptx, launch_dependents) if dependent else ptx
 
     plan = {"values": values, "extents": extents, "params": params, "outputs": outputs,
-            "scratch": scratch, "boxes": list(getattr(meta, "tensordesc_meta", None) or [])}
+            "scalars": scalars, "scratch": scratch,
+            "boxes": list(getattr(meta, "tensordesc_meta", None) or [])}
     return Launch(None, ptx, symbol, arg_types, tags, plan=plan)
 
 
-def plan_launch(
-    name,
-    params: list[Param],
-    args: dict,
-    constexprs: dict,
-    grid: tuple,
-    launch: dict,
-    symbol: str,
-    outputs: int = 1,
-    smem_limit: int | None = None,
-    descriptors: dict | None = None,
-    dependent: bool = True,
-    launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
-    scalars: tuple = (),
-    aligned: tuple = (),
-    alternatives: tuple = (),
-) -> Launch:
+def plan_launch(name, params: list[Param], args: dict, constexprs: dict, grid: tuple,
+                launch: dict, symbol: str, alternatives: tuple = (), **options) -> Launch:
     """Compile kernel ``name`` for sm_90 and build the PrimFunc launching it.
 
     Parameters
     ----------
-    name : str or triton.JITFunction
-        A template of :mod:`tvm_stitch.codegen.triton_kernels`, or a generated kernel.
-    params : list of Param
-        The PrimFunc's buffers, inputs first, the ``outputs`` outputs last.
-    args : dict
-        Every runtime argument of the kernel: a parameter's name (its data pointer), an int, a
-        float, or an integer expression of ``scalars`` (computed at call time).  Ints equal to
-        1 become constants, like Triton's JIT does.
-    constexprs : dict
-        The template's ``tl.constexpr`` values.
-    grid : tuple of int
-        Programs along x (, y, z); integer expressions of ``scalars`` where they vary.
-    launch : dict
-        ``num_warps`` and ``num_stages``.
-    symbol : str
-        The kernel's name in the PTX; every variant needs its own, since the executable looks
-        kernels up by name across all embedded modules.
-    outputs : int
-        How many of ``params`` (the last ones) the kernel writes.
-    smem_limit : int, optional
-        Shared memory per block the device grants; a kernel needing more raises
-        :class:`SharedMemoryError` (it would fail at launch).
-    descriptors : dict, optional
-        Kernel argument -> ``(Descriptor, parameter)``: a TMA descriptor the PrimFunc makes on
-        the host (:class:`~tvm_stitch.codegen.kernel_text.Descriptor`) over that buffer
-        parameter, passed by value as Triton's launcher would (descriptor, shape, strides).
-    dependent : bool
-        Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
-        for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
-    launch_dependents : {"start", "exit"}
-        When a dependent kernel lets the next one be launched (:func:`dependent_launch`).
-    scalars : tuple of tir.Var
-        Symbolic dims the buffers' shapes use: integer parameters of the PrimFunc after its
-        inputs (where TVM's own kernels take them), passed by the call.
-    aligned : tuple of str
-        Arguments computed at call time that the kernel is compiled to take as multiples of
-        16 (Triton's ``tt.divisibility``, what its JIT specializes an int on): the caller
-        launches it only where they are (``alternatives``).
+    name, params, args, constexprs, grid, launch, symbol, **options
+        The kernel, as :func:`compile_call` takes it.
     alternatives : tuple of (PrimExpr, Launch)
         Kernels launched instead where their condition (of ``scalars``) holds, the first that
-        holds; each planned by this function on the same ``params`` and ``scalars``
-        (:func:`compile_call`), without a PrimFunc of its own.
+        holds; each compiled by :func:`compile_call` on the same ``params`` and ``scalars``.
     """
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script.builder import ir as T
 
-    main = compile_call(name, params, args, constexprs, grid, launch, symbol, outputs=outputs,
-                        smem_limit=smem_limit, descriptors=descriptors, dependent=dependent,
-                        launch_dependents=launch_dependents, scalars=scalars, aligned=aligned)
+    main = compile_call(name, params, args, constexprs, grid, launch, symbol, **options)
     for _, other in alternatives:
         if other.plan["scratch"] or main.plan["scratch"]:
             raise UnsupportedKernelError(f"{symbol}: alternatives take no scratch memory")
-    params, outputs = main.plan["params"], main.plan["outputs"]
+    params, outputs, scalars = main.plan["params"], main.plan["outputs"], main.plan["scalars"]
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
             T.func_name("main")
@@ -619,20 +608,28 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     """
     variants = tuple(config.get(VARIANTS, ()))
     config = {k: v for k, v in config.items() if k != VARIANTS}
-    main, parts = _generated_call(source, match, config, shapes, smem_limit, dependent,
-                                  launch_dependents)
-    split = parts.pop("split")
-    if not match.runtime:
-        launch = plan_launch(*main, **parts)
-        if split:
-            launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
-        return launch
+    kernel, options, split = _generated_call(source, match, config, shapes, smem_limit,
+                                             dependent, launch_dependents)
+    alternatives = _alternatives(source, match, config, variants, shapes, smem_limit,
+                                 dependent, launch_dependents) if match.runtime else ()
+    launch = plan_launch(*kernel, alternatives=alternatives, **options)
+    if split:
+        launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
+    return launch
+
+
+def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
+    """A runtime kernel's variants (:func:`generated_launch`): ``(condition, Launch)``, the
+    first whose condition holds launched, compiled side by side (Triton's compiler leaves the
+    interpreter while it works; its own asynchronous mode runs compiles on an executor the
+    same way).  A variant that fails to compile is left out."""
+    from .runtime import kernel_size
+    from .triton_gen import load
+
     speculative = speculative_arguments(source)
     aligned = tvm.tirx.const(True, "bool")
     for name in speculative:
         aligned = tvm.tirx.And(aligned, tvm.tirx.floormod(source.arguments[name], 16) == 0)
-    from .runtime import kernel_size
-
     size = kernel_size(match.frame.extents, match.runtime)
     jobs = []  # (condition, config, aligned arguments), the first that holds launched
     for bound, other in variants:
@@ -642,18 +639,17 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         jobs.append((fits, other, ()))
     if speculative:
         jobs.append((aligned, config, speculative))
-    # compiled side by side: Triton's compiler leaves the interpreter while it works (its own
-    # asynchronous mode runs compiles on an executor the same way); each form of the text is
-    # loaded here first, once; equal configs are compiled once
-    from .triton_gen import load
-
-    for _, other, _ in jobs:
+    for _, other, _ in jobs:  # each form of the text loaded here, once, not in the threads
         load(source, other)
+
+    def compiled(other, given):
+        kernel, options, _ = _generated_call(source, match, other, shapes, *rest, given)
+        return compile_call(*kernel, **options)
+
     keys = [(repr(sorted(other.items())), given) for _, other, given in jobs]
-    unique = dict(zip(keys, jobs))
+    unique = dict(zip(keys, jobs))  # equal configs compiled once
     with concurrent.futures.ThreadPoolExecutor(_compile_workers(len(unique))) as pool:
-        futures = {key: pool.submit(_generated_call, source, match, other, shapes, smem_limit,
-                                    dependent, launch_dependents, given, compiled=True)
+        futures = {key: pool.submit(compiled, other, given)
                    for key, (_, other, given) in unique.items()}
         alternatives = []
         for key, (condition, other, _) in zip(keys, jobs):
@@ -662,7 +658,7 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
             except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
                 logger.info("%s: variant %s left out: %s: %s", source.name, _tag(other),
                             type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-    return plan_launch(*main, **parts, alternatives=tuple(alternatives))
+    return tuple(alternatives)
 
 
 def _compile_workers(jobs: int) -> int:
@@ -684,10 +680,10 @@ def speculative_arguments(source) -> tuple:
 
 
 def _generated_call(source, match, config, shapes, smem_limit, dependent, launch_dependents,
-                    aligned=(), compiled=False):
-    """:func:`plan_launch`'s arguments for ``source`` with ``config`` (``aligned``: runtime
-    arguments taken as multiples of 16); with ``compiled``, the kernel compiled
-    (:func:`compile_call`) under a symbol of its own."""
+                    aligned=()):
+    """:func:`compile_call`'s positional and keyword arguments for ``source`` with ``config``
+    (``aligned``: runtime arguments taken as multiples of 16, under a symbol of its own), and
+    the split-K buffers it launches with."""
     from .kernel_text import launch_buffers, launch_constexprs
     from .triton_gen import load
 
@@ -726,9 +722,7 @@ def _generated_call(source, match, config, shapes, smem_limit, dependent, launch
                 "descriptors": descriptors, "dependent": dependent,
                 "launch_dependents": launch_dependents, "scalars": scalars,
                 "aligned": tuple(aligned)}
-    if compiled:
-        return compile_call(*positional, **keywords)
-    return positional, {**keywords, "split": split}
+    return positional, keywords, split
 
 
 def _cdiv(a: int, b: int) -> int:
