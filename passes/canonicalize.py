@@ -159,7 +159,8 @@ def _each_function(mod, rewrite, what: str = "fold"):
             continue
         try:
             new = rewrite(gv.name_hint, func)
-        except Exception as err:  # noqa: BLE001 - never break a build: this function unchanged
+        except Exception as err:  # never break a build: this function unchanged
+            logger.debug("%s", gv.name_hint, exc_info=True)
             logger.warning("%s: %s left as it is: %r", what, gv.name_hint, err)
             continue
         if not new.same_as(func):
@@ -265,6 +266,75 @@ def _counted_from_the_start(index, table, take):
     return relax.const(np.where(values < 0, values + int(extent.value), values), values.dtype)
 
 
+def _gathered_in_place(expr, data, indices, var2val):
+    """``data`` reshaped, where the gather ``expr`` = ``data[i0, i1, ...]`` reads every element
+    in place: each index is ``arange(0, n)`` over its axis of ``data`` (seen through
+    ``expand_dims``, ``reshape``, integer casts and ``+ 0``), varying along one axis of the
+    output, in ``data``'s order, every other output axis of one element (PyTorch's
+    ``mask[batch_idx, kv_idx]`` of Hugging Face's padding masks, from ``arange``s of the
+    batch and the length). Else None. Folded with the ``arange``s where shapes are static;
+    with a symbolic batch or length it was a kernel writing a copy, which the attention then
+    read (a boolean a key, one byte at a time at an unaligned length)."""
+    fields = getattr(indices, "fields", None)
+    shape = getattr(expr.ty, "shape", None)
+    dshape = getattr(data.ty, "shape", None)
+    if fields is None or not isinstance(shape, relax.ShapeExpr) or not isinstance(
+            dshape, relax.ShapeExpr) or len(fields) != len(dshape.values):
+        return None
+    analyzer = tvm.sym.Analyzer()
+    out = list(shape.values)
+    unit = [analyzer.can_prove_equal(d, 1) for d in out]
+    axes = []
+    for index, extent in zip(fields, dshape.values):
+        base = _arange_of(index, var2val)
+        ishape = getattr(index.ty, "shape", None)
+        if base is None or not isinstance(ishape, relax.ShapeExpr) or len(
+                ishape.values) != len(out) or not analyzer.can_prove_equal(base, extent):
+            return None
+        varying = [a for a, d in enumerate(ishape.values) if not analyzer.can_prove_equal(d, 1)]
+        if len(varying) != 1 or not analyzer.can_prove_equal(out[varying[0]], extent):
+            return None
+        axes.append(varying[0])
+    if axes != sorted(set(axes)) or any(not u for a, u in enumerate(unit) if a not in axes):
+        return None
+    logger.info("canonicalize: a gather by arange indices reads its input in place: a reshape")
+    return relax.op.reshape(data, shape)
+
+
+def _arange_of(index, var2val):
+    """``n`` where ``index`` is ``arange(0, n, 1)`` seen through ``expand_dims``, ``reshape``,
+    integer casts and additions of 0, else None."""
+    for _ in range(16):
+        while isinstance(index, relax.Var) and index in var2val:
+            index = var2val[index]
+        if not isinstance(index, relax.Call) or not isinstance(index.op, tvm.ir.Op):
+            return None
+        name = index.op.name
+        if name == "relax.arange":
+            start, end, step = index.args[:3]  # integer expressions
+            zero = getattr(start, "value", None) == 0 and getattr(step, "value", None) == 1
+            return end if zero else None
+        if name in ("relax.expand_dims", "relax.reshape"):
+            index = index.args[0]
+        elif name == "relax.astype" and str(index.ty.dtype).startswith("int"):
+            index = index.args[0]
+        elif name == "relax.add":
+            a, b = index.args
+            if _is_zero(b):
+                index = a
+            elif _is_zero(a):
+                index = b
+            else:
+                return None
+        else:
+            return None
+    return None
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, tvm.ir.expr.Constant) and not expr.value.numpy().any()
+
+
 def _rewrite_calls(pattern, rewriter, func):
     """``rewrite_call`` whose ``rewriter`` sees calls only: the matcher also hands it a
     variable bound to a matching call (``gv = lv1``), which is left as it is."""
@@ -355,6 +425,12 @@ def _rewrites(func):
                     len(fields) - len(kept))
         return kept[0] if len(kept) == 1 else relax.op.concat(kept, axis=expr.attrs.axis)
 
+    def identity_gather(expr, matches):
+        view = _gathered_in_place(expr, matches[x], matches[y], var2val)
+        return expr if view is None else view
+
+    var2val = relax.analysis.get_var2val(func)
+    func = _rewrite_calls(is_op("relax.index_tensor")(x, y), identity_gather, func)
     for name in ("relax.cumsum", "relax.cumprod"):
         func = _rewrite_calls(is_op(name)(x), scan, func)
     for name in ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod"):

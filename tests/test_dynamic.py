@@ -594,8 +594,11 @@ def KERNEL(RT_0, I0, a_desc):
     assert "(_consume, (RT_0, I0, 1))" in out and "(_load, (RT_0, a_desc, 2))" in out
     assert "_load(RT_0, a, RT_0)" in out and "def _helper(I0)" in out
     assert "def KERNEL(RT_0, I0, a_desc)" in out
-    # a helper (no partition) that would need the argument: no such form
-    assert _partitions_take(text.replace("y = I0", "y = RT_0"), ["RT_0"]) is None
+    # a helper that reads the argument takes it too, from each of its callers
+    helper = _partitions_take(text.replace("y = I0", "y = RT_0"), ["RT_0"])
+    assert "def _helper(RT_0, I0)" in helper and "    _helper(RT_0, I0)" in helper
+    # a module-level constant of the sizes: no such form
+    assert _partitions_take("N = gl.constexpr(RT_0)\n" + text, ["RT_0"]) is None
 
 
 def test_an_attention_of_one_sequence_of_symbolic_length_takes_its_length_at_run_time():
@@ -642,3 +645,138 @@ def test_from_torch_keeps_the_callers_pass_context_and_its_cuda_graph_setting(mo
     # the caller's setting kept; on llvm an explicit request still means no graphs; none set
     assert [s[0] for s in seen] == [["SomePass"], ["SomePass"], []]
     assert [bool(s[1]) for s in seen] == [True, False, False]
+
+
+def _gather_module(start=0, swap=False):
+    """``mask[arange(b)[:, None, None, None], arange(s)[None, None, None, :]]`` over a boolean
+    cast of an int64 input of symbolic ``(b, s)`` (Hugging Face's padding-mask gather)."""
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([b, s], "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], {"tir_var_lower_bound": {"b": 1, "s": 1},
+                                   "tir_var_upper_bound": {"b": 8, "s": 64}}):
+        with bb.dataflow():
+            mask = bb.emit(relax.op.astype(x, "bool"))
+            rows = bb.emit(relax.op.arange(0, b, 1, "int64"))
+            cols = bb.emit(relax.op.add(relax.op.arange(start, s + start, 1, "int64"),
+                                        relax.const(0, "int64")))
+            rows = bb.emit(relax.op.expand_dims(rows, [1, 2, 3]))
+            cols = bb.emit(relax.op.expand_dims(cols, [0, 1, 2]))
+            indices = (cols, rows) if swap else (rows, cols)
+            out = bb.emit_output(relax.op.index_tensor(mask, relax.Tuple(indices)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_gather_by_arange_indices_reads_its_input_in_place():
+    """``x[arange(b), arange(s)]`` placed on two axes of the output is ``x`` reshaped: the
+    symbolic BERT's padding mask is then read by the attention, not copied by a kernel first.
+    An index not counted from 0, or indices in another order than ``x``'s axes, stays a
+    gather; the folded module gives the gather's values on llvm."""
+    from tvm_stitch.passes import FoldStaticShapes
+
+    folded = FoldStaticShapes()(_gather_module())
+    text = folded["main"].script()
+    assert "index_tensor" not in text and "R.reshape(" in text and "[b, 1, 1, s]" in text
+    for kept in (_gather_module(start=1), _gather_module(swap=True)):
+        assert "index_tensor" in FoldStaticShapes()(kept)["main"].script()
+    ex = tvm.compile(folded, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = np.random.default_rng(0).integers(0, 2, (3, 5)).astype("int64")
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, x.astype(bool)[:, None, None, :])
+
+
+def _dynamic_bert_fused(layers=1):
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+
+    model, inputs, _ = _bert()
+    if layers != 1:
+        model = type(model)(type(model.config)(**{
+            **model.config.to_dict(), "num_hidden_layers": layers,
+            "attn_implementation": "eager"})).eval()
+    dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    return fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+
+
+def _calls(func, prefix):
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" and \
+                e.args[0].name_hint.startswith(prefix):
+            found.append(e)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def test_a_dynamic_bert_attention_is_warp_specialized_at_large_sizes():
+    """HF BERT-tiny (2 layers) with dynamic batch and length: the attention's variants for
+    the large sizes are the warp-specialized form (its partitions take the runtime sizes, its
+    TMA descriptors are made at call time over the call's batch × length rows), and the
+    padding mask is read without a gather kernel copying it first."""
+    fused = _dynamic_bert_fused(layers=2)
+    calls = _calls(fused["main"], "attention_rt_")
+    assert len(calls) == 2 and len({c.args[0].name_hint for c in calls}) == 1
+    text = fused[calls[0].args[0].name_hint].script()
+    assert re.search(r'"attention_rt_\w+ws"', text)  # the warp-specialized variant
+    rows = re.findall(r'tensormap_encode_tiled\(v\w*, I\d\.data, \d+, T\.Cast\("int32", '
+                      r'(\w+) \* (\w+)\)', text)
+    dims = {str(v) for v in fused["main"].attrs["tir_var_upper_bound"]}
+    assert len(rows) in (3, 6) and all(set(r) == dims for r in rows)  # Q, K, V (a variant each)
+    assert not _calls(fused["main"], "advanced_index") and "index_tensor" not in str(
+        [gv.name_hint for gv in fused.functions])
+
+
+@pytest.mark.gpu
+def test_warp_specialized_runtime_kernels_give_pytorchs_numbers_on_the_gpu(monkeypatch):
+    """On the GPU: HF BERT (2 layers, head dim 64) in float16 with dynamic batch and length,
+    every GEMM and attention forced to the warp-specialized form (descriptors made at call
+    time, sizes passed to the partitions): PyTorch's numbers at lengths that are and are not
+    multiples of 16, and at a batch of one."""
+    import transformers
+    from torch.export import Dim
+
+    from tvm_stitch.tune import policy
+
+    forced = {
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4,
+                 "num_stages": 3, "WS": 2, "NUM_SMS": 132},
+        "attention": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4,
+                      "WS": True, "NUM_SMS": 132},
+    }
+    original = policy.KernelTuner.config
+
+    def chosen(self, match, source, shapes, constants):
+        got = original(self, match, source, shapes, constants)
+        return {**got, **forced[match.family]} if source.ws and match.family in forced else got
+
+    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        vocab_size=300, attn_implementation="eager")).eval().cuda()
+
+    def inputs(b, s):
+        mask = torch.ones(b, s, dtype=torch.long, device="cuda")
+        mask[0, s - s // 3:] = 0
+        return torch.randint(0, 300, (b, s), device="cuda"), mask
+
+    dims = {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=1, max=256)}
+    import copy
+
+    fn = tvm_stitch.from_torch(copy.deepcopy(model).half(), inputs(2, 9), tune="model",
+                               dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    reference = model  # float32
+    with torch.no_grad():
+        for b, s in ((3, 77), (2, 130), (1, 5), (8, 64), (16, 256)):
+            args = inputs(b, s)
+            got = fn(*args).last_hidden_state.float()
+            want = reference(*args).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)

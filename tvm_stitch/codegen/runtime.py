@@ -156,21 +156,26 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
 
     def argument_of(a: int, b: int) -> str:
         if (a, b) not in names:
+            expr = monomial((a, b), dims, points)  # raises where it is none
             names[(a, b)] = argument(len(names))
-            arguments[names[(a, b)]] = monomial((a, b), dims, points)
+            arguments[names[(a, b)]] = expr
         return names[(a, b)]
 
     text = _with_arguments(sources[0].text, sources[1].text, argument_of)
     ws, ws_descs = sources[0].ws, sources[0].ws_descs
     if ws:  # the warp-specialized form, where it takes its sizes the same way
+        kept = dict(names), dict(arguments)
         try:
             ws = _with_arguments(ws, sources[1].ws or "", argument_of)
-            ws_descs = tuple(_descriptor(d, e, arguments, names)
+            ws_descs = tuple(_descriptor(d, e, lambda a, b: monomial((a, b), dims, points))
                              for d, e in zip(ws_descs, sources[1].ws_descs, strict=True))
         except (UnsupportedKernelError, ValueError) as err:
             logger.info("%s: no warp-specialized form with runtime sizes: %s",
                         first.describe(), err)
             ws, ws_descs = None, ()
+            for now, before in zip((names, arguments), kept):  # none of the arguments
+                now.clear()  # only that form took
+                now.update(before)
     signature = f"def KERNEL({', '.join(names.values())}, " if names else "def KERNEL("
     text = text.replace("def KERNEL(", signature, 1)
     if ws:
@@ -211,24 +216,31 @@ def _with_arguments(first: str, second: str, argument_of) -> str:
 
 def _partitions_take(text: str, arguments: list) -> str | None:
     """A warp-specialized (Gluon) kernel's ``text`` with the runtime ``arguments`` passed on
-    to its partitions (the functions ``gl.warp_specialize`` runs, and their calls of each
-    other); None where another function of it would need them."""
+    to the functions that need them: those that read them, and the functions calling those
+    (``gl.warp_specialize``'s partitions take them first in their argument tuples); None
+    where the module's own text outside its functions reads them."""
     if not arguments:
         return text
-    defined = set(re.findall(r"^def (\w+)\(", text, flags=re.M))
-    lists = re.findall(r"warp_specialize\(\s*\[(.*?)\]\s*,", text, flags=re.S)
-    partitions = {name for body in lists for name in re.findall(r"\(\s*(\w+),\s*\(", body)
-                  if name in defined}
     chunks = re.split(r"(?=^@gluon\.jit)", text, flags=re.M)
-    for chunk in chunks:
+    words = re.compile(r"\b(?:" + "|".join(map(re.escape, arguments)) + r")\b")
+    if words.search(chunks[0]):
+        return None  # a module-level constant of the sizes
+    bodies = {}
+    for chunk in chunks[1:]:
         name = re.search(r"^def (\w+)\(", chunk, flags=re.M)
-        if name and name.group(1) not in partitions and "def KERNEL" not in chunk and \
-                any(re.search(rf"\b{a}\b", chunk) for a in arguments):
-            return None
-    if not partitions:
+        if name and "def KERNEL" not in chunk:
+            bodies[name.group(1)] = chunk
+    need = {f for f, body in bodies.items() if words.search(body)}
+    grown = True
+    while grown:  # callers of a function that needs them pass them on
+        callers = {f for f, body in bodies.items() if f not in need and any(
+            re.search(rf"(?<![\w.]){re.escape(g)}\b", body) for g in need)}
+        grown = bool(callers)
+        need |= callers
+    if not need:
         return text
     given = ", ".join(arguments) + ", "
-    names = "|".join(sorted(map(re.escape, partitions)))
+    names = "|".join(sorted(map(re.escape, need)))
     text = re.sub(rf"(\bdef (?:{names})\()", rf"\g<1>{given}", text)
 
     def in_lists(match):  # the partitions' argument tuples, in warp_specialize's lists only
@@ -238,17 +250,19 @@ def _partitions_take(text: str, arguments: list) -> str | None:
     return re.sub(rf"((?<!def )(?<![\w.])(?:{names})\()", rf"\g<1>{given}", text)
 
 
-def _descriptor(first, second, arguments: dict, names: dict):
+def _descriptor(first, second, expression):
     """A host-made TMA descriptor (:class:`~.kernel_text.Descriptor`) whose sizes may vary
-    between the sentinel points: each that does is its argument's expression."""
+    between the sentinel points: each that does is the expression of the dims worth it at
+    both (``expression(a, b)``, :func:`monomial`; the launch computes it on the host)."""
     fields = {}
     for field in ("offset", "rows", "cols", "stride"):
         a, b = getattr(first, field), getattr(second, field)
         if a != b:
-            if (a, b) not in names:
-                raise UnsupportedKernelError(f"descriptor {first.name}'s {field} is no "
-                                             "argument of the kernel")
-            fields[field] = arguments[names[(a, b)]]
+            try:
+                fields[field] = expression(a, b)
+            except UnsupportedKernelError as err:
+                raise UnsupportedKernelError(f"descriptor {first.name}'s {field}: {err}") \
+                    from err
     if (first.name, first.tensor, first.dtype, first.box) != (
             second.name, second.tensor, second.dtype, second.box):
         raise UnsupportedKernelError(f"descriptor {first.name} differs between the points")

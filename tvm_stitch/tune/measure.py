@@ -243,6 +243,13 @@ def measured_search(
                 t = model(cand, opt)
                 if t < best_time:
                     best, launch, best_time = cand, dict(opt), t
+    if not on_device:  # the seeds priced too, each with its own launch (forms the
+        # launches list has not: the warp-specialized GEMM's consumer warpgroups)
+        for cand, given in _seeded(space, seeds):
+            opt = default_launch(cand) if given is None else given
+            t = model(cand, opt)
+            if t < best_time:
+                best, launch, best_time = cand, dict(opt), t
     for cand, _ in ranked:
         for opt in launches:
             t = measure(cand, opt)

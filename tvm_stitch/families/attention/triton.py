@@ -141,15 +141,16 @@ def _unscaled(e: Elem, factor: float) -> Elem | None:
     return None
 
 
-def attention_tma(match) -> str | None:
+def attention_tma(match, host: bool = False) -> str | None:
     """Why TMA cannot bring in an attention's Q, K and V tiles, or None when it can.
 
     Each operand is contiguous along its head dimension, and its row, batch and head strides
     and its offset are multiples of 16 bytes (TMA's alignment); a head tile is at most 256
-    elements (a TMA box's limit)."""
+    elements (a TMA box's limit). Sizes known at run time only for descriptors the launch
+    makes on the host (``host``: the warp-specialized form's, from the call's sizes)."""
     ext = match.frame.extents
-    if match.runtime:
-        return "sizes known at run time (a descriptor is made for its sizes)"
+    if match.runtime and not host:
+        return "sizes known at run time (the kernel makes its descriptors for its sizes)"
     if max(pow2(ext["k"]), pow2(ext["d"])) > 256:
         return "a head dimension wider than a TMA box (256 elements)"
     for role, inner, rows in (("q", "k", "m"), ("k", "k", "n"), ("v", "d", "n")):
