@@ -180,49 +180,10 @@ def norm_region(graph: TensorDependencyGraph, tensor: str, stop=frozenset()) -> 
     return frozenset(region) if reduces else None
 
 
-#: a tensor computed by light elementwise ops from sources of at most this fraction of its
-#: bytes is recomputed where logits read it (:func:`expanded`)
-EXPANSION = 4
-#: ... through at most this many ops
-EXPANSION_OPS = 12
-
-
-def expanded(graph: TensorDependencyGraph, node) -> bool:
-    """``node``'s output is a broadcast expansion: light elementwise, broadcast and
-    data-movement ops (at most :data:`EXPANSION_OPS`) compute it from sources of at most
-    1/:data:`EXPANSION` of its bytes. Recomputed in each kernel reading it, it is read as
-    its sources instead, and no kernel writes it.
-
-    Hugging Face's padding mask: ``where(mask[b, None, None, :] & (rows >= 0)[:, None],
-    0, min)`` expanded to ``[b, 1, s, s]`` float16 and read by every layer's attention, two
-    bytes a logit (at a length no multiple of 8, two bytes at a time), from a ``[b, s]``
-    input and an ``arange(s)``."""
-    if not elementwise(node) or node.kind is OpKind.EXPENSIVE_ELEMWISE:
-        return False
-    sources, seen, stack, ops = set(), set(), [node], 0
-    while stack:
-        ops += 1
-        if ops > EXPANSION_OPS:
-            return False
-        for m in stack.pop().inputs:
-            if m.tensor in seen:
-                continue
-            seen.add(m.tensor)
-            producer = graph.nodes.get(graph.tensors[m.tensor].producer or "")
-            if producer is not None and producer.block is not None and (
-                    data_movement(producer) or (elementwise(producer) and producer.kind
-                                                is not OpKind.EXPENSIVE_ELEMWISE)):
-                stack.append(producer)
-            else:
-                sources.add(m.tensor)
-    read = sum(graph.tensors[t].nbytes for t in sources)
-    return read * EXPANSION <= graph.tensors[node.output].nbytes
-
-
 def region_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
     """Between two products: like the epilogue, and row reductions (a softmax) too; tensors
     ``inside`` the region (read by nothing else) are recomputed however many of its nodes read
-    them, and so are broadcast expansions (:func:`expanded`)."""
+    them."""
     base = _epilogue_policy(graph, stop)
 
     def inline(node):
@@ -232,7 +193,7 @@ def region_policy(graph, stop=frozenset(), inside=frozenset()) -> Policy:
             return node.kind is OpKind.ROW_REDUCE or elementwise(node) or data_movement(node)
         if node.kind is OpKind.ROW_REDUCE:
             return not materialized(graph, node.output)
-        return base.inline(node) or expanded(graph, node)
+        return base.inline(node)
 
     return Policy(inline=inline, reductions=True)
 
