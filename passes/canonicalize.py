@@ -17,6 +17,10 @@ GELU's ``x³``), and a concatenation leaves out its empty parts (Phi-3's rotary 
 the rotated head to its empty pass-through part; TVM's GPU schedules fail on loops of no
 iteration).
 
+A gather whose indices are ``arange``s over the axes of its input, in their order, reads it in
+place and becomes a reshape (Hugging Face's padding mask, ``mask[batch_idx, kv_idx]``: with a
+symbolic batch or length, a kernel copying the mask).
+
 A cast of a table that is then gathered is applied to the gathered rows instead:
 ``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
 float32, which otherwise converts a whole embedding table on every call).  A gather in ``fast``
