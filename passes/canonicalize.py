@@ -21,6 +21,11 @@ A gather whose indices are ``arange``s over the axes of its input, in their orde
 place and becomes a reshape (Hugging Face's padding mask, ``mask[batch_idx, kv_idx]``: with a
 symbolic batch or length, a kernel copying the mask).
 
+A row gather whose indices are known whatever their number is a slice or a broadcast row:
+``0, 1, ..., n-1`` in order (position ids: a buffer of ``arange`` gathered by ``arange(seq)``)
+reads the first ``n`` rows; one value everywhere (token-type ids of a zero buffer) reads that
+row.
+
 A cast of a table that is then gathered is applied to the gathered rows instead:
 ``take(astype(W), i)`` becomes ``astype(take(W, i))`` (``ToMixedPrecision`` keeps embeddings in
 float32, which otherwise converts a whole embedding table on every call).  A gather in ``fast``
@@ -305,6 +310,86 @@ def _gathered_in_place(expr, data, indices, var2val):
     return relax.op.reshape(data, shape)
 
 
+def _rows_by_known_index(expr, table, index, var2val, analyzer):
+    """The rows ``take(table, index)`` reads, as a slice or a broadcast row, where the index's
+    values are known at compile time whatever its size: ``0, 1, ..., n-1`` along its one axis
+    of more than one element (a slice of the first ``n`` rows: position ids, ``arange`` or a
+    buffer of ``arange`` sliced by one), or one value everywhere (that row broadcast:
+    token-type ids of a zero buffer). Else None. With symbolic dims these gathers were
+    kernels of their own (HF BERT's position and token-type embeddings: two kernels and their
+    index kernels, folded into constants in a static build)."""
+    known = _index_values(index, var2val)
+    ishape, tshape, shape = (getattr(e.ty, "shape", None) for e in (index, table, expr))
+    if known is None or not all(isinstance(t, relax.ShapeExpr)
+                                for t in (ishape, tshape, shape)):
+        return None
+    axis = int(expr.attrs.axis) % len(tshape.values)
+    extent = tshape.values[axis]
+    before, after = list(tshape.values[:axis]), list(tshape.values[axis + 1:])
+    kind, value = known
+    if kind == "uniform":
+        if not 0 <= value or not analyzer.can_prove(extent > value):
+            return None
+        row = relax.op.strided_slice(table, [axis], [value], [value + 1], assume_inbound=True)
+        ones = [1] * len(ishape.values)
+        logger.info("canonicalize: a gather of one row everywhere is that row broadcast")
+        if len(ones) != 1:  # the row's shape, with the index's axes in place of its axis
+            row = relax.op.reshape(row, [*before, *ones, *after])
+        return relax.op.broadcast_to(row, shape)
+    varying = [d for d in ishape.values if not analyzer.can_prove_equal(d, 1)]
+    if len(varying) != 1 or not analyzer.can_prove_equal(varying[0], value) or \
+            not analyzer.can_prove(value <= extent):
+        return None
+    logger.info("canonicalize: a gather of rows 0..n-1 in order is a slice of the first n")
+    rows = relax.op.strided_slice(table, [axis], [0], [value], assume_inbound=True)
+    return rows if len(ishape.values) == 1 else relax.op.reshape(rows, shape)
+
+
+def _index_values(index, var2val, depth=0):
+    """What is known of an integer index tensor's values whatever its size: ``("iota", n)``
+    for ``0..n-1`` along its one axis of more than one element, ``("uniform", v)`` for ``v``
+    everywhere, else None. Seen through integer casts, reshapes and ``expand_dims`` (and
+    broadcasts of a uniform value), ``arange(0, n)``, constants, and gathers of such."""
+    while isinstance(index, relax.Var) and index in var2val:
+        index = var2val[index]
+    if depth > 16:
+        return None
+    if isinstance(index, tvm.ir.expr.Constant):
+        values = index.value.numpy()
+        if values.size == 0 or values.dtype.kind not in "iu":
+            return None
+        if (values == values.flat[0]).all():
+            return ("uniform", int(values.flat[0]))
+        flat = values.reshape(-1)
+        if sum(d > 1 for d in values.shape) == 1 and (flat == np.arange(flat.size)).all():
+            return ("iota", flat.size)
+        return None
+    if not isinstance(index, relax.Call) or not isinstance(index.op, tvm.ir.Op):
+        return None
+    name, args = index.op.name, index.args
+    if name == "relax.arange":
+        start, end, step = args[:3]
+        if getattr(start, "value", None) == 0 and getattr(step, "value", None) == 1:
+            return ("iota", end)
+        return None
+    if name == "relax.astype" and str(index.ty.dtype).startswith(("int", "uint")):
+        return _index_values(args[0], var2val, depth + 1)
+    if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
+        return _index_values(args[0], var2val, depth + 1)
+    if name == "relax.broadcast_to":  # a uniform value stays one; a range is repeated
+        known = _index_values(args[0], var2val, depth + 1)
+        return known if known and known[0] == "uniform" else None
+    if name in ("relax.take", "relax.gather_elements"):
+        data = _index_values(args[0], var2val, depth + 1)
+        if data and data[0] == "uniform":
+            return data  # any element of a uniform tensor
+        picked = _index_values(args[1], var2val, depth + 1)
+        if name == "relax.take" and data and picked and data[0] == "iota":
+            return picked  # the identity's elements at the indices: the indices
+        return None
+    return None
+
+
 def _arange_of(index, var2val):
     """``n`` where ``index`` is ``arange(0, n, 1)`` seen through ``expand_dims``, ``reshape``,
     integer casts and additions of 0, else None."""
@@ -433,8 +518,14 @@ def _rewrites(func):
         view = _gathered_in_place(expr, matches[x], matches[y], var2val)
         return expr if view is None else view
 
+    def known_rows(expr, matches):
+        rows = _rows_by_known_index(expr, matches[x], matches[y], var2val, analyzer)
+        return expr if rows is None else rows
+
     var2val = relax.analysis.get_var2val(func)
+    analyzer = bounded_analyzer(func) or tvm.sym.Analyzer()
     func = _rewrite_calls(is_op("relax.index_tensor")(x, y), identity_gather, func)
+    func = _rewrite_calls(is_op("relax.take")(x, y), known_rows, func)
     for name in ("relax.cumsum", "relax.cumprod"):
         func = _rewrite_calls(is_op(name)(x), scan, func)
     for name in ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod"):

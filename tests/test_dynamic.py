@@ -719,8 +719,9 @@ def _calls(func, prefix):
 def test_a_dynamic_bert_attention_is_warp_specialized_at_large_sizes():
     """HF BERT-tiny (2 layers) with dynamic batch and length: the attention's variants for
     the large sizes are the warp-specialized form (its partitions take the runtime sizes, its
-    TMA descriptors are made at call time over the call's batch × length rows), and the
-    padding mask is read without a gather kernel copying it first."""
+    TMA descriptors are made at call time over the call's batch × length rows), the padding
+    mask is read without a gather kernel copying it first, and the embeddings gather the
+    words' rows only."""
     fused = _dynamic_bert_fused(layers=2)
     calls = _calls(fused["main"], "attention_rt_")
     assert len(calls) == 2 and len({c.args[0].name_hint for c in calls}) == 1
@@ -732,6 +733,10 @@ def test_a_dynamic_bert_attention_is_warp_specialized_at_large_sizes():
     assert len(rows) in (3, 6) and all(set(r) == dims for r in rows)  # Q, K, V (a variant each)
     assert not _calls(fused["main"], "advanced_index") and "index_tensor" not in str(
         [gv.name_hint for gv in fused.functions])
+    # the prologue: one gather (the word embeddings); position and token-type ids are known
+    # whatever the length (a slice, a broadcast row), and no kernel computes them
+    kernels = [c.args[0].name_hint for c in _calls(fused["main"], "")]
+    assert [k for k in kernels if k.startswith(("take", "gather", "arange"))] == ["take"]
 
 
 @pytest.mark.gpu
@@ -780,3 +785,54 @@ def test_warp_specialized_runtime_kernels_give_pytorchs_numbers_on_the_gpu(monke
             got = fn(*args).last_hidden_state.float()
             want = reference(*args).last_hidden_state
             torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
+def _embeddings_module(positions=None, types=None):
+    """Position and token-type embeddings of symbolic ``(b, s)`` as Hugging Face exports them:
+    ``take(table, ids)`` with ids gathered from buffers by ``arange(s)``."""
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType([b, s], "int64"))
+    pos = relax.Var("pos", relax.TensorType([16, 8], "float32"))
+    typ = relax.Var("typ", relax.TensorType([2, 8], "float32"))
+    positions = np.arange(16)[None] if positions is None else positions
+    types = np.zeros((1, 16), "int64") if types is None else types
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids, pos, typ], {"tir_var_lower_bound": {"b": 1, "s": 1},
+                                               "tir_var_upper_bound": {"b": 4, "s": 16}}):
+        with bb.dataflow():
+            r = bb.emit(relax.op.arange(0, s, 1, "int64"))
+            p = bb.emit(relax.op.take(relax.const(positions.astype("int64")), r, axis=1))
+            t = bb.emit(relax.op.gather_elements(relax.const(types.astype("int64")), p, 1))
+            t = bb.emit(relax.op.reshape(relax.op.broadcast_to(t, [b, s]), [b * s]))
+            te = bb.emit(relax.op.take(typ, relax.op.astype(t, "int32"), axis=0))
+            pe = bb.emit(relax.op.take(pos, relax.op.reshape(relax.op.astype(p, "int32"), [s]),
+                                       axis=0))
+            out = bb.emit_output(relax.op.add(relax.op.reshape(te, [b, s, 8]), pe))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_gathers_by_indices_known_whatever_the_length_are_slices_and_broadcast_rows():
+    """Position ids (a buffer of ``arange`` gathered by ``arange(s)``) read the first ``s``
+    rows of their table: a slice; token-type ids (a zero buffer gathered by anything) read
+    row 0 everywhere: that row broadcast. Values not known that way stay gathers (a buffer
+    that is no ``arange``, a row past the table). On llvm the folded module gives numpy's
+    values at two lengths."""
+    from tvm_stitch.passes import FoldStaticShapes
+
+    folded = FoldStaticShapes()(_embeddings_module())
+    text = folded["main"].script()
+    assert "R.take(" not in text and "gather_elements" not in text
+    assert text.count("R.strided_slice(") == 2 and "R.broadcast_to(" in text
+    shuffled = FoldStaticShapes()(_embeddings_module(positions=np.arange(16)[::-1][None]))
+    assert "R.take(pos" in shuffled["main"].script()  # reversed positions: still a gather
+    past = FoldStaticShapes()(_embeddings_module(types=np.full((1, 16), 5)))
+    assert "R.take(typ" in past["main"].script()  # row 5 of a 2-row table: left as it was
+    ex = tvm.compile(folded, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    pos, typ = rng.standard_normal((16, 8), "float32"), rng.standard_normal((2, 8), "float32")
+    for b, s in ((2, 5), (3, 16)):
+        ids = np.zeros((b, s), "int64")
+        got = vm["main"](*(tvm.runtime.tensor(a) for a in (ids, pos, typ))).numpy()
+        np.testing.assert_allclose(got, np.broadcast_to(typ[0] + pos[:s], (b, s, 8)))
