@@ -202,7 +202,8 @@ class _Rewriter:
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None,
                           runtime=bool(graph.point))
-        kernels = [(m, k) for m in found.matches if (k := self._try_kernel(graph, m))]
+        kernels = [(m, k) for m in _progress(found.matches, name)
+                   if (k := self._try_kernel(graph, m))]
         kernels = _connected(kernels, func)
         if not kernels:
             return None
@@ -490,6 +491,15 @@ class _Rewriter:
                     raise UnsupportedKernelError(str(err)) from err
                 logger.info("%s; trying %d pipeline stages", err, stages - 1)
                 config = {**config, "num_stages": stages - 1}
+
+
+def _progress(matches, name):
+    """``matches`` with a progress bar (tqdm's: on a terminal or in a notebook, else none)
+    counting the kernels generated, tuned and compiled, the longest phase of a compile."""
+    from tqdm.auto import tqdm
+
+    return tqdm(matches, desc=f"Triton kernels of {name}", unit="kernel", disable=None,
+                leave=False)
 
 
 def _connected(kernels, func) -> list:

@@ -677,3 +677,26 @@ def test_split_k_gemm_on_the_gpu(tmp_path, monkeypatch):
     for _ in range(3):
         out = vm["main"](*inputs).numpy().astype("float32")
         np.testing.assert_allclose(out, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_kernel_generation_shows_its_progress(database, monkeypatch):
+    """Generating, tuning and compiling the kernels (the longest phase of a compile) goes
+    through a progress bar over the function's recognized kernels (tqdm's: drawn on a
+    terminal or in a notebook)."""
+    import tqdm.auto
+
+    bars = []
+
+    class Recorder(tqdm.auto.tqdm):  # the searches' bars (no iterable) as they are
+        def __init__(self, iterable=None, **kwargs):
+            super().__init__(iterable, **{**kwargs, "disable": True})
+            if iterable is not None:
+                bars.append((kwargs.get("desc"), len(iterable), kwargs.get("disable")))
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    inst = get_workload("bert-tiny").instance("float32", batch=2, seq=16)
+    calls = []
+    with CUDA:
+        FuseMBCI(database, placeholder_builder(calls))(legalized(inst.mod))
+    ((desc, total, disable),) = bars
+    assert desc == "Triton kernels of forward" and total >= len(calls) > 0 and disable is None
