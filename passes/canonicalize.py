@@ -311,11 +311,11 @@ def _gathered_in_place(expr, data, indices, var2val):
 
 
 def _rows_by_known_index(expr, table, index, var2val, analyzer):
-    """The rows ``take(table, index)`` reads, as a slice or a broadcast row, where the index's
-    values are known at compile time whatever its size: ``0, 1, ..., n-1`` along its one axis
-    of more than one element (a slice of the first ``n`` rows: position ids, ``arange`` or a
-    buffer of ``arange`` sliced by one), or one value everywhere (that row broadcast:
-    token-type ids of a zero buffer). Else None. With symbolic dims these gathers were
+    """The rows ``take(table, index)`` reads, as a slice or a broadcast row, where the 1-D
+    index's values are known at compile time whatever its size: ``0, 1, ..., n-1`` (a slice
+    of the first ``n`` rows: position ids, ``arange`` or a buffer of ``arange`` sliced by
+    one), or one value everywhere (that row broadcast: token-type ids of a zero buffer). Else
+    None. With symbolic dims these gathers were
     kernels of their own (HF BERT's position and token-type embeddings: two kernels and their
     index kernels, folded into constants in a static build)."""
     known = _index_values(index, var2val)
@@ -323,26 +323,22 @@ def _rows_by_known_index(expr, table, index, var2val, analyzer):
     if known is None or not all(isinstance(t, relax.ShapeExpr)
                                 for t in (ishape, tshape, shape)):
         return None
+    if len(ishape.values) != 1:  # the rows would need a reshape, which cuts a stitched
+        return None  # pattern off the reads before it (GPT-2's positions: [1, s] ids)
     axis = int(expr.attrs.axis) % len(tshape.values)
     extent = tshape.values[axis]
-    before, after = list(tshape.values[:axis]), list(tshape.values[axis + 1:])
     kind, value = known
     if kind == "uniform":
         if not 0 <= value or not analyzer.can_prove(extent > value):
             return None
-        row = relax.op.strided_slice(table, [axis], [value], [value + 1], assume_inbound=True)
-        ones = [1] * len(ishape.values)
         logger.info("canonicalize: a gather of one row everywhere is that row broadcast")
-        if len(ones) != 1:  # the row's shape, with the index's axes in place of its axis
-            row = relax.op.reshape(row, [*before, *ones, *after])
+        row = relax.op.strided_slice(table, [axis], [value], [value + 1], assume_inbound=True)
         return relax.op.broadcast_to(row, shape)
-    varying = [d for d in ishape.values if not analyzer.can_prove_equal(d, 1)]
-    if len(varying) != 1 or not analyzer.can_prove_equal(varying[0], value) or \
+    if not analyzer.can_prove_equal(ishape.values[0], value) or \
             not analyzer.can_prove(value <= extent):
         return None
     logger.info("canonicalize: a gather of rows 0..n-1 in order is a slice of the first n")
-    rows = relax.op.strided_slice(table, [axis], [0], [value], assume_inbound=True)
-    return rows if len(ishape.values) == 1 else relax.op.reshape(rows, shape)
+    return relax.op.strided_slice(table, [axis], [0], [value], assume_inbound=True)
 
 
 def _index_values(index, var2val, depth=0):

@@ -61,7 +61,10 @@ def test_compare_pipelines_reports_both():
     inst = get_workload("bert-tiny").instance("float32", batch=1, seq=16)
     reports = compare_pipelines(inst.mod, "llvm")
     assert set(reports) == {"default", "stitch"}
-    assert reports["stitch"].kernels == reports["default"].kernels > 40
+    # on llvm nothing is stitched; the canonicalization reads the position embeddings' rows
+    # as a slice (two gathers fewer: one kernel each)
+    assert reports["default"].kernels - reports["stitch"].kernels == 2
+    assert reports["stitch"].kernels > 40
     text = reports["stitch"].format()
     assert "kernels" in text and "compute-intensive" in text
 
