@@ -181,8 +181,8 @@ def runtime_kernel(matches, points, values, axes, at_point=None,
     if ws:
         ws = _partitions_take(ws.replace("def KERNEL(", signature, 1), list(names.values()))
         if ws is None:
-            logger.info("%s: no warp-specialized form with runtime sizes: a helper of it "
-                        "uses them", first.describe())
+            logger.info("%s: no warp-specialized form with runtime sizes: its module-level "
+                        "text reads them", first.describe())
             ws, ws_descs = None, ()
     # named after its code and its tensors' symbolic types, not the header's tensor names:
     # the same kernel in every layer is one kernel (one compile, one PrimFunc)
