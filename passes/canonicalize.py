@@ -295,7 +295,8 @@ def _gathered_in_place(expr, data, indices, var2val):
     unit = [analyzer.can_prove_equal(d, 1) for d in out]
     axes = []
     for index, extent in zip(fields, dshape.values):
-        base = _arange_of(index, var2val)
+        known = _index_values(index, var2val)
+        base = known[1] if known and known[0] == "iota" else None
         ishape = getattr(index.ty, "shape", None)
         if base is None or not isinstance(ishape, relax.ShapeExpr) or len(
                 ishape.values) != len(out) or not analyzer.can_prove_equal(base, extent):
@@ -344,8 +345,8 @@ def _rows_by_known_index(expr, table, index, var2val, analyzer):
 def _index_values(index, var2val, depth=0):
     """What is known of an integer index tensor's values whatever its size: ``("iota", n)``
     for ``0..n-1`` along its one axis of more than one element, ``("uniform", v)`` for ``v``
-    everywhere, else None. Seen through integer casts, reshapes and ``expand_dims`` (and
-    broadcasts of a uniform value), ``arange(0, n)``, constants, and gathers of such."""
+    everywhere, else None. Seen through integer casts, reshapes, ``expand_dims`` and ``+ 0``
+    (and broadcasts of a uniform value), ``arange(0, n)``, constants, and gathers of such."""
     while isinstance(index, relax.Var) and index in var2val:
         index = var2val[index]
     if depth > 16:
@@ -372,6 +373,8 @@ def _index_values(index, var2val, depth=0):
         return _index_values(args[0], var2val, depth + 1)
     if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze"):
         return _index_values(args[0], var2val, depth + 1)
+    if name == "relax.add" and (_is_zero(args[0]) or _is_zero(args[1])):  # x + 0
+        return _index_values(args[1] if _is_zero(args[0]) else args[0], var2val, depth + 1)
     if name == "relax.broadcast_to":  # a uniform value stays one; a range is repeated
         known = _index_values(args[0], var2val, depth + 1)
         return known if known and known[0] == "uniform" else None
@@ -383,36 +386,6 @@ def _index_values(index, var2val, depth=0):
         if name == "relax.take" and data and picked and data[0] == "iota":
             return picked  # the identity's elements at the indices: the indices
         return None
-    return None
-
-
-def _arange_of(index, var2val):
-    """``n`` where ``index`` is ``arange(0, n, 1)`` seen through ``expand_dims``, ``reshape``,
-    integer casts and additions of 0, else None."""
-    for _ in range(16):
-        while isinstance(index, relax.Var) and index in var2val:
-            index = var2val[index]
-        if not isinstance(index, relax.Call) or not isinstance(index.op, tvm.ir.Op):
-            return None
-        name = index.op.name
-        if name == "relax.arange":
-            start, end, step = index.args[:3]  # integer expressions
-            zero = getattr(start, "value", None) == 0 and getattr(step, "value", None) == 1
-            return end if zero else None
-        if name in ("relax.expand_dims", "relax.reshape"):
-            index = index.args[0]
-        elif name == "relax.astype" and str(index.ty.dtype).startswith("int"):
-            index = index.args[0]
-        elif name == "relax.add":
-            a, b = index.args
-            if _is_zero(b):
-                index = a
-            elif _is_zero(a):
-                index = b
-            else:
-                return None
-        else:
-            return None
     return None
 
 
