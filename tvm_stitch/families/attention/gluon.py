@@ -177,7 +177,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, BLOCK_N: gl.cons
     q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     g = 0
     i = 0
-    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+    for t in range(gl.program_id(0), {tiles}, gl.num_programs(0)):
         b, h, hk, pid_m, n_blocks = _tile(t, BLOCK_N)
         q_row, q_col, k_row, k_col, v_row, v_col = _coords(b, h, hk, pid_m)
         mbarrier.wait(q_empty, (i & 1) ^ 1)
@@ -247,7 +247,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
     g = 0  # key blocks consumed (ring slots and phases)
     u = 0  # turns taken (ping-pong phases)
     i = 0
-    for t in range(gl.program_id(0), TILES, gl.num_programs(0)):
+    for t in range(gl.program_id(0), {tiles}, gl.num_programs(0)):
         b, h, hk, pid_m, n_blocks = _tile(t, BLOCK_N)
         m0 = pid_m * 128 + C * 64
         rm = m0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_L))
@@ -454,19 +454,19 @@ def attention_ws_source(match, name: str) -> str:
         start = f"(b * {sb} + {head} * {sh})"
         coords += [f"{role}_row = {start} // {step} + {rows}", f"{role}_col = {start} % {step}"]
     coords.append("return q_row, q_col, k_row, k_col, v_row, v_col")
-    header = _HEADER.format(describe=match.describe(outputs=True), dtype=dtype)
-    tiles = f"{ext.get('b', 1)} * {heads} * {tiles_m}"  # in the partitions, at run time
+    # the tiles a program walks: a module constant, or counted in the partitions at run time
+    tiles = f"({ext.get('b', 1)} * {heads} * {tiles_m})" if match.runtime else "TILES"
+    header = _HEADER.format(describe=match.describe(outputs=True), dtype=dtype, tiles=tiles)
     if not match.runtime:
         header += f"TILES = gl.constexpr({tiles_m * ext.get('b', 1) * heads})\n"
-    text = header + _CONSUMER.format(
+    return header + _CONSUMER.format(
         name=name, ptrs=ptrs, dtype=dtype, logits=logits_text,
         exp2_z=exp2_z.format(m="gl.expand_dims(m_safe, 1)"), exp2_m=exp2_m,
         store=_indent(store_lines, 2), den=empty_rows_denominator(match, "gl"),
         inputs=_indent(pre) if pre else "    pass", input_names=input_names,
         tile=_indent(tile), coords=_indent(coords),
-        consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS,
+        consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS, tiles=tiles,
     )
-    return re.sub(r"\bTILES\b", f"({tiles})", text) if match.runtime else text
 
 
 ws_source = attention_ws_source  # the family's warp-specialized form (:mod:`tvm_stitch.families`)
