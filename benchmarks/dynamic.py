@@ -2,11 +2,13 @@
 with dynamic dims, against static builds of each shape and ``torch.compile(dynamic=True)``.
 
     python benchmarks/dynamic.py [--target cuda] [--shapes 1x128,8x512,...] [--static 1x128,...]
-                                 [--layers N] [--hidden H] [--tune model|measure]
+                                 [--model bert|gpt2] [--layers N] [--hidden H]
+                                 [--tune model|measure]
 
-The model (``BertModel``, random weights, eager attention, a padding mask: the second sequence
-of a batch shorter than the others) is exported once with ``Dim("batch", 1..64)`` and
-``Dim("seq", 1..512)`` and compiled once (its compile time printed); then at each shape:
+The model (``BertModel``, or ``GPT2Model`` with ``--model gpt2``; random weights, eager
+attention, a padding mask: the second sequence of a batch shorter than the others) is exported
+once with ``Dim("batch", 1..64)`` and ``Dim("seq", 1..512)`` and compiled once (its compile
+time printed); then at each shape:
 
 - numerics against PyTorch eager (float32 on llvm; float16 on CUDA, PyTorch's own float16 error
   against float32 beside it);
@@ -26,11 +28,15 @@ import time
 import numpy as np
 
 
-def _model(layers: int, hidden: int, dtype, device):
+def _model(layers: int, hidden: int, dtype, device, name: str = "bert"):
     import torch
     import transformers
 
     torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=hidden // 64,
+                                         attn_implementation="eager")
+        return transformers.GPT2Model(config).eval().to(device=device, dtype=dtype)
     config = transformers.BertConfig(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
         intermediate_size=4 * hidden, attn_implementation="eager")
@@ -76,6 +82,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="llvm", choices=["llvm", "cuda"])
     parser.add_argument("--shapes", default="1x128,8x512,32x128,3x77,17x301")
     parser.add_argument("--static", default="", help="shapes also built static (CUDA)")
+    parser.add_argument("--model", default="bert", choices=["bert", "gpt2"],
+                        help="BertModel (a padding mask) or GPT2Model (causal, a padding mask)")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--tune", default="model", choices=["model", "measure"])
@@ -95,8 +103,9 @@ def main(argv=None) -> int:
     cuda = args.target == "cuda"
     device = "cuda" if cuda else "cpu"
     dtype = torch.float16 if cuda else torch.float32
-    model = _model(args.layers, args.hidden, dtype, device)
-    reference = _model(args.layers, args.hidden, torch.float32, device) if cuda else model
+    model = _model(args.layers, args.hidden, dtype, device, args.model)
+    reference = (_model(args.layers, args.hidden, torch.float32, device, args.model) if cuda
+                 else model)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
     static = {tuple(map(int, s.split("x"))) for s in args.static.split(",") if s}
     batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=1, max=512)

@@ -298,8 +298,8 @@ class _Rewriter:
         at_point = dataclasses.replace(match, runtime=kernel.match.runtime)
         point_source = kernel_source(at_point)
         point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
-        config = runtime.fixed(self.tuner.config(at_point, point_source, point_shapes, {}),
-                               source)
+        config = runtime.fixed(self.tuner.config(at_point, point_source, point_shapes, {},
+                                                 like=self._static_like(match)), source)
         variants = self._bucket_configs(match, kernel, config)
         if variants:
             config = {**config, embed.VARIANTS: variants}
@@ -325,6 +325,17 @@ class _Rewriter:
                 return (other, at) if graph else other
         raise UnsupportedKernelError(f"not recognized alike with the dims at {point}")
 
+    @staticmethod
+    def _static_like(match):
+        """``(match, source)`` of the static kernel of ``match`` (recognized at a point): its
+        tuning record's timings are the runtime kernel's at that point (the tuner's ``like``),
+        or None where it prints no kernel."""
+        try:
+            return match, kernel_source(match)
+        except Exception as err:  # noqa: BLE001 - any: no static kernel's timings to reuse
+            logger.debug("%s: no static kernel at the point: %s", match.describe(), err)
+            return None
+
     def _bucket_configs(self, match, kernel, config) -> tuple:
         """The tiles of a runtime kernel at smaller sizes (:func:`runtime.bucket_points`):
         ``((size, config), ...)`` ascending, each the tuner's at a point (searched, measured or
@@ -342,7 +353,9 @@ class _Rewriter:
                 source = kernel_source(at)
                 shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                           for t in (*source.inputs, *source.outputs)}
-                tiles = runtime.fixed(self.tuner.config(at, source, shapes, {}), kernel.source)
+                tiles = runtime.fixed(self.tuner.config(at, source, shapes, {},
+                                                        like=self._static_like(other)),
+                                      kernel.source)
             except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
                 logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,
                             type(err).__name__, err)

@@ -471,14 +471,19 @@ def _copy_frame(frame, **extents):
 
 
 # -- variants chosen at call time ----------------------------------------------------------------
-def test_bucket_points_scale_every_dim_within_its_range():
+def test_bucket_points_halve_the_smallest_dim_within_its_range():
     from tvm_stitch.codegen.runtime import bucket_points
 
-    assert bucket_points({"b": (1, 64), "s": (1, 512)}) == [
-        {"b": 32, "s": 256}, {"b": 16, "s": 128}, {"b": 8, "s": 64}, {"b": 4, "s": 32},
-        {"b": 1, "s": 8}]
-    # a lower bound holds; points equal to another, or to the upper bounds, are left out
+    points = bucket_points({"b": (1, 64), "s": (1, 512)})
+    assert points == [{"b": 2 ** k, "s": 512} for k in range(5, -1, -1)] + [
+        {"b": 1, "s": 2 ** k} for k in range(8, 3, -1)]
+    # the rows of a GEMM (b * s) fall by 2 at each point: every power of two from 16 tokens
+    assert [p["b"] * p["s"] for p in points] == [2 ** k for k in range(14, 3, -1)]
+    # a lower bound holds (odd sizes rounded up); nothing below the smallest bucket
     assert bucket_points({"s": (100, 128)}) == [{"s": 100}]
+    assert bucket_points({"b": (3, 3), "s": (1, 77)}) == [
+        {"b": 3, "s": 39}, {"b": 3, "s": 20}, {"b": 3, "s": 10}]
+    assert bucket_points({"b": (2, 8), "s": (2, 8)}) == [{"b": 4, "s": 8}, {"b": 2, "s": 8}]
     assert bucket_points({"s": (1, 1)}) == []
 
 
@@ -535,8 +540,8 @@ def test_a_runtime_gemm_takes_the_warp_specialized_form_with_descriptors_made_at
           "WS": 2, "NUM_SMS": 132}
     original = policy.KernelTuner.config
 
-    def chosen(self, match, source, shapes, constants):
-        got = original(self, match, source, shapes, constants)
+    def chosen(self, match, source, shapes, constants, like=None):
+        got = original(self, match, source, shapes, constants, like)
         return {**got, **ws} if match.family == "gemm" and source.ws else got
 
     monkeypatch.setattr(policy.KernelTuner, "config", chosen)
@@ -759,8 +764,8 @@ def test_warp_specialized_runtime_kernels_give_pytorchs_numbers_on_the_gpu(monke
     }
     original = policy.KernelTuner.config
 
-    def chosen(self, match, source, shapes, constants):
-        got = original(self, match, source, shapes, constants)
+    def chosen(self, match, source, shapes, constants, like=None):
+        got = original(self, match, source, shapes, constants, like)
         return {**got, **forced[match.family]} if source.ws and match.family in forced else got
 
     monkeypatch.setattr(policy.KernelTuner, "config", chosen)
@@ -837,3 +842,59 @@ def test_gathers_by_indices_known_whatever_the_length_are_slices_and_broadcast_r
         ids = np.zeros((b, s), "int64")
         got = vm["main"](*(tvm.runtime.tensor(a) for a in (ids, pos, typ))).numpy()
         np.testing.assert_allclose(got, np.broadcast_to(typ[0] + pos[:s], (b, s, 8)))
+
+
+def test_a_bucket_point_takes_the_static_kernels_best_timing_it_can_launch(tmp_path, monkeypatch):
+    """Item 3: the tuning database's timings of the static kernel at a bucket point's extents
+    (a static compile's measured search, or a service's earlier tuning) are the runtime
+    kernel's at that point: the fastest config the runtime form can launch (no persistent
+    grid), not the cost model's pick. Without such a record the model picks as before."""
+    from torch.export import Dim
+
+    from tvm_stitch.codegen import runtime
+    from tvm_stitch.explore.tiling import build_search_space
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+    from tvm_stitch.tune import policy
+    from tvm_stitch.tune.database import TuningDatabase
+    from tvm_stitch.tune.kernels import _tune
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "tuning.json"))
+    model, inputs, _ = _bert()
+    dims = {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    original, seen = policy.KernelTuner.config, []
+
+    def spy(self, match, source, shapes, constants, like=None):
+        got = original(self, match, source, shapes, constants, like)
+        seen.append((match, source, like, got))
+        return got
+
+    monkeypatch.setattr(policy.KernelTuner, "config", spy)
+    fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    # a GEMM's runtime kernel at a bucket point of 64 rows, and the static kernel there
+    rows = [(m, s, like, got) for m, s, like, got in seen if m.family == "gemm" and like
+            and m.runtime and m.frame.extents["m"] == 64]
+    assert rows, "no runtime GEMM at the 64-row bucket point"
+    match, source, (other, other_source), model_pick = rows[0]
+    kernel = _tune("gemm").space(match)
+    space = build_search_space(kernel.spec, 228 * 1024, kernel.legal, count=False)
+    pick = {x: model_pick[p] for x, p in (("m", "BLOCK_M"), ("n", "BLOCK_N"), ("k", "BLOCK_K"))}
+    tiles = next(dict(c.tile_dict) for c in space.candidates() if dict(c.tile_dict) != pick)
+    launch = {"num_warps": 4, "num_stages": 2}
+    db = TuningDatabase()
+    key = policy.tuning_key(db, other, other_source, tvm_stitch.HardwareModel.from_target(CUDA))
+    db.put(key, {"BLOCK_M": 64}, measurements=[
+        {"tiles": pick, "launch": {**launch, "PERSISTENT": True}, "time_s": 1e-6},  # not here
+        {"tiles": tiles, "launch": launch, "time_s": 2e-6},
+        {"tiles": pick, "launch": launch, "time_s": 3e-6},
+        {"tiles": pick, "launch": {"num_warps": 8}, "time_s": float("inf")}])
+    seen.clear()
+    fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    got = [g for m, s, like, g in seen if m.family == "gemm" and s.name == source.name
+           and m.frame.extents == match.frame.extents]
+    assert got
+    want = {"BLOCK_M": tiles["m"], "BLOCK_N": tiles["n"], "BLOCK_K": tiles["k"], **launch}
+    assert all({k: g.get(k) for k in want} == want for g in got), (got, want)
+    assert runtime.fixed(got[0], source)["PERSISTENT"] is False

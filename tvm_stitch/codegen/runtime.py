@@ -55,10 +55,9 @@ def fixed(config: dict, source) -> dict:
     return out
 
 
-#: the sizes a runtime kernel has tiles of its own for: every dim at this fraction of its upper
-#: bound (BERT-base's batch 64 × 512 tokens: 32 × 256, 16 × 128, 8 × 64, 4 × 32, 1 × 8),
-#: besides the upper bounds themselves (the representative point)
-BUCKET_FRACTIONS = (1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 64)
+#: the smallest product of the dims a bucket point has (below it, tiles hardly differ: the
+#: smallest point's serve)
+SMALLEST_BUCKET = 16
 
 
 def kernel_size(extents: dict, axes) -> object:
@@ -74,15 +73,28 @@ def kernel_size(extents: dict, axes) -> object:
 
 
 def bucket_points(ranges: dict) -> list[dict]:
-    """The points below the representative one where runtime kernels get their own tiles:
-    ``ranges`` ``{dim: (lower, upper)}`` scaled by :data:`BUCKET_FRACTIONS` (within the ranges,
-    distinct, the largest first)."""
+    """The points below the representative one where runtime kernels get their own tiles, the
+    largest first: from the upper bounds of ``ranges`` ``{dim: (lower, upper)}``, the smallest
+    dim above its lower bound halved (rounded up), while the product of the dims is at least
+    :data:`SMALLEST_BUCKET`.
+
+    Each point halves one dim, so every kernel's size (a product of the dims) never grows
+    along the list, and a GEMM's rows (batch × length) fall by 2 at each. The smallest dim
+    goes first (a batch before a length): a length indexes an attention's queries and keys
+    both, and its tiles follow it. BERT-base's batch 64 × 512 tokens gives 32 × 512,
+    16 × 512, ..., 1 × 512, 1 × 256, ..., 1 × 16.
+    """
+    point = {d: up for d, (_, up) in ranges.items()}
     points = []
-    for fraction in BUCKET_FRACTIONS:
-        point = {d: max(lo, 1, math.ceil(up * fraction)) for d, (lo, up) in ranges.items()}
-        if point not in points and point != {d: up for d, (_, up) in ranges.items()}:
-            points.append(point)
-    return points
+    while True:
+        free = [d for d in point if point[d] > max(ranges[d][0], 1)]
+        if not free:
+            return points
+        dim = min(free, key=lambda d: (point[d], d))
+        point = {**point, dim: max(ranges[dim][0], 1, -(-point[dim] // 2))}
+        if math.prod(point.values()) < SMALLEST_BUCKET:
+            return points
+        points.append(point)
 
 
 def sentinel_points(dims) -> tuple[dict, dict]:

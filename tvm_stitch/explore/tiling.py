@@ -320,6 +320,21 @@ def smem_estimate(spec: ChainSpec, expr: TilingExpr, tiles: dict[str, int]) -> i
     so is every intermediate tile (the consumer reads it from there); accumulators of the output
     live in registers.
     """
+    key = (tuple(spec.extents.items()), spec.blocks, tuple(spec.index.items()),
+           spec.dtype_bytes, expr, tuple(tiles.items()))
+    if key not in _SMEM:
+        if len(_SMEM) > 1 << 18:  # a bound on the memory: a compile's spaces fit many times
+            _SMEM.clear()
+        _SMEM[key] = _smem_estimate(spec, expr, tiles)
+    return _SMEM[key]
+
+
+#: :func:`smem_estimate` by spec, expression and tiles: every search over a kernel (each
+#: bucket point, each record checked) prices the same candidates again
+_SMEM: dict = {}
+
+
+def _smem_estimate(spec: ChainSpec, expr: TilingExpr, tiles: dict[str, int]) -> int:
     total = 0
     for st in placements(spec, expr, tiles):
         if st.kind == "load":

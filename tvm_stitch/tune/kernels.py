@@ -207,6 +207,34 @@ def record_legality(match, source, config, hw) -> str | None:
     return launch_legality(match, source, config, params)
 
 
+def best_measured(match, source, measurements, hw) -> dict | None:
+    """The config of the fastest of ``measurements`` (a tuning record's timings of the same
+    computation at the same extents, in another formulation: a static kernel's) that the
+    generated kernel ``source`` of ``match`` can launch (:func:`launch_legality`), or None.
+
+    A runtime kernel (:mod:`tvm_stitch.codegen.runtime`) has no persistent, split-K or TMA
+    form; the static kernel of its bucket point was timed with and without them, and its best
+    timing without them is the runtime kernel's tiles, measured."""
+    kernel = _tune(match.family).space(match)
+    space = build_search_space(kernel.spec, hw.smem_per_block, kernel.legal, count=False)
+    timed = [m for m in measurements or () if isinstance(m, dict)
+             and isinstance(m.get("time_s"), (int, float)) and m["time_s"] < float("inf")]
+    for m in sorted(timed, key=lambda m: m["time_s"]):
+        tiles, launch = m.get("tiles"), m.get("launch")
+        if not isinstance(tiles, dict) or not isinstance(launch, dict):
+            continue
+        cand = space.find(tiles)
+        if cand is None:
+            continue
+        params = kernel.template(cand)
+        config = {**params, **launch}
+        if config.get("PERSISTENT") or config.get("WS"):
+            config["NUM_SMS"] = hw.num_sms
+        if launch_legality(match, source, config, params) is None:
+            return config
+    return None
+
+
 def _record_tiles(config: dict, space, whole: str) -> dict | str:
     """The tile of each loop of ``space`` in ``config`` (loops in ``whole``, e.g. an
     attention's head dims, may be left out: the largest size), or why there is none."""

@@ -7,7 +7,7 @@ import logging
 
 from tvm_stitch.cost.model import CostModel
 
-from .kernels import record_legality, tune_generated
+from .kernels import best_measured, record_legality, tune_generated
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
 
@@ -55,13 +55,23 @@ class KernelTuner:
         logger.warning("%s: tuning record %s ignored (%s); tiles searched again",
                        match.describe(), key, why)
 
-    def config(self, match, source, shapes, constants) -> dict:
+    def config(self, match, source, shapes, constants, like=None) -> dict:
+        """The kernel's config: its tuning record's; else, with ``like`` (``(match,
+        source)`` of the same computation at the same extents in another formulation: the
+        static kernel of a runtime kernel's bucket point), the fastest of that kernel's
+        measurements this one can launch (:func:`~tvm_stitch.tune.kernels.best_measured`);
+        else searched (measured, or the cost model's)."""
         key = tuning_key(self.db, match, source, self.hw)
         recorded = self.record(match, source)
         if recorded is not None:
             return recorded
         if key in self.seen:
             return self.seen[key]
+        if like is not None:
+            found = self._measured_like(match, source, *like)
+            if found is not None:
+                self.seen[key] = found
+                return found
         if not self.fitted:
             self.fitted = True
             if self.cost.fit_database(self.db):
@@ -89,6 +99,16 @@ class KernelTuner:
         )
         self.seen[key] = tuned.config
         return tuned.config
+
+
+    def _measured_like(self, match, source, other, other_source) -> dict | None:
+        rec = self.db.get(tuning_key(self.db, other, other_source, self.hw))
+        if rec is None or not rec.get("measurements"):
+            return None
+        config = best_measured(match, source, rec["measurements"], self.hw)
+        if config is not None:
+            logger.info("%s: %s, measured as %s", match.describe(), config, other_source.name)
+        return config
 
 
 def tuning_key(database, match, source, hw) -> str:
