@@ -200,6 +200,8 @@ class _Narrower(relax.PyExprMutator):
         if isinstance(target, tvm.ir.expr.Constant) and _dtype(target) == "float32":
             self._rebind(binding, _saturated(target, self.dtype))
             return
+        if self._narrow_tuple(binding):
+            return
         if not self._narrowable(value, self.dtype) or self._float32_statistic(binding):
             super().visit_var_binding_(binding)
             return
@@ -216,6 +218,39 @@ class _Narrower(relax.PyExprMutator):
         self.half[binding.var] = half
         self.count += 1
         self._rebind(binding, relax.op.astype(half, "float32"))
+
+    def _narrow_tuple(self, binding) -> bool:
+        """A tuple of float32 tensors (``split``'s) computed in float16 as other ops are, and
+        the items read from it (whose casts back to float16 are then the float16 items): a
+        split of a float16 activation is no float32 round trip. False where ``binding`` is
+        neither (nothing emitted)."""
+        value = binding.value
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in self.half:
+            item = self.builder_.emit(relax.TupleGetItem(self.half[value.tuple_value],
+                                                         value.index))
+            self.half[binding.var] = item
+            self._rebind(binding, relax.op.astype(item, "float32"))
+            return True
+        ty = getattr(value, "ty", None)
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name not in _KEEP and isinstance(ty, tvm.ir.TupleType)
+                and ty.fields and all(_tensor_of(f, "float32") for f in ty.fields)
+                and any(isinstance(a, relax.Var) and a in self.half for a in value.args)):
+            return False
+        try:
+            call = self.builder_.normalize(relax.Call(
+                value.op, [self._narrow(a) for a in value.args], value.attrs, value.ty_args))
+        except Exception:  # noqa: BLE001 - an op that insists on float32 stays as it is
+            return False
+        if not all(_tensor_of(f, self.dtype) for f in call.ty.fields):
+            return False
+        half = self.builder_.emit(call)
+        self.half[binding.var] = half
+        self.count += 1
+        self._rebind(binding, relax.Tuple([
+            relax.op.astype(relax.TupleGetItem(half, i), "float32")
+            for i in range(len(call.ty.fields))]))
+        return True
 
     def _independent_binding(self, binding):
         """An input-independent value: float16 roundings that ``ToMixedPrecision`` put inside

@@ -177,6 +177,7 @@ def import_torch(
         if dtype == "bfloat16":
             mod = AsBFloat16()(mod)  # TVM's mixed precision knows only float16
         mod = HalfActivations(dtype)(mod)  # 16-bit activations, as model.half() computes them
+        mod, _ = _half_parameters(mod, set(names))  # weights left float32 (symbolic shapes)
         # each weight in its parameter's dtype (in bfloat16 the scale and shift a LayerNorm
         # reads directly stay float32: the norm runs in float32)
         types = [str(v.ty.dtype) for v in mod["main"].params[num_inputs:]]
@@ -425,12 +426,61 @@ def _mixed_precision(mod, names, unbounded=None):
     except Exception:  # noqa: BLE001 - TVM's, any: the weights are converted apart below
         pass
     # TVM 0.27 fails ("no block is being built") to make the weights float16 parameters of
-    # a function of symbolic shape (even a Linear's): they stay float32 parameters, converted
-    # in the function (computations of weights only: with lift_params, once, at load time)
-    logger.warning("ToMixedPrecision cannot make the weights float16 parameters of this "
-                   "function of symbolic shape: they are converted in it (once, at load time, "
-                   "with lift_params)")
+    # a function of symbolic shape (even a Linear's): they stay float32 parameters, cast in
+    # the function, made 16-bit parameters after the activations are (:func:`_half_parameters`)
     return relax.transform.ToMixedPrecision("float32")(mod)
+
+
+_ASTYPE = tvm.ir.Op.get("relax.astype")
+
+
+def _half_parameters(mod, names) -> tuple:
+    """``(mod, converted names)``: ``main``'s float32 parameters among ``names`` that it reads
+    only cast to one 16-bit format (what ``ToMixedPrecision`` without input names leaves of
+    weights, and :class:`~tvm_stitch.passes.precision.HalfActivations` of the tables and norm
+    parameters it narrows) as parameters of that format, each cast the parameter itself. The
+    weights are then converted once at import, as ``ToMixedPrecision``'s
+    ``fp16_input_names`` does, instead of read as float32 by every kernel that casts them
+    (twice the bytes)."""
+    func = mod["main"]
+    blocks = list(func.body.blocks)
+    uses: dict = {}
+    for block in blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                uses.setdefault(var, []).append(binding.value)
+    for var in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(var, []).append(None)
+
+    def cast_to(param) -> str | None:
+        if not (param.name in names and isinstance(param.ty, relax.TensorType)
+                and str(param.ty.dtype) == "float32" and uses.get(param)
+                and all(isinstance(v, relax.Call) and v.op.same_as(_ASTYPE)
+                        for v in uses[param])):
+            return None
+        dtypes = {str(v.attrs.dtype) for v in uses[param]}
+        return dtypes.pop() if len(dtypes) == 1 and dtypes <= set(HALF) else None
+
+    new = {p: relax.Var(p.name, relax.TensorType(p.ty.shape, cast_to(p), p.ty.vdevice))
+           for p in func.params if cast_to(p)}
+    if not new:
+        return mod, []
+    out_blocks = []
+    for block in blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if (isinstance(value, relax.Call) and value.op.same_as(_ASTYPE)
+                    and value.args[0] in new):
+                value = new[value.args[0]]
+            bindings.append(relax.VarBinding(binding.var, value)
+                            if isinstance(binding, relax.VarBinding) else binding)
+        out_blocks.append(type(block)(bindings))
+    params = [new.get(p, p) for p in func.params]
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod["main"] = relax.Function(params, relax.SeqExpr(out_blocks, func.body.body),
+                                 func.body.body.ty, func.is_pure, func.attrs)
+    return mod, [p.name for p in new]
 
 
 @contextlib.contextmanager
