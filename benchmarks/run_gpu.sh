@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
-# STEP: env | tests[:FILE] | bert:BATCHxSEQ | dynamic (benchmarks/dynamic.py; DYNAMIC_FLAGS) | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
+# STEP: env | tests[:FILE] | bert:BATCHxSEQ | dynamic (benchmarks/dynamic.py; DYNAMIC_FLAGS) |
+#       compile (benchmarks/compile_time.py; COMPILE_FLAGS) | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
@@ -68,6 +69,11 @@ for step in "$@"; do
             # torch.compile(dynamic=True); DYNAMIC_FLAGS: benchmarks/dynamic.py's options
             python3 -m tvm_stitch.benchmarks.dynamic --target cuda ${DYNAMIC_FLAGS:-} 2>&1 \
                 | tee "$out/dynamic.log" || status=1
+            ;;
+        compile)  # cold and warm compile times of BERT-base (benchmarks/compile_time.py;
+            # COMPILE_FLAGS: its options)
+            python3 -m tvm_stitch.benchmarks.compile_time ${COMPILE_FLAGS:-} 2>&1 \
+                | tee "$out/compile.log" || status=1
             ;;
         bert:*)
             shape=${step#bert:}

@@ -365,3 +365,43 @@ def test_close_candidates_are_timed_again_before_one_is_chosen():
     assert confirm([(10.0, "a", {"w": 4}), (12.0, "d", {"w": 4})], timer,
                    ("a", {"w": 4}, 10.0)) == ("a", {"w": 4}, 10.0)
     assert calls == []
+
+
+def test_a_measured_search_compiles_each_batch_of_candidates_before_timing_it(monkeypatch):
+    """Item 4 of issue 48: the candidates a measured search times (each round's, the seeds,
+    the launches refined) are handed to ``make_fn.prepare`` before the first of them is timed,
+    so their kernels compile side by side on the host's cores; every timing finds its
+    candidate prepared, and the choice is the timings' as without it."""
+    from tvm_stitch.families.gemm import template as gemm_template
+    from tvm_stitch.tune import measure as measure_mod
+
+    spec = ChainSpec.gemm(4096, 768, 3072)
+    prepared, timed, batches = set(), [], []
+
+    def key(cand, launch):
+        return cand, tuple(sorted(launch.items()))
+
+    def seconds(cand, launch):  # a made-up device: larger tiles faster, 8 warps faster
+        tiles = cand.tile_dict
+        return 1e4 / (tiles["m"] * tiles["n"]) / launch["num_warps"] + tiles["k"] * 1e-3
+
+    def make(cand, launch):
+        timed.append(key(cand, launch))
+        assert key(cand, launch) in prepared, "timed before it was compiled"
+        return lambda: seconds(cand, launch)
+
+    def prepare(pairs):
+        batches.append(len(pairs))
+        prepared.update(key(c, la) for c, la in pairs)
+
+    make.prepare = prepare
+    monkeypatch.setattr(measure_mod, "time_torch", lambda fn, *a, **k: fn())
+    launches = [_launch(w, 3) for w in (4, 8)]
+    tuned = measured_search(
+        spec, HW, make, lambda c: gemm_template.gemm_legality(spec, c), launches=launches,
+        default_launch=lambda c: _launch(4, 3), workload=FFN2,
+        seeds=[{"m": 64, "n": 64, "k": 64, "launch": _launch(8, 4)}])
+    assert timed and set(timed) <= prepared
+    assert max(batches) > 1  # rounds' candidates compiled together, not one at a time
+    best = min(set(timed), key=lambda kl: seconds(kl[0], dict(kl[1])))
+    assert (tuned.result.best, tuned.launch) == (best[0], dict(best[1]))

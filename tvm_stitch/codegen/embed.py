@@ -648,7 +648,7 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
 
     keys = [(repr(sorted(other.items())), given) for _, other, given in jobs]
     unique = dict(zip(keys, jobs))  # equal configs compiled once
-    with concurrent.futures.ThreadPoolExecutor(_compile_workers(len(unique))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(compile_workers(len(unique))) as pool:
         futures = {key: pool.submit(compiled, other, given)
                    for key, (_, other, given) in unique.items()}
         alternatives = []
@@ -661,9 +661,18 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
     return tuple(alternatives)
 
 
-def _compile_workers(jobs: int) -> int:
-    """Threads compiling a launch's variants: one a job, at most one a core."""
-    return max(1, min(jobs, os.cpu_count() or 1))
+def compile_workers(jobs: int) -> int:
+    """Threads compiling Triton kernels side by side (a launch's variants, a search's
+    candidates): one a job, at most one a core, or at most ``$TVM_STITCH_COMPILE_WORKERS``
+    (``1``: one after the other)."""
+    limit = os.cpu_count() or 1
+    env = os.environ.get("TVM_STITCH_COMPILE_WORKERS", "")
+    if env.strip():
+        try:
+            limit = max(1, int(env))
+        except ValueError:
+            logger.warning("TVM_STITCH_COMPILE_WORKERS=%r is not a number: ignored", env)
+    return max(1, min(jobs, limit))
 
 
 def speculative_arguments(source) -> tuple:

@@ -71,6 +71,7 @@ def evolutionary_search(
     measure: Callable[[Candidate], float] | None = None,
     config: SearchConfig | None = None,
     progress: Callable[[int, float], None] | None = None,
+    prepare: Callable[[list], None] | None = None,
 ) -> SearchResult:
     """Algorithm 1 over ``space``.
 
@@ -85,6 +86,9 @@ def evolutionary_search(
     config : SearchConfig, optional
     progress : callable, optional
         Called with ``(round, best_time)`` after every round.
+    prepare : callable, optional
+        Called with each round's candidates about to be measured, before the first is: their
+        kernels compiled side by side (:func:`~tvm_stitch.tune.measure.measured_search`).
 
     Raises
     ------
@@ -109,6 +113,8 @@ def evolutionary_search(
         # ties keep the population's order (a set's would change with string hashing per process)
         ranked = sorted(dict.fromkeys(population), key=estimates.__getitem__)
         top = ranked[: cfg.top_n]
+        if measure and prepare is not None:
+            prepare([c for c in top if c not in cache])
         for cand in top:
             if cand not in cache:
                 cache[cand] = measure(cand) if measure else estimates[cand]

@@ -316,7 +316,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
     ]
     tk._tma_allocator()
 
-    def run(config):
+    def launch(config):
         fn = load(source, config)
         opts = launch_options(source, config)
         config = {"NUM_SMS": hw.num_sms, **config}
@@ -325,13 +325,45 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
             consts[name] = torch.zeros(size, dtype=getattr(torch, dtype), device="cuda")
         grid = source.grid({**consts, "WS": config.get("WS")}, match)
         descs = torch_descriptors(source, config, consts, inputs, outputs)  # made here
-        return lambda: fn[grid](*inputs, *outputs, **descs, **consts, **opts)
+        return fn, grid, {**descs, **consts, **opts}
 
-    run.inputs, run.outputs = inputs, outputs
+    def run(config):
+        fn, grid, kwargs = launch(config)
+        return lambda: fn[grid](*inputs, *outputs, **kwargs)
+
+    def prepare(configs):
+        """Compile the kernel for each of ``configs`` side by side (Triton's ``warmup``: its
+        compiler leaves the interpreter while it works; the device is not touched), so that
+        the timings of ``run`` find them compiled.  One that fails is left to its timing,
+        which fails and says so."""
+        import concurrent.futures
+
+        from tvm_stitch.codegen.embed import compile_workers
+
+        def warm(config):
+            fn, grid, kwargs = launch(config)
+            fn.warmup(*inputs, *outputs, grid=grid, **kwargs)
+
+        for config in configs:
+            load(source, config)  # each form of the text imported here, once
+        with concurrent.futures.ThreadPoolExecutor(compile_workers(len(configs))) as pool:
+            for future in [pool.submit(warm, c) for c in configs]:
+                try:
+                    future.result()
+                except Exception as err:  # noqa: BLE001 - any: its timing fails and says so
+                    logger.debug("%s: not compiled ahead: %s", source.name, err)
+
+    run.inputs, run.outputs, run.prepare = inputs, outputs, prepare
     return run
 
 
 def _generated_runner(match, source, shapes, constants, hw, template):
-    """``make(candidate, launch)`` for the search (:func:`generated_runner`)."""
+    """``make(candidate, launch)`` for the search (:func:`generated_runner`), with
+    ``make.prepare(pairs)`` compiling the candidates' kernels ahead, side by side."""
     run = generated_runner(match, source, shapes, constants, hw)
-    return lambda cand, launch: run({**template(cand), **launch})
+
+    def make(cand, launch):
+        return run({**template(cand), **launch})
+
+    make.prepare = lambda pairs: run.prepare([{**template(c), **la} for c, la in pairs])
+    return make

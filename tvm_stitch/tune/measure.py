@@ -148,7 +148,10 @@ def measured_search(
     hw : HardwareModel
     make_fn : callable
         ``make_fn(candidate, launch) -> fn``: a no-argument function running the candidate's
-        kernel with launch options ``launch`` (a dict).
+        kernel with launch options ``launch`` (a dict).  Where it has ``prepare``,
+        ``make_fn.prepare([(candidate, launch), ...])`` is called with the candidates about
+        to be timed (each round's, the seeds, the launches refined) first: it compiles their
+        kernels side by side, on the host's cores, and the timings find them compiled.
     legal : callable, optional
         The code generator's legality check.
     config : SearchConfig, optional
@@ -209,6 +212,13 @@ def measured_search(
         })
         return t
 
+    ready = getattr(make_fn, "prepare", None) if on_device else None
+
+    def prepare(pairs):
+        if ready is not None and pairs:
+            ready([(cand, default_launch(cand) if launch is None else launch)
+                   for cand, launch in pairs])
+
     def progress(rounds, best):
         bar.update(1)
         bar.set_postfix(best_us=f"{best * 1e6:.1f}")
@@ -221,12 +231,15 @@ def measured_search(
         return cost.predict(workload, cand.tile_dict, launch)
 
     start = time.perf_counter()
-    result = evolutionary_search(space, model, measure if on_device else None, cfg, progress)
+    result = evolutionary_search(space, model, measure if on_device else None, cfg, progress,
+                                 lambda cands: prepare([(c, None) for c in cands]))
     bar.update(cfg.max_rounds - result.rounds)
     best, launch, best_time = result.best, default_launch(result.best), result.best_time
     times = dict(result.times)
     if on_device:
-        for cand, given in _seeded(space, seeds):
+        seeded = _seeded(space, seeds)
+        prepare([(c, g) for c, g in seeded if g is not None or c not in times])
+        for cand, given in seeded:
             opt = default_launch(cand) if given is None else given
             if given is None and cand in times:
                 t = times[cand]
@@ -250,6 +263,7 @@ def measured_search(
             t = model(cand, opt)
             if t < best_time:
                 best, launch, best_time = cand, dict(opt), t
+    prepare([(cand, opt) for cand, _ in ranked for opt in launches])
     for cand, _ in ranked:
         for opt in launches:
             t = measure(cand, opt)
