@@ -907,3 +907,50 @@ def test_a_bucket_point_takes_the_static_kernels_best_timing_it_can_launch(tmp_p
     want = {"BLOCK_M": tiles["m"], "BLOCK_N": tiles["n"], "BLOCK_K": tiles["k"], **launch}
     assert all({k: g.get(k) for k in want} == want for g in got), (got, want)
     assert runtime.fixed(got[0], source)["PERSISTENT"] is False
+
+
+def test_an_unaligned_variant_that_spills_takes_smaller_tiles(monkeypatch, caplog):
+    """A runtime attention reading a per-logit mask (GPT-2's causal and padding mask, ``[b, 1,
+    s, s]``) at a length no multiple of 16 loads it element by element: with the 64 x 128
+    tiles and 8 warps chosen for aligned lengths, its variant for other lengths spilled 952
+    bytes (ptxas) and ran 12x slower on the H200 (4 x 333 against 4 x 320). That variant now
+    takes the largest smaller tiles that compile without spilling; the aligned one keeps its
+    tiles."""
+    import transformers
+    from torch.export import Dim
+
+    from tvm_stitch.codegen.ptx import spill_bytes
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+    from tvm_stitch.tune import policy
+
+    original = policy.KernelTuner.config
+    wide = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+
+    def chosen(self, match, source, shapes, constants, like=None):
+        got = original(self, match, source, shapes, constants, like)
+        if match.family != "attention":
+            return got
+        return {**{k: v for k, v in got.items() if k not in ("WS", "NUM_SMS", "TMA")}, **wide}
+
+    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(
+        n_embd=768, n_layer=2, n_head=12, vocab_size=300, attn_implementation="eager")).eval()
+    dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
+    ids, mask = torch.randint(0, 300, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    imported = import_torch(model, (ids,), "float16", {"attention_mask": mask},
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    with caplog.at_level("INFO", logger="tvm_stitch.embed"):
+        fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    texts = [f.script() for gv, f in fused.functions.items()
+             if gv.name_hint.startswith("attention_rt_")]
+    assert texts
+    probe = ".version 8.7\n.target sm_90a\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n"
+    if spill_bytes(probe) is None:
+        pytest.skip("no ptxas to report spills")
+    assert re.search(r"unaligned variant \S+ spills \d+ bytes: \S+ taken", caplog.text)
+    symbols = set(re.findall(r"attention_rt_\w+_w\d+s\d+\w*", "\n".join(texts)))
+    # the unaligned launch: 64 x 64 tiles; the aligned variant keeps 64 x 128
+    assert any(s.endswith("x64x64_w8s2") for s in symbols), symbols
+    assert any(s.endswith("x64x128_w8s2_a16") for s in symbols), symbols

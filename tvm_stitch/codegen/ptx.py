@@ -83,3 +83,31 @@ def build_module(ptx: str, symbol: str, arg_types: list, tags: list):
         return tvm_ffi.get_global_func("target.build.cuda")(tvm.IRModule({symbol: func}), target)
     finally:
         _pending.ptx = None
+
+
+def spill_bytes(ptx: str, arch: str = "sm_90a") -> int | None:
+    """Bytes of spill stores ``ptxas -v`` reports for ``ptx`` (the ``ptxas`` Triton compiles
+    with), or None where it cannot say (no ``ptxas``, or it failed)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        try:
+            ptxas = get_ptxas(90).path  # Triton 3.5+: the ptxas of an architecture
+        except TypeError:
+            ptxas = get_ptxas().path
+        with tempfile.TemporaryDirectory() as folder:
+            src = Path(folder) / "kernel.ptx"
+            src.write_text(ptx)
+            out = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o",
+                                  str(Path(folder) / "kernel.cubin")],
+                                 capture_output=True, text=True, check=False, timeout=120)
+    except Exception:  # noqa: BLE001 - any: the spills are unknown
+        return None
+    found = re.findall(r"(\d+) bytes spill stores", out.stderr)
+    return sum(map(int, found)) if out.returncode == 0 and found else None
+
