@@ -100,7 +100,6 @@ class KernelTuner:
         self.seen[key] = tuned.config
         return tuned.config
 
-
     def _measured_like(self, match, source, other, other_source) -> dict | None:
         rec = self.db.get(tuning_key(self.db, other, other_source, self.hw))
         if rec is None or not rec.get("measurements"):
