@@ -12,6 +12,7 @@ from .launch import LaunchDependently
 from .mcfuser import FuseMBCI
 from .precision import AccumulateFloat32, AsBFloat16, ComputeFloat32, HalfActivations
 from .stitch import StitchFusion, StitchSchedule
+from .views import InjectiveViews
 
 __all__ = [
     "AccumulateFloat32",
@@ -23,6 +24,7 @@ __all__ = [
     "FoldStaticShapes",
     "FuseMBCI",
     "HalfActivations",
+    "InjectiveViews",
     "LaunchDependently",
     "RecordKernels",
     "ReportFusion",

@@ -162,6 +162,9 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         # aliases that leaves are dropped (an alias reads its tensor outside any kernel)
         fusion.insert(at, relax.transform.CanonicalizeBindings())
         fusion.insert(at, relax.transform.EliminateCommonSubexpr())
+        # reshapes of symbolic shape fuse as static ones do (TVM marks them opaque)
+        at = next(i for i, p in enumerate(fusion) if p.info.name == "AnnotateTIROpPattern") + 1
+        fusion.insert(at, passes.InjectiveViews())
         if opts.report:
             fusion.append(passes.ReportFusion())
         kernels = {}  # each kernel before any schedule, for CheckKernels' fallback
