@@ -609,17 +609,13 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     variants = tuple(config.get(VARIANTS, ()))
     config = {k: v for k, v in config.items() if k != VARIANTS}
     last = config  # what the launch runs where no variant's condition holds
+    rest = (smem_limit, dependent, launch_dependents)
     if match.runtime and speculative_arguments(source):  # sizes of any alignment
-        def compiled(other, given):
-            kernel, options, _ = _generated_call(source, match, other, shapes, smem_limit,
-                                                 dependent, launch_dependents, given)
-            return compile_call(*kernel, **options)
-
-        last, _ = _without_spills(source, match, config, compiled(config, ()), compiled)
-    kernel, options, split = _generated_call(source, match, last, shapes, smem_limit,
-                                             dependent, launch_dependents)
-    alternatives = _alternatives(source, match, config, variants, shapes, smem_limit,
-                                 dependent, launch_dependents) if match.runtime else ()
+        unaligned = _compiled(source, match, config, shapes, rest)
+        last, _ = _without_spills(source, match, config, shapes, rest, unaligned)
+    kernel, options, split = _generated_call(source, match, last, shapes, *rest)
+    alternatives = _alternatives(source, match, config, variants, shapes,
+                                 *rest) if match.runtime else ()
     launch = plan_launch(*kernel, alternatives=alternatives, **options)
     if split:
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
@@ -650,21 +646,17 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
     for _, other, _ in jobs:  # each form of the text loaded here, once, not in the threads
         load(source, other)
 
-    def compiled(other, given):
-        kernel, options, _ = _generated_call(source, match, other, shapes, *rest, given)
-        return compile_call(*kernel, **options)
-
     keys = [(repr(sorted(other.items())), given) for _, other, given in jobs]
     unique = dict(zip(keys, jobs))  # equal configs compiled once
     with concurrent.futures.ThreadPoolExecutor(compile_workers(len(unique))) as pool:
-        futures = {key: pool.submit(compiled, other, given)
+        futures = {key: pool.submit(_compiled, source, match, other, shapes, rest, given)
                    for key, (_, other, given) in unique.items()}
         alternatives = []
         for key, (condition, other, given) in zip(keys, jobs):
             try:
                 found = futures[key].result()
                 if speculative and not given:  # the tiles of aligned sizes, at any size
-                    _, found = _without_spills(source, match, other, found, compiled)
+                    _, found = _without_spills(source, match, other, shapes, rest, found)
                 alternatives.append((condition, found))
             except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
                 logger.info("%s: variant %s left out: %s: %s", source.name, _tag(other),
@@ -672,11 +664,19 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
     return tuple(alternatives)
 
 
-def _without_spills(source, match, config, launch, compiled):
+def _compiled(source, match, config, shapes, rest, aligned=()) -> Launch:
+    """``source`` compiled with ``config`` (:func:`compile_call`); ``rest``: the shared-memory
+    limit, ``dependent`` and ``launch_dependents`` of :func:`generated_launch`, ``aligned`` the
+    runtime arguments taken as multiples of 16."""
+    kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned)
+    return compile_call(*kernel, **options)
+
+
+def _without_spills(source, match, config, shapes, rest, launch):
     """``(config, launch)``: ``launch`` (``source`` compiled with ``config`` for sizes of any
-    alignment by ``compiled(config, ())``), or, where ``ptxas`` reports it spilling
-    registers, the first of ``config``'s smaller tiles (:func:`smaller_tiles`) the kernel
-    takes that compiles without.
+    alignment, :func:`_compiled`), or, where ``ptxas`` reports it spilling registers, the
+    first of ``config``'s smaller tiles (:func:`smaller_tiles`) the kernel takes that compiles
+    without.
 
     A variant for sizes no multiple of 16 loads what an aligned one loads in 16-byte pieces
     element by element, each with its own address: a per-logit mask tile of 64 x 128 took
@@ -690,7 +690,7 @@ def _without_spills(source, match, config, launch, compiled):
         return config, launch
     for other in smaller_tiles(config):
         try:
-            smaller = compiled(other, ())
+            smaller = _compiled(source, match, other, shapes, rest)
         except Exception:  # noqa: BLE001 - any: the next smaller tiles
             continue
         if spill_bytes(smaller.ptx) == 0:
