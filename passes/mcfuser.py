@@ -338,13 +338,14 @@ class _Rewriter:
 
     def _bucket_configs(self, match, kernel, config) -> tuple:
         """The tiles of a runtime kernel at smaller sizes (:func:`runtime.bucket_points`):
-        ``((size, config), ...)`` ascending, each the tuner's at a point (searched, measured or
-        modelled, and kept in the tuning database under that point's extents), where it
-        differs from the next larger one's; :func:`embed.generated_launch` launches the first
-        whose size the call's does not exceed."""
+        ``((bound, config), ...)`` ascending (:func:`runtime.variant_bounds`), each the tuner's
+        at a point (searched, measured or modelled, and kept in the tuning database under that
+        point's extents); :func:`embed.generated_launch` launches the first whose bound the
+        call's size does not exceed."""
         from tvm_stitch.codegen import runtime
-        from tvm_stitch.graph.specialize import value_at, var_ranges
+        from tvm_stitch.graph.specialize import representative, value_at, var_ranges
 
+        size = runtime.kernel_size(kernel.match.frame.extents, kernel.match.runtime)
         found = []
         for point in runtime.bucket_points(var_ranges(self.mod[self.name])):
             try:
@@ -360,15 +361,9 @@ class _Rewriter:
                 logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,
                             type(err).__name__, err)
                 continue
-            size = value_at(runtime.kernel_size(kernel.match.frame.extents,
-                                                kernel.match.runtime), point)
-            found.append((size, tiles))
-        variants, larger = [], config
-        for size, tiles in sorted(found, key=lambda x: -x[0]):  # the largest first
-            if tiles != larger:
-                variants.append((size, tiles))
-            larger = tiles
-        return tuple(reversed(variants))
+            found.append((value_at(size, point), tiles))
+        return runtime.variant_bounds(
+            (value_at(size, representative(self.mod[self.name])), config), found)
 
     def _variant(self, match, source, shapes, constants) -> str:
         """The name of the kernel's PrimFunc with its tuned config (built once per variant);

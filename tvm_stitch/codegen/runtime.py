@@ -97,6 +97,30 @@ def bucket_points(ranges: dict) -> list[dict]:
         points.append(point)
 
 
+def variant_bounds(top: tuple, found: list) -> tuple:
+    """A runtime kernel's variants by size: ``((bound, config), ...)`` ascending, the first
+    whose bound a call's size does not exceed launched (:func:`.embed.generated_launch`).
+
+    ``top`` is ``(size, config)`` at the representative point (what runs above every bound),
+    ``found`` the same at the bucket points. A point's tiles serve the sizes nearer to it than
+    to the next larger point, in ratio (up to the geometric mean of the two sizes): 5117 rows
+    take the tiles of 4096, not of 8192, and an attention of 3 x 77 tokens those of 1 x 128.
+    Any tiles compute any size (the runtime forms mask their bounds); only their speed
+    depends on it. Points of equal tiles are one variant, bounded by the largest of them.
+    """
+    variants = []
+    larger_size, larger = top
+    if larger_size is None:
+        return ()
+    for size, tiles in sorted(found, key=lambda x: -x[0]):  # the largest first
+        if size is None or size >= larger_size:
+            continue
+        if tiles != larger:
+            variants.append((math.isqrt(size * larger_size), tiles))
+        larger_size, larger = size, tiles
+    return tuple(reversed(variants))
+
+
 def sentinel_points(dims) -> tuple[dict, dict]:
     """The two points where a function's symbolic ``dims`` (names) are read."""
     names = sorted(dims)
