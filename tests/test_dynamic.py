@@ -496,6 +496,30 @@ def test_bucket_points_halve_the_smallest_dim_within_its_range():
     assert bucket_points({"s": (1, 1)}) == []
 
 
+def test_a_size_takes_the_tiles_of_the_nearest_bucket_point_in_ratio():
+    """On the H200, BERT-base at 17 x 301 (5117 rows) ran the tiles of the 8192-row point
+    (1.14x the static build's GEMM time), and an attention of 3 x 77 the 128-key blocks of
+    1 x 256; the points of 4096 rows and 1 x 128 are nearer."""
+    from tvm_stitch.codegen.runtime import variant_bounds
+
+    found = [(8192, "b"), (4096, "c"), (2048, "c"), (1024, "d"), (512, "d")]
+    bounds = variant_bounds((32768, "a"), found)
+    # equal tiles are one variant, bounded halfway (geometrically) to the next larger point
+    assert bounds == ((1448, "d"), (5792, "c"), (16384, "b"))
+
+    def chosen(size):
+        return next((tiles for bound, tiles in bounds if size <= bound), "a")
+
+    assert chosen(17 * 301) == "c" and chosen(6000) == "b" and chosen(1449) == "c"
+    assert chosen(100) == "d" and chosen(10 ** 6) == "a"
+    # an attention's size is b * s * s: 3 x 77 nearer 1 x 128 than 1 x 256
+    attention = variant_bounds((512 * 512, "k512"), [(256 * 256, "k128"), (128 * 128, "k64")])
+    assert next(t for b, t in attention if 3 * 77 * 77 <= b) == "k64"
+    # points of the size of a larger one (a dim the kernel does not vary with) add nothing
+    assert variant_bounds((4096, "a"), [(4096, "b"), (2048, "a")]) == ()
+    assert variant_bounds((None, "a"), found) == ()
+
+
 def test_a_dynamic_bert_has_one_runtime_kernel_per_computation_with_variants_chosen_at_call_time():
     """HF BERT-tiny (2 layers) with dynamic batch and length, fused for CUDA: each layer's
     attention and GEMMs are the same runtime kernels (one PrimFunc each, called by both
@@ -699,6 +723,54 @@ def test_a_gather_by_arange_indices_reads_its_input_in_place():
     x = np.random.default_rng(0).integers(0, 2, (3, 5)).astype("int64")
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_array_equal(got, x.astype(bool)[:, None, None, :])
+
+
+def _embedding_module(flat=True):
+    """``table[ids]`` for ids of symbolic ``(b, s)``, as TVM's importer writes PyTorch's
+    ``nn.Embedding``: the ids flattened, gathered, the rows reshaped (``flat``); or the gather
+    by the ids themselves."""
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType([b, s], "int64"))
+    table = relax.Var("table", relax.TensorType([50, 8], "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids, table]):
+        with bb.dataflow():
+            if flat:
+                rows = bb.emit(relax.op.take(table, relax.op.reshape(ids, [b * s]), axis=0,
+                                             mode="wrap"))
+                out = bb.emit_output(relax.op.reshape(rows, [b, s, 8]))
+            else:
+                out = bb.emit_output(relax.op.take(table, ids, axis=0, mode="wrap"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_gather_by_flattened_indices_unflattened_gathers_by_them():
+    """The flattened ids and the reshape back cost a dynamic build's embedding lookup
+    divisions by ``seq`` for every element; the gather by the ids is the same values."""
+    from tvm_stitch.passes import FoldStaticShapes
+
+    got = FoldStaticShapes()(_embedding_module())
+    tvm.ir.assert_structural_equal(got, FoldStaticShapes()(_embedding_module(flat=False)))
+    ex = tvm.compile(got, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 8)).astype("float16")
+    for shape in ((3, 7), (1, 13)):
+        ids = rng.integers(-50, 50, shape)
+        out = vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(table)).numpy()
+        np.testing.assert_array_equal(out, table[ids % 50])
+    # rows regrouped otherwise than the ids' shape are left as they are
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType([b, s], "int64"))
+    table = relax.Var("table", relax.TensorType([50, 8], "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids, table]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.take(table, relax.op.reshape(ids, [b * s]), axis=0))
+            out = bb.emit_output(relax.op.reshape(rows, [b, s * 8]))
+        bb.emit_func_output(out)
+    assert "R.reshape" in FoldStaticShapes()(bb.get())["main"].script()
 
 
 def _dynamic_bert_fused(layers=1):

@@ -89,12 +89,15 @@ def _vector(block, loops) -> int | None:
     out = block.writes[0]
     iters = [iv.var for iv in block.iter_vars]
     extents = [lp.extent for lp in loops]
-    # the output in row-major order of the loops: each of its indices one iterator, in order
-    if not all(isinstance(e, tvm.tirx.IntImm) for e in extents) or len(out.region) != len(iters):
+    # the output in row-major order of the loops: each of its indices one iterator, in order;
+    # the columns a constant count, the rows of any (a symbolic batch and length)
+    if not isinstance(extents[-1], tvm.tirx.IntImm) or len(out.region) != len(iters):
         return None
     if any(not (r.min.same_as(v) and is_one(r.extent)) for r, v in zip(out.region, iters)):
         return None
-    if [_int(d) for d in out.source.shape] != [int(e) for e in extents]:
+    analyzer = tvm.sym.Analyzer()
+    if len(out.source.shape) != len(extents) or not all(
+            analyzer.can_prove_equal(d, e) for d, e in zip(out.source.shape, extents)):
         return None
     last = iters[-1]
     walking = [out.source]  # the buffers accessed a piece at a time
