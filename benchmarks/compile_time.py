@@ -37,7 +37,7 @@ def _one(shape: str, dynamic: bool) -> dict:
         def emit(self, record):
             lines.append(record.getMessage())
 
-    for name in ("tvm_stitch.frontend", "tvm_stitch.pipeline"):
+    for name in ("tvm_stitch.frontend", "tvm_stitch.pipeline", "tvm_stitch.mcfuser"):
         logging.getLogger(name).setLevel(logging.INFO)
         logging.getLogger(name).addHandler(Keep())
     b, s = map(int, shape.split("x"))
@@ -55,7 +55,7 @@ def _one(shape: str, dynamic: bool) -> dict:
         want = _hidden(model(ids, attention_mask=mask)).float()
         err = float((_hidden(fn(ids, mask)).float() - want).abs().max())
     return {"from_torch_s": round(seconds, 1), "max_err_vs_torch_fp16": err,
-            "log": [x for x in lines if x.startswith(("from_torch", "stitch pipeline"))]}
+            "log": [x for x in lines if x.startswith(("from_torch", "stitch pipeline", "tuning"))]}
 
 
 def main(argv=None) -> int:

@@ -149,8 +149,11 @@ class FuseMBCI:
             logger.info("Triton kernels not used: %s", err)
             return mod
         tuner = KernelTuner(hw, self.database or TuningDatabase(), on_device and measure)
-        return _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params).run(
+        out = _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params).run(
             self.mcfuser)
+        if tuner.summary():
+            logger.info("%s", tuner.summary())
+        return out
 
 
 class _Rewriter:

@@ -405,3 +405,7 @@ def test_a_measured_search_compiles_each_batch_of_candidates_before_timing_it(mo
     assert max(batches) > 1  # rounds' candidates compiled together, not one at a time
     best = min(set(timed), key=lambda kl: seconds(kl[0], dict(kl[1])))
     assert (tuned.result.best, tuned.launch) == (best[0], dict(best[1]))
+    # the search says where its time went: as many compiled ahead and timed as happened (the
+    # last kernel made is the chosen one's runner, not timed)
+    assert tuned.phases["compiled"] == sum(batches) and tuned.phases["timed"] == len(timed) - 1
+    assert 0 <= tuned.phases["compile"] + tuned.phases["time"] <= tuned.seconds

@@ -5,6 +5,8 @@ consumer warpgroups); error against PyTorch's float32 model and the GEMM kernels
 
     python benchmarks/studies/runtime_gemm.py [--shapes 8x512,1x128,3x77] [--configs ...]
 
+A config is ``MxNxKwWsS``, then ``wsC`` (warp-specialized, C consumer warpgroups), ``kS``
+(split k in S; static builds only) or ``p`` (the persistent Triton form; static builds only).
 One JSON line per (config, shape): ``gemm_us`` (both GEMMs, per call), ``max_err``, and the
 static build's beside them.
 """
@@ -26,10 +28,10 @@ from runtime_attention import forced, kernel_us
 
 
 def _config(text):
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:ws(\d+))?", text)
-    bm, bn, bk, w, st, ws = m.groups()
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:ws(\d+))?(?:k(\d+))?(p?)", text)
+    bm, bn, bk, w, st, ws, split, persistent = m.groups()
     out = {"BLOCK_M": int(bm), "BLOCK_N": int(bn), "BLOCK_K": int(bk), "num_warps": int(w),
-           "num_stages": int(st)}
+           "num_stages": int(st), "SPLIT_K": int(split or 1), "PERSISTENT": bool(persistent)}
     if ws:  # persistent: one program an SM (the H100's and H200's 132)
         out.update(WS=int(ws), NUM_SMS=132)
     return out

@@ -97,6 +97,10 @@ class Tuned:
         with ``time_s`` infinite) — what the tuning database keeps for fitting the cost model.
     run : callable
         Runs the best candidate with ``launch`` (returns the kernel's output).
+    phases : dict
+        Seconds of the search's phases: ``compile`` (candidates' kernels compiled ahead, side
+        by side) and ``time`` (timings on the device, a kernel compiled there when it was
+        not ahead), and how many of each (``compiled``, ``timed``).
     inputs : tuple
         The tensors ``run`` reads (set by the tuning functions of ``tvm_stitch.tune.kernels``).
     config : dict
@@ -113,6 +117,7 @@ class Tuned:
     failures: list
     measurements: list = dataclasses.field(default_factory=list)
     run: object = None
+    phases: dict = dataclasses.field(default_factory=dict)
     inputs: tuple = ()
     config: dict = dataclasses.field(default_factory=dict)
     workload: dict = dataclasses.field(default_factory=dict)
@@ -191,9 +196,15 @@ def measured_search(
     bar = tqdm(total=cfg.max_rounds + refine_top * len(launches), desc=desc, disable=None)
 
     timed = []  # (seconds, candidate, launch) of every timing
+    phases = {"compile": 0.0, "time": 0.0, "compiled": 0, "timed": 0}
 
     def time_once(cand, launch):
-        return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+        start = time.perf_counter()
+        try:
+            return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+        finally:
+            phases["time"] += time.perf_counter() - start
+            phases["timed"] += 1
 
     def measure(cand, launch=None):
         launch = default_launch(cand) if launch is None else launch
@@ -216,8 +227,11 @@ def measured_search(
 
     def prepare(pairs):
         if ready is not None and pairs:
+            start = time.perf_counter()
             ready([(cand, default_launch(cand) if launch is None else launch)
                    for cand, launch in pairs])
+            phases["compile"] += time.perf_counter() - start
+            phases["compiled"] += len(pairs)
 
     def progress(rounds, best):
         bar.update(1)
@@ -276,7 +290,8 @@ def measured_search(
     result = dataclasses.replace(result, best=best, best_time=best_time)
     seconds = time.perf_counter() - start
     run = make_fn(best, launch) if on_device else None
-    return Tuned(space, result, launch, best_time, seconds, failures, measurements, run)
+    return Tuned(space, result, launch, best_time, seconds, failures, measurements, run,
+                 phases)
 
 
 #: candidates measured within this fraction of the best are timed again before one is chosen

@@ -4,6 +4,7 @@ database, a measured search, or the cost model) and what is kept."""
 from __future__ import annotations
 
 import logging
+import time
 
 from tvm_stitch.cost.model import CostModel
 
@@ -32,6 +33,9 @@ class KernelTuner:
         self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
         self.fitted = False  # fit when a kernel first needs a search, not when none does
         self.rejected: set[str] = set()  # keys of records this compile does not use
+        #: where this compile's searches spent their time (:meth:`summary`)
+        self.spent = {"searches": 0, "search": 0.0, "compile": 0.0, "time": 0.0,
+                      "compiled": 0, "timed": 0, "fit": 0.0}
 
     def record(self, match, source) -> dict | None:
         """The tuning database's config of the kernel, where it holds a usable one: a record
@@ -79,6 +83,10 @@ class KernelTuner:
         tuned = tune_generated(
             match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
         )
+        self.spent["searches"] += 1
+        self.spent["search"] += tuned.seconds
+        for phase, value in tuned.phases.items():
+            self.spent[phase] += value
         if self.on_device:  # model-only choices are not kept: a GPU compile measures them
             self.db.put(
                 key,
@@ -89,7 +97,9 @@ class KernelTuner:
                 workload=tuned.workload,
                 measurements=tuned.measurements,
             )
+            start = time.perf_counter()
             self.cost.fit_database(self.db)  # refit as measurements arrive
+            self.spent["fit"] += time.perf_counter() - start
         logger.info(
             "%s: %s, %.1f us (%s)",
             match.describe(),
@@ -99,6 +109,18 @@ class KernelTuner:
         )
         self.seen[key] = tuned.config
         return tuned.config
+
+    def summary(self) -> str | None:
+        """Where this compile's measured searches spent their time (None without one):
+        candidates' kernels compiled ahead, timings on the device, the rest of the search
+        (the cost model, compiles the timings waited for), and the cost model's refits."""
+        s = self.spent
+        if not s["searches"] or not self.on_device:
+            return None
+        rest = s["search"] - s["compile"] - s["time"]
+        return (f"tuning: {s['searches']} searches, {s['search']:.1f} s: {s['compiled']} "
+                f"candidates compiled ahead {s['compile']:.1f} s, {s['timed']} timings "
+                f"{s['time']:.1f} s, the rest {rest:.1f} s; cost model refits {s['fit']:.1f} s")
 
     def _measured_like(self, match, source, other, other_source) -> dict | None:
         rec = self.db.get(tuning_key(self.db, other, other_source, self.hw))
