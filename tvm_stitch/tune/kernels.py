@@ -332,21 +332,36 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         return lambda: fn[grid](*inputs, *outputs, **kwargs)
 
     def prepare(configs):
-        """Compile the kernel for each of ``configs`` side by side (Triton's ``warmup``: its
-        compiler leaves the interpreter while it works; the device is not touched), so that
-        the timings of ``run`` find them compiled.  One that fails is left to its timing,
-        which fails and says so."""
+        """Compile the kernel for each of ``configs`` side by side, so that the timings of
+        ``run`` find them compiled: in worker processes into Triton's cache
+        (:mod:`~tvm_stitch.codegen.precompile`), else in threads (Triton's ``warmup``; the
+        device is not touched).  One that fails is left to its timing, which fails and says
+        so."""
         import concurrent.futures
 
+        from tvm_stitch.codegen import precompile
         from tvm_stitch.codegen.embed import compile_workers
 
         def warm(config):
             fn, grid, kwargs = launch(config)
             fn.warmup(*inputs, *outputs, grid=grid, **kwargs)
 
+        def specialized(config):
+            try:
+                fn, grid, kwargs = launch(config)
+            except Exception as err:  # noqa: BLE001 - any: its timing fails and says so
+                logger.debug("%s: not compiled ahead: %s", source.name, err)
+                return None
+            return fn, precompile.specialization(fn, [*inputs, *outputs], kwargs, grid)
+
         for config in configs:
             load(source, config)  # each form of the text imported here, once
-        with concurrent.futures.ThreadPoolExecutor(compile_workers(len(configs))) as pool:
+        workers = compile_workers(len(configs))
+        if workers > 1 and precompile.available():
+            items = [x for x in map(specialized, configs) if x is not None]
+            if precompile.compile_ahead(items) is not None:
+                return
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for future in [pool.submit(warm, c) for c in configs]:
                 try:
                     future.result()

@@ -117,10 +117,16 @@ class KernelTuner:
         s = self.spent
         if not s["searches"] or not self.on_device:
             return None
+        from tvm_stitch.codegen.precompile import STATS
+
         rest = s["search"] - s["compile"] - s["time"]
+        workers = (f" (in worker processes {STATS['compiled']}, failed there "
+                   f"{STATS['failed']}, not specialized {STATS['unspecialized']})"
+                   if STATS["specialized"] or STATS["unspecialized"] else "")
         return (f"tuning: {s['searches']} searches, {s['search']:.1f} s: {s['compiled']} "
-                f"candidates compiled ahead {s['compile']:.1f} s, {s['timed']} timings "
-                f"{s['time']:.1f} s, the rest {rest:.1f} s; cost model refits {s['fit']:.1f} s")
+                f"candidates compiled ahead {s['compile']:.1f} s{workers}, {s['timed']} "
+                f"timings {s['time']:.1f} s, the rest {rest:.1f} s; cost model refits "
+                f"{s['fit']:.1f} s")
 
     def _measured_like(self, match, source, other, other_source) -> dict | None:
         rec = self.db.get(tuning_key(self.db, other, other_source, self.hw))
