@@ -73,6 +73,7 @@ def compile_ahead(items) -> int | None:
     processes, one a core (:func:`~tvm_stitch.codegen.embed.compile_workers`), into Triton's
     cache. Returns how many compiled (a kernel that fails is logged and left to the JIT), or
     None where the processes cannot be used (the caller compiles them itself)."""
+    target = _target()
     jobs = []
     for fn, data in items:
         module = sys.modules.get(fn.fn.__module__)
@@ -80,7 +81,7 @@ def compile_ahead(items) -> int | None:
         if data is None or path is None:
             STATS["unspecialized"] += 1
             continue
-        jobs.append((path, module.__name__, fn.fn.__name__, data))
+        jobs.append((path, module.__name__, fn.fn.__name__, data, target))
     STATS["specialized"] += len(jobs)
     if not jobs:
         return 0
@@ -132,10 +133,21 @@ def _broken(err) -> None:
     _STATE["broken"], _STATE["pool"] = err, None
 
 
-def _compile(path: str, module_name: str, name: str, data: str) -> None:
+def _target() -> dict | None:
+    """This process's Triton target (older Tritons leave it out of the serialized data)."""
+    try:
+        from triton.runtime import driver
+
+        return dict(driver.active.get_current_target().__dict__)
+    except Exception:  # noqa: BLE001 - any: the data's own target, where it has one
+        return None
+
+
+def _compile(path: str, module_name: str, name: str, data: str, target=None) -> None:
     """In a worker: ``name`` of the generated module at ``path`` compiled as Triton's JIT
     compiles it for the specialization ``data`` (what its ``preload`` decodes), for the
-    target recorded there, into Triton's cache. No device is touched."""
+    ``target`` (a dict; else the one recorded in ``data``), into Triton's cache. No device is
+    touched."""
     import importlib.util
 
     import triton
@@ -151,7 +163,7 @@ def _compile(path: str, module_name: str, name: str, data: str) -> None:
         spec.loader.exec_module(module)
     fn = getattr(sys.modules[module_name], name)
     obj = json.loads(data)
-    target = GPUTarget(**obj["target"])
+    target = GPUTarget(**(obj.get("target") or target))
     constexprs = {tuple(k): _constant(v) for k, v in zip(obj["constant_keys"],
                                                           obj["constant_vals"])}
     attrs = dict(zip(map(tuple, obj["attrs_keys"]), obj["attrs_vals"]))
