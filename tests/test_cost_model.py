@@ -390,9 +390,15 @@ def test_a_measured_search_compiles_each_batch_of_candidates_before_timing_it(mo
         assert key(cand, launch) in prepared, "timed before it was compiled"
         return lambda: seconds(cand, launch)
 
+    first_batch = set()
+
     def prepare(pairs):
+        keys = [key(c, la) for c, la in pairs]
+        if not batches:
+            first_batch.update(keys)
         batches.append(len(pairs))
-        prepared.update(key(c, la) for c, la in pairs)
+        assert not prepared.intersection(keys), "compiled ahead twice"
+        prepared.update(keys)
 
     make.prepare = prepare
     monkeypatch.setattr(measure_mod, "time_torch", lambda fn, *a, **k: fn())
@@ -403,6 +409,10 @@ def test_a_measured_search_compiles_each_batch_of_candidates_before_timing_it(mo
         seeds=[{"m": 64, "n": 64, "k": 64, "launch": _launch(8, 4)}])
     assert timed and set(timed) <= prepared
     assert max(batches) > 1  # rounds' candidates compiled together, not one at a time
+    # the seed is compiled with the first round's candidates, not in a batch of its own
+    seed = [k for k in timed if k[0].tile_dict == {"m": 64, "n": 64, "k": 64}
+            and dict(k[1]) == _launch(8, 4)]
+    assert seed and seed[0] in first_batch
     best = min(set(timed), key=lambda kl: seconds(kl[0], dict(kl[1])))
     assert (tuned.result.best, tuned.launch) == (best[0], dict(best[1]))
     # the search says where its time went: as many compiled ahead and timed as happened (the

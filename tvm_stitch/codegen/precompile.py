@@ -154,8 +154,6 @@ def _compile(path: str, module_name: str, name: str, data: str, target=None) -> 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
 
-    from .embed import _ast_source
-
     if module_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
@@ -172,6 +170,20 @@ def _compile(path: str, module_name: str, name: str, data: str, target=None) -> 
     options = make_backend(target).parse_options(options)
     src = _ast_source(fn)(fn, signature, constexprs, attrs)
     triton.compile(src, target=target, options=options.__dict__)
+
+
+def _ast_source(fn):
+    """Triton's source class for ``fn``, Gluon's for a Gluon kernel (as
+    :func:`~tvm_stitch.codegen.embed._ast_source`, without importing TVM in a worker)."""
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:
+        GluonJITFunction = None  # noqa: N806 - Triton's class name
+    if GluonJITFunction is not None and isinstance(fn, GluonJITFunction):
+        return GluonASTSource
+    from triton.compiler import ASTSource
+
+    return ASTSource
 
 
 def _tuple(value):

@@ -224,14 +224,31 @@ def measured_search(
         return t
 
     ready = getattr(make_fn, "prepare", None) if on_device else None
+    prepared = set()  # (candidate, launch) compiled ahead already
+    seeded = _seeded(space, seeds) if on_device else []
 
     def prepare(pairs):
+        pairs = [(cand, default_launch(cand) if launch is None else launch)
+                 for cand, launch in pairs]
+        fresh = {}
+        for cand, launch in pairs:
+            if (cand, _key(launch)) not in prepared:
+                fresh.setdefault((cand, _key(launch)), (cand, launch))
+        pairs = list(fresh.values())
         if ready is not None and pairs:
             start = time.perf_counter()
-            ready([(cand, default_launch(cand) if launch is None else launch)
-                   for cand, launch in pairs])
+            ready(pairs)
             phases["compile"] += time.perf_counter() - start
             phases["compiled"] += len(pairs)
+            prepared.update((cand, _key(launch)) for cand, launch in pairs)
+
+    def round_prepare(cands):
+        # the seeds are known from the start: compiled with the first round's candidates, one
+        # batch of compiles fewer to wait for
+        pairs = [(c, None) for c in cands]
+        if not prepared:
+            pairs += [(c, g) for c, g in seeded if g is not None or c not in cands]
+        prepare(pairs)
 
     def progress(rounds, best):
         bar.update(1)
@@ -246,12 +263,11 @@ def measured_search(
 
     start = time.perf_counter()
     result = evolutionary_search(space, model, measure if on_device else None, cfg, progress,
-                                 lambda cands: prepare([(c, None) for c in cands]))
+                                 round_prepare)
     bar.update(cfg.max_rounds - result.rounds)
     best, launch, best_time = result.best, default_launch(result.best), result.best_time
     times = dict(result.times)
     if on_device:
-        seeded = _seeded(space, seeds)
         prepare([(c, g) for c, g in seeded if g is not None or c not in times])
         for cand, given in seeded:
             opt = default_launch(cand) if given is None else given
@@ -328,6 +344,11 @@ def confirm(timed, timer, best):
                 runs[i].append(math.inf)
     i = min(runs, key=lambda k: statistics.median(runs[k]))
     return contenders[i][0], dict(contenders[i][1]), statistics.median(runs[i])
+
+
+def _key(launch: dict) -> tuple:
+    """A launch's options as a hashable key."""
+    return tuple(sorted(launch.items()))
 
 
 def _seeded(space, seeds) -> list:
