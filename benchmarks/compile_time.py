@@ -1,6 +1,7 @@
 """Compile time of Hugging Face BERT-base through ``from_torch`` on the GPU (issue 48, item 4):
-cold (an empty tuning database, empty Triton and tvm-stitch caches) and warm (the same ones
-again, filled), each in a fresh process.
+cold (an empty tuning database, empty Triton and tvm-stitch caches), warm (the same ones
+again, filled: the model built again) and kept (the executable the cold compile kept, loaded:
+``tvm_stitch.executables``), each in a fresh process.
 
     python benchmarks/compile_time.py [--shape 8x512] [--workers 0,1] [--dynamic]
 
@@ -76,11 +77,14 @@ def main(argv=None) -> int:
             env["TVM_STITCH_COMPILE_WORKERS"] = str(workers)
         else:
             env.pop("TVM_STITCH_COMPILE_WORKERS", None)
-        for state in ("cold", "warm"):
+        for state in ("cold", "warm", "kept"):
             cmd = [sys.executable, "-m", "tvm_stitch.benchmarks.compile_time", "--one",
                    "--shape", args.shape, *(["--dynamic"] if args.dynamic else [])]
+            # warm: built again from the filled caches; kept: the executable the cold
+            # compile kept, loaded (tvm_stitch.executables)
+            run_env = {**env, "TVM_STITCH_EXECUTABLES": "0" if state == "warm" else "1"}
             start = time.perf_counter()
-            out = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
+            out = subprocess.run(cmd, check=False, env=run_env, capture_output=True, text=True)
             row = {"shape": args.shape, "dynamic": args.dynamic,
                    "workers": workers or os.cpu_count(), "state": state,
                    "process_s": round(time.perf_counter() - start, 1)}

@@ -9,6 +9,9 @@ import pytest
 
 # Triton 3.9 warns that its FP-fusion default will change; keep today's behaviour, quietly
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+# every test compiles what it compiles (a test of the executable cache turns it on, in a
+# folder of its own)
+os.environ["TVM_STITCH_EXECUTABLES"] = "0"
 
 
 @functools.lru_cache(maxsize=1)

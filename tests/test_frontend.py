@@ -616,3 +616,59 @@ def test_sdpa_exported_on_cuda_is_imported():
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
     assert not [t for t in targets if "_scaled_dot_product" in t], targets
     from_exported_program(exported, keep_params_as_input=True, run_ep_decomposition=False)
+
+
+def test_a_model_compiled_again_is_loaded_from_the_executables_kept(tmp_path, monkeypatch,
+                                                                     caplog):
+    """``from_torch`` keeps the executable it built; the same model compiled again (another
+    process, another day) is loaded, not rebuilt, and computes the same. A change of what the
+    build depends on (an option, the module, the tuning database) builds anew, and a
+    corrupt entry is removed and built again."""
+    import logging
+
+    import numpy as np
+    import tvm
+
+    from tvm_stitch import executables
+
+    monkeypatch.setenv("TVM_STITCH_EXECUTABLES", "1")
+    monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
+    database = tmp_path / "tuning.json"
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(database))
+    builds = []
+    real = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda *a, **k: builds.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(),
+                                torch.nn.LayerNorm(40)).eval()
+    x = torch.randn(3, 24)
+    want = model(x).detach().numpy()
+
+    first = tvm_stitch.from_torch(model, (x,), target="llvm")
+    assert len(builds) == 1 and len(list(executables.folder().glob("*.so"))) == 1
+    assert len(list(executables.folder().glob("*.json"))) == 1
+    with caplog.at_level(logging.INFO, logger="tvm_stitch.frontend"):
+        again = tvm_stitch.from_torch(model, (x,), target="llvm")
+    assert len(builds) == 1 and "kept from an earlier run" in caplog.text
+    for fn in (first, again):
+        np.testing.assert_allclose(fn(x).numpy(), want, rtol=1e-4, atol=1e-4)
+    # other weights are the executable's parameters: still loaded, and computing with them
+    other = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(),
+                                torch.nn.LayerNorm(40)).eval()
+    np.testing.assert_allclose(tvm_stitch.from_torch(other, (x,), target="llvm")(x).numpy(),
+                               other(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert len(builds) == 1
+    # what the build depends on: another shape, another option, another tuning database
+    tvm_stitch.from_torch(model, (torch.randn(5, 24),), target="llvm")
+    tvm_stitch.from_torch(model, (x,), target="llvm", fold_norms=True)
+    assert len(builds) == 3
+    database.write_text('{"version": 1, "records": {}}')
+    tvm_stitch.from_torch(model, (x,), target="llvm")
+    assert len(builds) == 4
+    # a corrupt entry: removed (with a warning) and built again
+    for entry in executables.folder().glob("*.json"):
+        entry.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="tvm_stitch.executables"):
+        fn = tvm_stitch.from_torch(model, (x,), target="llvm")
+    assert len(builds) == 5 and "could not be loaded" in caplog.text
+    np.testing.assert_allclose(fn(x).numpy(), want, rtol=1e-4, atol=1e-4)

@@ -796,12 +796,26 @@ def from_torch(
     config = dict(current.config)
     if cuda_graph is not None or "relax.backend.use_cuda_graph" not in config:
         config["relax.backend.use_cuda_graph"] = cuda and cuda_graph is not False
-    with tvm.transform.PassContext(  # the caller's context, CUDA graphs as asked
-            opt_level=current.opt_level, required_pass=current.required_pass,
-            disabled_pass=current.disabled_pass, instruments=current.instruments,
-            config=config):
-        ex = tvm.compile(imported.mod, target,
-                         relax_pipeline=tvm_stitch.pipeline(target, **options))
-    logger.info("from_torch: %.1f s (export, import and conversion %.1f s, compile %.1f s)",
-                time.perf_counter() - start, built - start, time.perf_counter() - built)
+    from tvm_stitch import executables
+    from tvm_stitch.tune.database import default_path
+
+    kept = executables.enabled() and not current.instruments
+    name = executables.key(imported.mod, target, options, {
+        "opt_level": current.opt_level, "required": list(current.required_pass),
+        "disabled": list(current.disabled_pass), **config}) if kept else None
+    loaded = executables.load(name, default_path()) if kept else None
+    if loaded is not None:
+        ex = relax.VMExecutable(loaded)
+    else:
+        with tvm.transform.PassContext(  # the caller's context, CUDA graphs as asked
+                opt_level=current.opt_level, required_pass=current.required_pass,
+                disabled_pass=current.disabled_pass, instruments=current.instruments,
+                config=config):
+            ex = tvm.compile(imported.mod, target,
+                             relax_pipeline=tvm_stitch.pipeline(target, **options))
+        if kept:
+            executables.store(name, ex, default_path())
+    logger.info("from_torch: %.1f s (export, import and conversion %.1f s, compile %.1f s%s)",
+                time.perf_counter() - start, built - start, time.perf_counter() - built,
+                ": the executable kept from an earlier run" if loaded is not None else "")
     return StitchModule(imported, ex, tvm.cuda(0) if cuda else tvm.cpu(0), check_indices)
