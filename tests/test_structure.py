@@ -30,7 +30,7 @@ LAYERS = [
                         "families.*.template"]),
     ("tuning", ["tune", "families.*.tune"]),
     ("passes", ["passes"]),
-    ("pipeline", ["pipeline", "report", "frontend", "workloads", "fuzz"]),
+    ("pipeline", ["pipeline", "report", "frontend", "executables", "workloads", "fuzz"]),
     ("tools", ["benchmarks", "cli", "__main__"]),
 ]
 MAX_LINES = 900
