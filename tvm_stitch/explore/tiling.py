@@ -369,12 +369,17 @@ class SearchSpace:
     counts: dict[str, int]
     smem_limit: int
     legal: Callable[[Candidate], str | None] | None = None
+    #: the admitted candidates, in order, once enumerated (a search, its seeds and the counts
+    #: read them several times)
+    _admitted: list | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def fits(self, cand: Candidate) -> bool:
+        """Rule 4: the candidate's shared memory fits."""
+        return smem_estimate(self.spec, cand.expr, cand.tile_dict) <= SMEM_SLACK * self.smem_limit
 
     def admits(self, cand: Candidate) -> bool:
         """Rule 4, and the code generator's legality check when one is given."""
-        if smem_estimate(self.spec, cand.expr, cand.tile_dict) > SMEM_SLACK * self.smem_limit:
-            return False
-        return self.legal is None or self.legal(cand) is None
+        return self.fits(cand) and (self.legal is None or self.legal(cand) is None)
 
     def find(self, tiles: dict[str, int]) -> Candidate | None:
         """An admitted candidate with tile sizes ``tiles`` (one per loop, of the sizes rule 3
@@ -388,13 +393,17 @@ class SearchSpace:
         return None
 
     def candidates(self) -> Iterator[Candidate]:
-        """Admitted candidates, in a fixed order."""
+        """Admitted candidates, in a fixed order (enumerated once)."""
+        if self._admitted is None:
+            self._admitted = [c for c in self.unpruned() if self.admits(c)]
+        return iter(self._admitted)
+
+    def unpruned(self) -> Iterator[Candidate]:
+        """Every candidate rules 1-3 leave, in a fixed order."""
         names = list(self.tiles)
         for expr in self.exprs:
             for values in itertools.product(*(self.tiles[x] for x in names)):
-                cand = Candidate(expr, tuple(zip(names, values)))
-                if self.admits(cand):
-                    yield cand
+                yield Candidate(expr, tuple(zip(names, values)))
 
 
 def build_search_space(
@@ -427,11 +436,11 @@ def build_search_space(
     counts["rule2"] = len(exprs) * n_tiles
     options = {x: _rule3(spec.extents[x], v) for x, v in options.items()}
     counts["rule3"] = len(exprs) * math.prod(len(v) for v in options.values())
-    space = SearchSpace(spec, exprs, options, counts, smem_limit)
-    if count:
-        counts["rule4"] = sum(1 for _ in space.candidates())
-    if legal is not None:
-        space.legal = legal
-        if count:
-            counts["legal"] = sum(1 for _ in space.candidates())
+    space = SearchSpace(spec, exprs, options, counts, smem_limit, legal)
+    if count:  # one enumeration: the counts and the admitted candidates
+        fitting = [c for c in space.unpruned() if space.fits(c)]
+        counts["rule4"] = len(fitting)
+        space._admitted = [c for c in fitting if legal is None or legal(c) is None]
+        if legal is not None:
+            counts["legal"] = len(space._admitted)
     return space
