@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from tvm import relax
 from tvm.script import relax as R
@@ -156,6 +158,17 @@ def test_shared_tensors_spatial_temporal_both():
     reuse = {r.tensor: r for r in graph.shared_tensors()}
     assert reuse["x"].kind == "both"  # exp and tanh are independent; the add depends on both
     assert not graph.reaches(graph.consumers("x")[0].name, graph.consumers("x")[1].name)
+    # what a node reaches is kept, and found again once a node is added
+    exp, tanh = (n.name for n in graph.consumers("x")[:2])
+    adds = [n for n in graph.nodes.values() if n.name not in (exp, tanh)]
+    assert graph.reaches(exp, adds[-1].name) and graph.reaches(exp, exp)
+    late = dataclasses.replace(graph.nodes[tanh], name="late/tanh", output="late_out",
+                               inputs=[dataclasses.replace(graph.nodes[tanh].inputs[0],
+                                                           tensor=graph.nodes[exp].output)])
+    graph.add_tensor(dataclasses.replace(graph.tensors[graph.nodes[tanh].output],
+                                         name="late_out"))
+    graph.add_node(late)
+    assert graph.reaches(exp, "late/tanh") and not graph.reaches(tanh, "late/tanh")
 
 
 def test_graph_of_bert_tiny_relations():

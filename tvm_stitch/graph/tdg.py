@@ -187,12 +187,14 @@ class TensorDependencyGraph:
         #: the function is static
         self.point: dict[str, int] = {}
         self._consumers: dict[str, list[str]] = defaultdict(list)
+        self._reach: dict[str, set[str]] = {}  # node -> the nodes it reaches (and itself)
 
     # -- construction ---------------------------------------------------------------------------
     def add_tensor(self, info: TensorInfo) -> None:
         self.tensors[info.name] = info
 
     def add_node(self, node: Node) -> None:
+        self._reach.clear()
         self.nodes[node.name] = node
         for tensor in dict.fromkeys(m.tensor for m in node.inputs):
             self._consumers[tensor].append(node.name)
@@ -217,17 +219,19 @@ class TensorDependencyGraph:
         return self.consumers(node.output)
 
     def reaches(self, src: str, dst: str) -> bool:
-        """Whether a path of data dependences leads from node ``src`` to node ``dst``."""
-        seen, stack = set(), [src]
-        while stack:
-            cur = stack.pop()
-            if cur == dst:
-                return True
-            if cur in seen:
-                continue
-            seen.add(cur)
-            stack.extend(n.name for n in self.successors(self.nodes[cur]))
-        return False
+        """Whether a path of data dependences leads from node ``src`` to node ``dst`` (every
+        node reaches itself). What a node reaches is found once and kept until a node is
+        added: recognition asks for every pair of GEMMs it may group."""
+        if src not in self._reach:
+            seen, stack = set(), [src]
+            while stack:
+                cur = stack.pop()
+                if cur in seen:
+                    continue
+                seen.add(cur)
+                stack.extend(n.name for n in self.successors(self.nodes[cur]))
+            self._reach[src] = seen
+        return dst in self._reach[src]
 
     def shared_tensors(self) -> list[Reuse]:
         """Tensors read by more than one node, each tagged temporal, spatial or both."""
