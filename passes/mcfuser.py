@@ -358,7 +358,8 @@ class _Rewriter:
                 shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                           for t in (*source.inputs, *source.outputs)}
                 tiles = runtime.fixed(self.tuner.config(at, source, shapes, {},
-                                                        like=self._static_like(other)),
+                                                        like=self._static_like(other),
+                                                        quick=True),
                                       kernel.source)
             except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
                 logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,

@@ -573,8 +573,8 @@ def test_a_runtime_gemm_takes_the_warp_specialized_form_with_descriptors_made_at
           "WS": 2, "NUM_SMS": 132}
     original = policy.KernelTuner.config
 
-    def chosen(self, match, source, shapes, constants, like=None):
-        got = original(self, match, source, shapes, constants, like)
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
         return {**got, **ws} if match.family == "gemm" and source.ws else got
 
     monkeypatch.setattr(policy.KernelTuner, "config", chosen)
@@ -846,8 +846,8 @@ def test_warp_specialized_runtime_kernels_give_pytorchs_numbers_on_the_gpu(monke
     }
     original = policy.KernelTuner.config
 
-    def chosen(self, match, source, shapes, constants, like=None):
-        got = original(self, match, source, shapes, constants, like)
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
         return {**got, **forced[match.family]} if source.ws and match.family in forced else got
 
     monkeypatch.setattr(policy.KernelTuner, "config", chosen)
@@ -926,6 +926,47 @@ def test_gathers_by_indices_known_whatever_the_length_are_slices_and_broadcast_r
         np.testing.assert_allclose(got, np.broadcast_to(typ[0] + pos[:s], (b, s, 8)))
 
 
+def test_bucket_points_are_searched_short_and_the_representative_point_at_length(
+        tmp_path, monkeypatch):
+    """Item 4: from an empty database, a dynamic build measures a dozen bucket points a
+    runtime kernel; each is a short search (one round of the model's best, the seeds, the
+    best refined: ``QUICK_SEARCH``), the representative point the full one, and the short
+    one's record says so."""
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+    from tvm_stitch.tune import policy
+    from tvm_stitch.tune.database import TuningDatabase
+    from tvm_stitch.tune.kernels import PASS_SEARCH, QUICK_SEARCH
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "tuning.json"))
+    model, inputs, _ = _bert()
+    dims = {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    searches = []
+    original = policy.tune_generated
+
+    def searched(match, source, shapes, constants, hw, on_device, cost, **search):
+        searches.append((bool(match.runtime), search.get("config", PASS_SEARCH),
+                         search.get("refine_top", 2)))
+        # the cost model stands in for the GPU; the tuner stores it as measured
+        return original(match, source, shapes, constants, hw, on_device=False, cost=cost,
+                        **search)
+
+    monkeypatch.setattr(policy, "tune_generated", searched)
+    monkeypatch.setattr("tvm_stitch.passes.mcfuser.can_measure", lambda: (True, ""))
+    fused_module(imported.mod, CUDA, tune="measure", **default_options(CUDA))
+    runtime = [s for s in searches if s[0]]
+    quick = [s for s in runtime if s[1] is QUICK_SEARCH and s[2] == 1]
+    full = [s for s in runtime if s[1] is PASS_SEARCH and s[2] == 2]
+    assert quick and full and len(quick) + len(full) == len(runtime)
+    assert len(quick) > len(full)  # several points a kernel, one representative
+    records = TuningDatabase().records.values()
+    assert sum(r.get("search") == "quick" for r in records) == len(quick)
+
+
 def test_a_bucket_point_takes_the_static_kernels_best_timing_it_can_launch(tmp_path, monkeypatch):
     """Item 3: the tuning database's timings of the static kernel at a bucket point's extents
     (a static compile's measured search, or a service's earlier tuning) are the runtime
@@ -948,8 +989,8 @@ def test_a_bucket_point_takes_the_static_kernels_best_timing_it_can_launch(tmp_p
                             dynamic_shapes={"input_ids": dims, "attention_mask": dims})
     original, seen = policy.KernelTuner.config, []
 
-    def spy(self, match, source, shapes, constants, like=None):
-        got = original(self, match, source, shapes, constants, like)
+    def spy(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
         seen.append((match, source, like, got))
         return got
 
@@ -1000,8 +1041,8 @@ def test_an_unaligned_variant_that_spills_takes_smaller_tiles(monkeypatch, caplo
     original = policy.KernelTuner.config
     wide = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
 
-    def chosen(self, match, source, shapes, constants, like=None):
-        got = original(self, match, source, shapes, constants, like)
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
         if match.family != "attention":
             return got
         return {**{k: v for k, v in got.items() if k not in ("WS", "NUM_SMS", "TMA")}, **wide}

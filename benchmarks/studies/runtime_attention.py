@@ -69,8 +69,8 @@ def forced(family, config):
     original = policy.KernelTuner.__dict__.get("_original_config") or policy.KernelTuner.config
     policy.KernelTuner._original_config = original
 
-    def chosen(self, match, source, shapes, constants, like=None):
-        got = original(self, match, source, shapes, constants, like)
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
         if config is None or match.family != family:
             return got
         keep = {k: v for k, v in got.items() if not k.startswith("BLOCK_")

@@ -24,6 +24,9 @@ logger = logging.getLogger("tvm_stitch.tune")
 
 #: Algorithm 1's knobs for tuning inside a compile: a small population, few rounds
 PASS_SEARCH = SearchConfig(population=64, top_n=8, eps=0.01, max_rounds=4)
+#: ... and a short one (a runtime kernel's bucket points): one round of the model's best, the
+#: seeds beside them, the best refined
+QUICK_SEARCH = SearchConfig(population=64, top_n=8, eps=0.01, max_rounds=1)
 
 
 def randn(shape, dtype, scale=1.0):
@@ -76,7 +79,7 @@ def _tune(family: str):
 
 def search(
     spec, hw, make, legal, config, family, template, on_device, desc, launches=None, seeds=None,
-    workload=None, cost=None, split=False,
+    workload=None, cost=None, split=False, refine_top=2,
 ) -> Tuned:
     fam = _tune(family)
     default = lambda c: fam.default_launch(template(c))  # noqa: E731
@@ -97,6 +100,7 @@ def search(
         seeds=fam.SEEDS if seeds is None else seeds,
         workload=workload,
         cost=cost,
+        refine_top=refine_top,
     )
     tuned.config = {**template(tuned.result.best), **tuned.launch}
     if tuned.config.get("PERSISTENT") or tuned.config.get("WS"):
@@ -121,7 +125,8 @@ def split_k_launch(workload: Workload, cost, base):
 
 
 def tune_generated(
-    match, source, shapes, constants=None, hw=None, config=PASS_SEARCH, on_device=True, cost=None
+    match, source, shapes, constants=None, hw=None, config=PASS_SEARCH, on_device=True, cost=None,
+    refine_top=2,
 ) -> Tuned:
     """Tiles and launch of a generated kernel (:mod:`tvm_stitch.codegen.triton_gen`), searched
     by timing that kernel itself: its epilogue, masks, causal block skipping and layouts are in
@@ -144,6 +149,8 @@ def tune_generated(
         False: the cost model alone picks (no GPU needed; nothing is launched).
     cost : CostModel, optional
         The model ranking candidates (default: the analytical model alone).
+    refine_top : int
+        Measured candidates timed again with every launch option (:func:`measured_search`).
     """
     family = match.family
     space = _tune(family).space(match)
@@ -159,6 +166,7 @@ def tune_generated(
     tuned = search(
         spec, hw, make, space.legal, config, family, template, on_device, source.name,
         launches=launches, seeds=seeds, workload=workload, cost=cost, split=source.split_k,
+        refine_top=refine_top,
     )
     tuned.workload = {**workload.to_dict(), "kernel": match.describe()}
     return tuned

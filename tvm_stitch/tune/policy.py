@@ -8,7 +8,7 @@ import time
 
 from tvm_stitch.cost.model import CostModel
 
-from .kernels import best_measured, record_legality, tune_generated
+from .kernels import QUICK_SEARCH, best_measured, record_legality, tune_generated
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
 
@@ -59,12 +59,15 @@ class KernelTuner:
         logger.warning("%s: tuning record %s ignored (%s); tiles searched again",
                        match.describe(), key, why)
 
-    def config(self, match, source, shapes, constants, like=None) -> dict:
+    def config(self, match, source, shapes, constants, like=None, quick=False) -> dict:
         """The kernel's config: its tuning record's; else, with ``like`` (``(match,
         source)`` of the same computation at the same extents in another formulation: the
         static kernel of a runtime kernel's bucket point), the fastest of that kernel's
         measurements this one can launch (:func:`~tvm_stitch.tune.kernels.best_measured`);
-        else searched (measured, or the cost model's)."""
+        else searched (measured, or the cost model's). ``quick``: a measured search is the
+        short one (:data:`~tvm_stitch.tune.kernels.QUICK_SEARCH`, the best candidate
+        refined): a runtime kernel's bucket points, a dozen a kernel, are not each searched
+        at length in a compile from an empty database."""
         key = tuning_key(self.db, match, source, self.hw)
         recorded = self.record(match, source)
         if recorded is not None:
@@ -80,8 +83,10 @@ class KernelTuner:
             self.fitted = True
             if self.cost.fit_database(self.db):
                 logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
+        search = {"config": QUICK_SEARCH, "refine_top": 1} if quick else {}
         tuned = tune_generated(
-            match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost
+            match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost,
+            **search,
         )
         self.spent["searches"] += 1
         self.spent["search"] += tuned.seconds
@@ -96,6 +101,7 @@ class KernelTuner:
                 correlation=tuned.result.correlation,
                 workload=tuned.workload,
                 measurements=tuned.measurements,
+                **({"search": "quick"} if quick else {}),
             )
             start = time.perf_counter()
             self.cost.fit_database(self.db)  # refit as measurements arrive
