@@ -672,3 +672,30 @@ def test_a_model_compiled_again_is_loaded_from_the_executables_kept(tmp_path, mo
         fn = tvm_stitch.from_torch(model, (x,), target="llvm")
     assert len(builds) == 5 and "could not be loaded" in caplog.text
     np.testing.assert_allclose(fn(x).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_least_recently_used_executables_go_beyond_the_limit(tmp_path, monkeypatch):
+    """A service compiling many shapes keeps at most ``$TVM_STITCH_EXECUTABLES_MAX``
+    executables; the least recently used (stored or loaded) are removed first."""
+    import os
+
+    from tvm_stitch import executables
+
+    monkeypatch.setenv("TVM_STITCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TVM_STITCH_EXECUTABLES_MAX", "2")
+
+    class Built:  # what export_library writes is the library
+        def export_library(self, path):
+            with open(path, "wb") as f:
+                f.write(b"library")
+
+    database = tmp_path / "tuning.json"
+    for i, name in enumerate(["a" * 32, "b" * 32]):
+        assert executables.store(name, Built(), database)
+        os.utime(executables.folder() / f"{name}.json", (1000 + i, 1000 + i))
+    assert executables.store("c" * 32, Built(), database)
+    kept = sorted(p.name[0] for p in executables.folder().iterdir())
+    assert kept == ["b", "b", "c", "c"]  # "a", the oldest, went with its library
+    monkeypatch.setenv("TVM_STITCH_EXECUTABLES_MAX", "none")
+    assert executables.store("d" * 32, Built(), database)  # a bad limit: the default
+    assert len(list(executables.folder().glob("*.json"))) == 3

@@ -18,7 +18,8 @@ compile measured something) is compiled again and replaced.
 
 Loading an entry that fails (a corrupt or truncated file) warns, removes it and compiles.
 An executable that cannot be exported (no host compiler to link it) is used as built, with a
-warning. ``TVM_STITCH_EXECUTABLES=0`` turns the cache off.
+warning. ``TVM_STITCH_EXECUTABLES=0`` turns the cache off; at most
+``$TVM_STITCH_EXECUTABLES_MAX`` entries (64) are kept, the least recently used removed first.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ logger = logging.getLogger("tvm_stitch.executables")
 
 #: bumped when what an entry holds changes
 FORMAT = 1
+#: entries kept at most (``$TVM_STITCH_EXECUTABLES_MAX``); the least recently used go first
+MAX_ENTRIES = 64
 
 
 def enabled() -> bool:
@@ -78,7 +81,9 @@ def load(name: str, database: Path):
         if recorded.get("database") != _digest(database):
             logger.info("executable %s: the tuning database changed since; compiled again", name)
             return None
-        return tvm.runtime.load_module(str(folder() / recorded["library"]))
+        loaded = tvm.runtime.load_module(str(folder() / recorded["library"]))
+        os.utime(meta)  # used now: the last to go (:func:`_evict`)
+        return loaded
     except Exception as err:  # noqa: BLE001 - any: a corrupt entry is compiled again
         logger.warning("executable %s could not be loaded (%s: %s); removed and compiled "
                        "again", name, type(err).__name__, err)
@@ -105,10 +110,31 @@ def store(name: str, executable, database: Path) -> bool:
             _remove(name, keep=library)
             os.replace(built, where / library)  # the library first: an entry with its
             os.replace(meta, where / meta.name)  # description is whole
+        _evict()
         return True
     except Exception as err:  # noqa: BLE001 - any: the executable is used as built
         logger.warning("executable not kept for later runs (%s: %s)", type(err).__name__, err)
         return False
+
+
+def _evict() -> None:
+    """The least recently used entries removed beyond ``$TVM_STITCH_EXECUTABLES_MAX``
+    (default :data:`MAX_ENTRIES`): a service compiling many models or shapes does not fill
+    the disk."""
+    try:
+        limit = int(os.environ.get("TVM_STITCH_EXECUTABLES_MAX", MAX_ENTRIES))
+    except ValueError:
+        logger.warning("TVM_STITCH_EXECUTABLES_MAX=%r is not a number: %d kept",
+                       os.environ["TVM_STITCH_EXECUTABLES_MAX"], MAX_ENTRIES)
+        limit = MAX_ENTRIES
+    entries = []
+    for meta in folder().glob("*.json"):
+        try:
+            entries.append((meta.stat().st_mtime, meta.stem))
+        except OSError:  # removed meanwhile by another process
+            continue
+    for _, name in sorted(entries, reverse=True)[max(limit, 1):]:
+        _remove(name)
 
 
 def _remove(name: str, keep: str | None = None) -> None:
