@@ -188,6 +188,7 @@ class TensorDependencyGraph:
         self.point: dict[str, int] = {}
         self._consumers: dict[str, list[str]] = defaultdict(list)
         self._reach: dict[str, set[str]] = {}  # node -> the nodes it reaches (and itself)
+        self._specialized: dict = {}  # (PrimFunc, point) -> (specialized, why not), building
 
     # -- construction ---------------------------------------------------------------------------
     def add_tensor(self, info: TensorInfo) -> None:
@@ -458,8 +459,12 @@ def _visit_call_tir(graph, mod, names, var, call) -> None:
     func = mod[gvar]
     why = _unanalysable(func)
     symbolic = bool(why) and isinstance(func, tirx.PrimFunc) and bool(graph.point)
-    if symbolic:
-        func, why = _at_point(func, call_point(func, call, graph.point), why)
+    if symbolic:  # specialized once per function and point (a model's layers share them)
+        point = call_point(func, call, graph.point)
+        key = (gvar.name_hint, tuple(sorted(point.items())) if point else None)
+        if key not in graph._specialized:
+            graph._specialized[key] = _at_point(func, point, why)
+        func, why = graph._specialized[key]
     if not why:
         why = _disagrees(graph, func, call)
     if why:
