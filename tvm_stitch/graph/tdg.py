@@ -189,6 +189,7 @@ class TensorDependencyGraph:
         self._consumers: dict[str, list[str]] = defaultdict(list)
         self._reach: dict[str, set[str]] = {}  # node -> the nodes it reaches (and itself)
         self._specialized: dict = {}  # (PrimFunc, point) -> (specialized, why not), building
+        self._accesses: dict = {}  # (load or store, shape) -> AccessMap, building
 
     # -- construction ---------------------------------------------------------------------------
     def add_tensor(self, info: TensorInfo) -> None:
@@ -634,10 +635,10 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
             continue
         seen.add(key)
         shape = graph.tensors[tensor].shape
-        inputs.append(analyze_access(tensor, list(load.indices), spatial, reduce, analyzer, shape))
+        inputs.append(_access(graph, load, tensor, spatial, reduce, analyzer, shape))
 
     out_info = graph.tensors[out]
-    write = analyze_access(out, list(store.indices), spatial, reduce, analyzer, out_info.shape)
+    write = _access(graph, store, out, spatial, reduce, analyzer, out_info.shape)
     iterations = 1
     for iv in block.iter_vars:
         iterations *= int(iv.dom.extent)
@@ -671,6 +672,17 @@ def _block_node(block, buffer_names, call, func_name, graph) -> Node | None:
         block=block,
         tensor_of=buffer_names,
     )
+
+
+def _access(graph, access, tensor, spatial, reduce, analyzer, shape) -> AccessMap:
+    """:func:`analyze_access` of a load or store of a block, found once per build for the
+    same statement (a PrimFunc every layer calls) and shape, named ``tensor`` each time."""
+    key = (access, tuple(shape))
+    found = graph._accesses.get(key)
+    if found is None:
+        found = analyze_access(tensor, list(access.indices), spatial, reduce, analyzer, shape)
+        graph._accesses[key] = found
+    return found if found.tensor == tensor else dataclasses.replace(found, tensor=tensor)
 
 
 def prim_func_nodes(func: tvm.tirx.PrimFunc, name: str = "f", point=None) -> list[Node]:
