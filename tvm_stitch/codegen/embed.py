@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import re
 
 import tvm
@@ -31,6 +30,7 @@ import tvm
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 
 from .kernel_text import UnsupportedKernelError
+from .precompile import ast_source, compile_workers, is_gluon
 from .ptx import TENSORMAP, build_module
 from .triton_kernels import kernel, precision
 
@@ -249,7 +249,7 @@ def compile_call(
             desc, _ = descriptors[arg]
             block = desc.block(consts)
             layout = ""  # a Gluon kernel's descriptor names its shared-memory layout
-            if _is_gluon(fn):
+            if is_gluon(fn):
                 from .kernel_text import smem_layout
 
                 layout = f",{smem_layout(*block, desc.dtype)!r}"
@@ -275,7 +275,7 @@ def compile_call(
             if value % 16 == 0:
                 attrs[(fn.arg_names.index(arg),)] = [["tt.divisibility", 16]]
         values.append(value)
-    src = _ast_source(fn)(
+    src = ast_source(fn)(
         fn, {**signature, **dict.fromkeys(consts, "constexpr")}, constexprs=consts, attrs=attrs
     )
     compiled = triton.compile(
@@ -560,25 +560,6 @@ def _int64(value):
     return tvm.tirx.Cast("int64", value)
 
 
-def _is_gluon(fn) -> bool:
-    try:
-        from triton.experimental.gluon._runtime import GluonJITFunction
-    except ImportError:
-        return False
-    return isinstance(fn, GluonJITFunction)
-
-
-def _ast_source(fn):
-    """Triton's source class for ``fn``: Gluon's for a Gluon kernel."""
-    if _is_gluon(fn):
-        from triton.experimental.gluon._runtime import GluonASTSource
-
-        return GluonASTSource
-    from triton.compiler import ASTSource
-
-    return ASTSource
-
-
 #: a runtime kernel's config key: the configs of smaller sizes, ``((size, config), ...)``
 #: ascending, each launched where the kernel's size (the product of its runtime extents, at
 #: call time) is at most ``size`` (:func:`generated_launch`)
@@ -712,20 +693,6 @@ def smaller_tiles(config) -> list[dict]:
             current = {**current, key: current[key] // 2}
             out.append(current)
     return out
-
-
-def compile_workers(jobs: int) -> int:
-    """Threads compiling Triton kernels side by side (a launch's variants, a search's
-    candidates): one a job, at most one a core, or at most ``$TVM_STITCH_COMPILE_WORKERS``
-    (``1``: one after the other)."""
-    limit = os.cpu_count() or 1
-    env = os.environ.get("TVM_STITCH_COMPILE_WORKERS", "")
-    if env.strip():
-        try:
-            limit = max(1, int(env))
-        except ValueError:
-            logger.warning("TVM_STITCH_COMPILE_WORKERS=%r is not a number: ignored", env)
-    return max(1, min(jobs, limit))
 
 
 def speculative_arguments(source) -> tuple:

@@ -43,6 +43,20 @@ def available() -> bool:
     return _pool() is not None
 
 
+def compile_workers(jobs: int) -> int:
+    """Threads compiling Triton kernels side by side (a launch's variants, a search's
+    candidates): one a job, at most one a core, or at most ``$TVM_STITCH_COMPILE_WORKERS``
+    (``1``: one after the other)."""
+    limit = os.cpu_count() or 1
+    env = os.environ.get("TVM_STITCH_COMPILE_WORKERS", "")
+    if env.strip():
+        try:
+            limit = max(1, int(env))
+        except ValueError:
+            logger.warning("TVM_STITCH_COMPILE_WORKERS=%r is not a number: ignored", env)
+    return max(1, min(jobs, limit))
+
+
 def specialization(fn, args, kwargs, grid) -> str | None:
     """Triton's serialized specialization of launching ``fn`` (a JIT function) with ``args``
     and ``kwargs`` (launch options included), as its ``preload`` takes it, found without
@@ -70,7 +84,7 @@ def specialization(fn, args, kwargs, grid) -> str | None:
 
 def compile_ahead(items) -> int | None:
     """Compile ``items`` — ``(fn, specialization)`` pairs (:func:`specialization`) — in worker
-    processes, one a core (:func:`~tvm_stitch.codegen.embed.compile_workers`), into Triton's
+    processes, one a core (:func:`compile_workers`), into Triton's
     cache. Returns how many compiled (a kernel that fails is logged and left to the JIT), or
     None where the processes cannot be used (the caller compiles them itself)."""
     target = _target()
@@ -109,10 +123,8 @@ def compile_ahead(items) -> int | None:
 
 
 def _pool():
-    """The worker processes, one a core (:func:`~tvm_stitch.codegen.embed.compile_workers`),
+    """The worker processes, one a core (:func:`compile_workers`),
     started once, on first use and kept for every batch; None where they cannot be."""
-    from .embed import compile_workers
-
     with _POOL_LOCK:
         if _STATE["pool"] is None and _STATE["broken"] is None:
             try:
@@ -168,18 +180,25 @@ def _compile(path: str, module_name: str, name: str, data: str, target=None) -> 
     signature = {k: _tuple(v) for k, v in obj["signature"].items()}
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in obj["options"].items()}
     options = make_backend(target).parse_options(options)
-    src = _ast_source(fn)(fn, signature, constexprs, attrs)
+    src = ast_source(fn)(fn, signature, constexprs, attrs)
     triton.compile(src, target=target, options=options.__dict__)
 
 
-def _ast_source(fn):
-    """Triton's source class for ``fn``, Gluon's for a Gluon kernel (as
-    :func:`~tvm_stitch.codegen.embed._ast_source`, without importing TVM in a worker)."""
+def is_gluon(fn) -> bool:
+    """Whether ``fn`` is a Gluon kernel."""
     try:
-        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+        from triton.experimental.gluon._runtime import GluonJITFunction
     except ImportError:
-        GluonJITFunction = None  # noqa: N806 - Triton's class name
-    if GluonJITFunction is not None and isinstance(fn, GluonJITFunction):
+        return False
+    return isinstance(fn, GluonJITFunction)
+
+
+def ast_source(fn):
+    """Triton's source class for ``fn``: Gluon's for a Gluon kernel (here, not in
+    :mod:`.embed`, so a worker imports no TVM)."""
+    if is_gluon(fn):
+        from triton.experimental.gluon._runtime import GluonASTSource
+
         return GluonASTSource
     from triton.compiler import ASTSource
 

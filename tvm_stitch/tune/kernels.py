@@ -348,7 +348,7 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         import concurrent.futures
 
         from tvm_stitch.codegen import precompile
-        from tvm_stitch.codegen.embed import compile_workers
+        from tvm_stitch.codegen.precompile import compile_workers
 
         def warm(config):
             fn, grid, kwargs = launch(config)
