@@ -151,8 +151,9 @@ class FuseMBCI:
         tuner = KernelTuner(hw, self.database or TuningDatabase(), on_device and measure)
         out = _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params).run(
             self.mcfuser)
-        if tuner.summary():
-            logger.info("%s", tuner.summary())
+        summary = tuner.summary()
+        if summary:
+            logger.info("%s", summary)
         return out
 
 

@@ -327,7 +327,7 @@ def confirm(timed, timer, best):
     limit = best[2] * (1 + CONFIRM_WITHIN)
     contenders, seen = [], set()
     for t, cand, launch in sorted(timed, key=lambda x: x[0]):
-        key = (cand, tuple(sorted(launch.items())))
+        key = (cand, _key(launch))
         if t > limit or len(contenders) == CONFIRM_TOP:
             break
         if key not in seen:
