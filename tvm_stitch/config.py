@@ -7,6 +7,8 @@ options are an error, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 from tvm_stitch.families import FAMILIES
 from tvm_stitch.families import check as check_families
@@ -15,6 +17,14 @@ from tvm_stitch.families import check as check_families
 LAUNCH_DEPENDENTS = ("start", "exit")
 #: the default: at its exit (measured: :class:`PipelineOptions`' ``launch_dependents``)
 DEFAULT_LAUNCH_DEPENDENTS = "exit"
+
+
+def cache_root() -> Path:
+    """Where tvm-stitch keeps what it generates and builds: ``$TVM_STITCH_CACHE``, default
+    ``~/.cache/tvm-stitch`` (the generated Triton sources in ``triton/``, the kept executables
+    in ``executables/``)."""
+    root = os.environ.get("TVM_STITCH_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "tvm-stitch"
 
 
 def check_tune(value) -> str:

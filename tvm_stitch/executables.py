@@ -49,8 +49,9 @@ def enabled() -> bool:
 
 def folder() -> Path:
     """``$TVM_STITCH_CACHE/executables`` (default ``~/.cache/tvm-stitch/executables``)."""
-    root = os.environ.get("TVM_STITCH_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "tvm-stitch") / "executables"
+    from tvm_stitch.config import cache_root
+
+    return cache_root() / "executables"
 
 
 def key(mod, target, options: dict, context: dict) -> str:

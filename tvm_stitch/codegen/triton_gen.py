@@ -90,8 +90,9 @@ def cache_dir() -> Path:
     import shutil
     import tempfile
 
-    root = os.environ.get("TVM_STITCH_CACHE")
-    folder = (Path(root) if root else Path.home() / ".cache" / "tvm-stitch") / "triton"
+    from tvm_stitch.config import cache_root
+
+    folder = cache_root() / "triton"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):  # writable, not only there
