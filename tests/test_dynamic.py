@@ -725,10 +725,10 @@ def test_a_gather_by_arange_indices_reads_its_input_in_place():
     np.testing.assert_array_equal(got, x.astype(bool)[:, None, None, :])
 
 
-def _embedding_module(flat=True):
+def _embedding_module(flat=True, rows=lambda b, s: [b, s, 8]):
     """``table[ids]`` for ids of symbolic ``(b, s)``, as TVM's importer writes PyTorch's
-    ``nn.Embedding``: the ids flattened, gathered, the rows reshaped (``flat``); or the gather
-    by the ids themselves."""
+    ``nn.Embedding``: the ids flattened, gathered, the rows reshaped to ``rows(b, s)``
+    (``flat``); or the gather by the ids themselves."""
     b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
     ids = relax.Var("ids", relax.TensorType([b, s], "int64"))
     table = relax.Var("table", relax.TensorType([50, 8], "float16"))
@@ -736,9 +736,9 @@ def _embedding_module(flat=True):
     with bb.function("main", [ids, table]):
         with bb.dataflow():
             if flat:
-                rows = bb.emit(relax.op.take(table, relax.op.reshape(ids, [b * s]), axis=0,
-                                             mode="wrap"))
-                out = bb.emit_output(relax.op.reshape(rows, [b, s, 8]))
+                gathered = bb.emit(relax.op.take(table, relax.op.reshape(ids, [b * s]), axis=0,
+                                                 mode="wrap"))
+                out = bb.emit_output(relax.op.reshape(gathered, rows(b, s)))
             else:
                 out = bb.emit_output(relax.op.take(table, ids, axis=0, mode="wrap"))
         bb.emit_func_output(out)
@@ -761,16 +761,8 @@ def test_a_gather_by_flattened_indices_unflattened_gathers_by_them():
         out = vm["main"](tvm.runtime.tensor(ids), tvm.runtime.tensor(table)).numpy()
         np.testing.assert_array_equal(out, table[ids % 50])
     # rows regrouped otherwise than the ids' shape are left as they are
-    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
-    ids = relax.Var("ids", relax.TensorType([b, s], "int64"))
-    table = relax.Var("table", relax.TensorType([50, 8], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [ids, table]):
-        with bb.dataflow():
-            rows = bb.emit(relax.op.take(table, relax.op.reshape(ids, [b * s]), axis=0))
-            out = bb.emit_output(relax.op.reshape(rows, [b, s * 8]))
-        bb.emit_func_output(out)
-    assert "R.reshape" in FoldStaticShapes()(bb.get())["main"].script()
+    regrouped = _embedding_module(rows=lambda b, s: [b, s * 8])
+    assert "R.reshape" in FoldStaticShapes()(regrouped)["main"].script()
 
 
 def _dynamic_bert_fused(layers=1):

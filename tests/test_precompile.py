@@ -24,6 +24,23 @@ def scaled_copy(X, Y, N, BLOCK: tl.constexpr, GROUP_M: tl.constexpr):
 '''
 
 
+def _generated_kernel(tmp_path, monkeypatch):
+    """:data:`KERNEL` written and imported as tvm-stitch imports its generated kernels, with a
+    Triton cache of its own (``tmp_path/triton-cache``) and worker processes not yet started
+    (they start with that cache)."""
+    from tvm_stitch.codegen import precompile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setattr(precompile, "_STATE", {"pool": None, "broken": None})
+    path = tmp_path / "generated_scaled_copy.py"
+    path.write_text(KERNEL)
+    spec = importlib.util.spec_from_file_location("tvm_stitch_test_generated", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tvm_stitch_test_generated", module)
+    spec.loader.exec_module(module)
+    return module.scaled_copy
+
+
 def _files(folder) -> set:
     return {p for p in folder.rglob("*") if p.is_file()}
 
@@ -39,15 +56,7 @@ def test_a_kernel_compiled_in_a_worker_process_is_the_jits_from_its_cache(tmp_pa
     from tvm_stitch.codegen import precompile
 
     cache = tmp_path / "triton-cache"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))  # the workers start with it
-    monkeypatch.setattr(precompile, "_STATE", {"pool": None, "broken": None})
-    path = tmp_path / "generated_scaled_copy.py"
-    path.write_text(KERNEL)
-    spec = importlib.util.spec_from_file_location("tvm_stitch_test_generated", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "tvm_stitch_test_generated", module)
-    spec.loader.exec_module(module)
-    fn = module.scaled_copy
+    fn = _generated_kernel(tmp_path, monkeypatch)
 
     target = GPUTarget("cuda", 90, 32)
     options = make_backend(target).parse_options({"num_warps": 4, "num_stages": 3})
@@ -89,15 +98,7 @@ def test_a_launch_specialized_here_and_compiled_by_a_worker_runs(tmp_path, monke
 
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
-    monkeypatch.setattr(precompile, "_STATE", {"pool": None, "broken": None})
-    path = tmp_path / "generated_scaled_copy_gpu.py"
-    path.write_text(KERNEL)
-    spec = importlib.util.spec_from_file_location("tvm_stitch_test_generated_gpu", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "tvm_stitch_test_generated_gpu", module)
-    spec.loader.exec_module(module)
-    fn = module.scaled_copy
+    fn = _generated_kernel(tmp_path, monkeypatch)
     x = torch.randn(3000, device="cuda", dtype=torch.float16)
     y = torch.empty_like(x)
     try:
