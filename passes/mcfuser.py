@@ -206,6 +206,8 @@ class _Rewriter:
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None,
                           runtime=bool(graph.point))
+        self.plans = {}  # id(match) -> (match, its runtime plan)
+        self.tuner.prefetch(r for m in found.matches for r in self._requests(graph, m))
         kernels = [(m, k) for m in _progress(found.matches, name)
                    if (k := self._try_kernel(graph, m))]
         kernels = _connected(kernels, func)
@@ -244,20 +246,9 @@ class _Rewriter:
     def _kernel(self, graph, match):
         """``(GlobalVar, args, output types, outputs, bindings before the call)`` of the kernel
         of ``match`` (built once per variant)."""
-        if any(graph.nodes[n].symbolic for n in match.covered if n in graph.nodes):
+        if _symbolic(graph, match):
             return self._runtime_kernel(graph, match)
-        derived, shapes = self._derived(match)
-        match, pre, joined = self._joined(match)
-        pre, shapes = derived + pre, {**shapes, **joined}
-        source = kernel_source(match)
-        tensors = [*source.inputs, *source.outputs]
-        shapes.update({t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors
-                       if t not in shapes})
-        constants = {
-            t: graph.values[t].value.numpy()
-            for t in source.inputs
-            if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
-        }
+        match, pre, source, shapes, constants = self._prepared(graph, match)
         key = self._variant(match, source, shapes, constants)
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         args = [self._value(graph, t) for t in source.inputs]
@@ -274,10 +265,52 @@ class _Rewriter:
         outs = [self._value(graph, t) for t in source.outputs]
         return self.funcs[key], args, types, outs, pre
 
-    def _runtime_kernel(self, graph, match):
-        """:meth:`_kernel` of a match of symbolic shape: its kernel takes the family's runtime
-        extents as arguments (:mod:`tvm_stitch.codegen.runtime`), its tiles are those of the
-        function's representative point, its launch takes the symbolic dims."""
+    def _prepared(self, graph, match):
+        """``(match, bindings, source, shapes, constants)`` of the static kernel of ``match``:
+        the match reading its weights joined or derived (:meth:`_joined`, :meth:`_derived`:
+        their bindings), its generated text, the shapes of what it reads and writes, and the
+        values of the constants it reads."""
+        derived, shapes = self._derived(match)
+        match, pre, joined = self._joined(match)
+        pre, shapes = derived + pre, {**shapes, **joined}
+        source = kernel_source(match)
+        tensors = [*source.inputs, *source.outputs]
+        shapes.update({t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors
+                       if t not in shapes})
+        constants = {
+            t: graph.values[t].value.numpy()
+            for t in source.inputs
+            if isinstance(graph.values.get(t), tvm.ir.expr.Constant)
+        }
+        return match, pre, source, shapes, constants
+
+    def _requests(self, graph, match) -> list:
+        """The tuner's calls the kernel of ``match`` will make (``(args, kwargs)`` of
+        :meth:`KernelTuner.config`), for their searches to run side by side ahead
+        (:meth:`KernelTuner.prefetch`); none where the kernel cannot be planned (its own
+        attempt says why). Nothing bound is kept."""
+        values, weights = dict(self.values), set(self.weights)
+        try:
+            if _symbolic(graph, match):
+                plan = self._runtime_plan(graph, match)
+                return [plan.request, *(r for _, r in plan.buckets)]
+            match, _, source, shapes, constants = self._prepared(graph, match)
+            return [((match, source, shapes, constants), {})]
+        except Exception as err:  # noqa: BLE001 - any: the kernel's own attempt reports it
+            logger.debug("%s: no search ahead: %s", match.describe(), err)
+            return []
+        finally:
+            self.values, self.weights = values, weights
+
+    def _runtime_plan(self, graph, match):
+        """What the kernel of a match of symbolic shape is made of (:class:`_RuntimePlan`),
+        found once."""
+        known = self.plans.get(id(match))
+        if known is None or known[0] is not match:
+            known = self.plans[id(match)] = match, self._plan_runtime(graph, match)
+        return known[1]
+
+    def _plan_runtime(self, graph, match):
         from tvm_stitch.codegen import runtime
 
         axes = runtime_extents(match.family)
@@ -300,11 +333,27 @@ class _Rewriter:
             values.append(value)
         # the tiles: searched (or modelled) at the representative point, on the same kernel
         at_point = dataclasses.replace(match, runtime=kernel.match.runtime)
-        point_source = kernel_source(at_point)
         point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
-        config = runtime.fixed(self.tuner.config(at_point, point_source, point_shapes, {},
-                                                 like=self._static_like(match)), source)
-        variants = self._bucket_configs(match, kernel, config)
+        request = ((at_point, kernel_source(at_point), point_shapes, {}),
+                   {"like": self._static_like(match)})
+        return _RuntimePlan(kernel, shapes, values, request, self._bucket_requests(match, kernel))
+
+    def _runtime_kernel(self, graph, match):
+        """:meth:`_kernel` of a match of symbolic shape: its kernel takes the family's runtime
+        extents as arguments (:mod:`tvm_stitch.codegen.runtime`), its tiles are those of the
+        function's representative point, its launch takes the symbolic dims."""
+        from tvm_stitch.codegen import runtime
+        from tvm_stitch.graph.specialize import representative, value_at
+
+        plan = self._runtime_plan(graph, match)
+        kernel, shapes, values = plan.kernel, plan.shapes, plan.values
+        source = kernel.source
+        args, kwargs = plan.request
+        config = runtime.fixed(self.tuner.config(*args, **kwargs), source)
+        size = runtime.kernel_size(kernel.match.frame.extents, kernel.match.runtime)
+        variants = runtime.variant_bounds(
+            (value_at(size, representative(self.mod[self.name])), config),
+            self._bucket_configs(match, plan))
         if variants:
             config = {**config, embed.VARIANTS: variants}
         key = self._add(kernel.match, source, config, shapes, match.describe())
@@ -340,14 +389,14 @@ class _Rewriter:
             logger.debug("%s: no static kernel at the point: %s", match.describe(), err)
             return None
 
-    def _bucket_configs(self, match, kernel, config) -> tuple:
-        """The tiles of a runtime kernel at smaller sizes (:func:`runtime.bucket_points`):
-        ``((bound, config), ...)`` ascending (:func:`runtime.variant_bounds`), each the tuner's
-        at a point (searched, measured or modelled, and kept in the tuning database under that
-        point's extents); :func:`embed.generated_launch` launches the first whose bound the
-        call's size does not exceed."""
+    def _bucket_requests(self, match, kernel) -> list:
+        """``[(size, request), ...]``: a runtime kernel at each smaller size of the function's
+        ranges (:func:`runtime.bucket_points`) where the match is recognized alike: the size
+        there (rows, or what the family's kernel is sized by) and the tuner's call
+        (``(args, kwargs)`` of :meth:`KernelTuner.config`) for its tiles there, a short search
+        kept in the tuning database under that point's extents."""
         from tvm_stitch.codegen import runtime
-        from tvm_stitch.graph.specialize import representative, value_at, var_ranges
+        from tvm_stitch.graph.specialize import value_at, var_ranges
 
         size = runtime.kernel_size(kernel.match.frame.extents, kernel.match.runtime)
         found = []
@@ -358,17 +407,32 @@ class _Rewriter:
                 source = kernel_source(at)
                 shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
                           for t in (*source.inputs, *source.outputs)}
-                tiles = runtime.fixed(self.tuner.config(at, source, shapes, {},
-                                                        like=self._static_like(other),
-                                                        quick=True),
-                                      kernel.source)
             except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
                 logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,
                             type(err).__name__, err)
                 continue
-            found.append((value_at(size, point), tiles))
-        return runtime.variant_bounds(
-            (value_at(size, representative(self.mod[self.name])), config), found)
+            request = ((at, source, shapes, {}), {"like": self._static_like(other),
+                                                  "quick": True})
+            found.append((value_at(size, point), request))
+        return found
+
+    def _bucket_configs(self, match, plan) -> list:
+        """``[(size, config), ...]``: the tiles of a runtime kernel at its plan's smaller
+        sizes (:meth:`_bucket_requests`), each the tuner's (searched, measured or modelled);
+        :func:`runtime.variant_bounds` orders them for :func:`embed.generated_launch`, which
+        launches the first whose bound the call's size does not exceed."""
+        from tvm_stitch.codegen import runtime
+
+        found = []
+        for size, (args, kwargs) in plan.buckets:
+            try:
+                tiles = runtime.fixed(self.tuner.config(*args, **kwargs), plan.kernel.source)
+            except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
+                logger.info("%s: no tiles of its own at size %s: %s: %s", match.describe(),
+                            size, type(err).__name__, err)
+                continue
+            found.append((size, tiles))
+        return found
 
     def _variant(self, match, source, shapes, constants) -> str:
         """The name of the kernel's PrimFunc with its tuned config (built once per variant);
@@ -504,6 +568,25 @@ class _Rewriter:
                     raise UnsupportedKernelError(str(err)) from err
                 logger.info("%s; trying %d pipeline stages", err, stages - 1)
                 config = {**config, "num_stages": stages - 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class _RuntimePlan:
+    """A runtime kernel (:func:`runtime.runtime_kernel`) with the function's shapes and values
+    of what it reads and writes, and the tuner's calls for its tiles: ``request`` at the
+    function's representative point, ``buckets`` at smaller sizes (:meth:`_Rewriter.
+    _bucket_requests`)."""
+
+    kernel: object
+    shapes: dict
+    values: list
+    request: tuple
+    buckets: list
+
+
+def _symbolic(graph, match) -> bool:
+    """Whether ``match`` covers a node of symbolic shape (its kernel is a runtime one)."""
+    return any(graph.nodes[n].symbolic for n in match.covered if n in graph.nodes)
 
 
 def _progress(matches, name):

@@ -130,11 +130,21 @@ def _pool():
             try:
                 context = multiprocessing.get_context("spawn")  # CUDA is initialized here
                 _STATE["pool"] = concurrent.futures.ProcessPoolExecutor(
-                    compile_workers(os.cpu_count() or 1), mp_context=context)
+                    compile_workers(os.cpu_count() or 1), mp_context=context,
+                    initializer=_second)
                 atexit.register(_STATE["pool"].shutdown, wait=False, cancel_futures=True)
             except Exception as err:  # noqa: BLE001 - any: compiles stay in this process
                 _broken(err)
         return _STATE["pool"]
+
+
+def _second() -> None:
+    """In a worker: below this process in the scheduler's order, so that timings taken here
+    while the workers compile another search's candidates are not kept waiting for a core."""
+    try:
+        os.nice(5)
+    except OSError:  # pragma: no cover - a platform without it: the same priority
+        pass
 
 
 def _broken(err) -> None:

@@ -18,7 +18,7 @@ from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, build_search_space
 
 from .evolution import SearchConfig
-from .measure import Tuned, measured_search
+from .measure import TURNS, Tuned, measured_search
 
 logger = logging.getLogger("tvm_stitch.tune")
 
@@ -367,7 +367,9 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
         workers = compile_workers(len(configs))
         if workers > 1 and precompile.available():
             items = [x for x in map(specialized, configs) if x is not None]
-            if precompile.compile_ahead(items) is not None:
+            with TURNS.waiting():  # another search's turn while the workers compile
+                done = precompile.compile_ahead(items)
+            if done is not None:
                 return
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for future in [pool.submit(warm, c) for c in configs]:

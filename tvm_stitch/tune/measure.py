@@ -4,15 +4,59 @@ measurements (the cost model ranks, the GPU times the top candidates).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
+import threading
 import time
 
 from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import build_search_space
 
 from .evolution import SearchConfig, SearchResult, evolutionary_search
+
+
+class Turns:
+    """Measured searches running side by side take turns: a thread :meth:`hold`-s its turn
+    while it runs Python or touches the device (timings, CUDA graphs, Triton's JIT, the cost
+    model and the tuning database), and gives it up only while it waits for worker processes
+    to compile its candidates (:meth:`waiting`), when another search runs. Timings are never
+    taken while another search uses the device, and nothing a search shares is used by two
+    threads at once. A thread that does not hold a turn (a compile's searches one after the
+    other) waits for nothing."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    @contextlib.contextmanager
+    def hold(self):
+        """This thread's turn, for the ``with`` block."""
+        with self._lock:
+            self._mine.held = True
+            try:
+                yield
+            finally:
+                self._mine.held = False
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """The turn given up for the ``with`` block (where this thread holds it)."""
+        if not getattr(self._mine, "held", False):
+            yield
+            return
+        self._mine.held = False
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+            self._mine.held = True
+
+
+#: the turns of the searches of one process (:meth:`~tvm_stitch.tune.policy.KernelTuner.prefetch`)
+TURNS = Turns()
 
 
 def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = True) -> float:

@@ -3,14 +3,30 @@ database, a measured search, or the cost model) and what is kept."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
 import time
 
 from tvm_stitch.cost.model import CostModel
 
 from .kernels import QUICK_SEARCH, best_measured, record_legality, tune_generated
+from .measure import TURNS
 
 logger = logging.getLogger("tvm_stitch.mcfuser")
+
+
+def concurrent_searches() -> int:
+    """Measured searches run side by side (:meth:`KernelTuner.prefetch`): one per four of the
+    host's cores (a search's round compiles about a dozen candidates), at least two, or
+    ``$TVM_STITCH_SEARCHES`` (``1``: one after the other)."""
+    env = os.environ.get("TVM_STITCH_SEARCHES", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            logger.warning("TVM_STITCH_SEARCHES=%r is not a number: ignored", env)
+    return max(2, (os.cpu_count() or 1) // 4)
 
 
 class KernelTuner:
@@ -35,7 +51,7 @@ class KernelTuner:
         self.rejected: set[str] = set()  # keys of records this compile does not use
         #: where this compile's searches spent their time (:meth:`summary`)
         self.spent = {"searches": 0, "search": 0.0, "compile": 0.0, "time": 0.0,
-                      "compiled": 0, "timed": 0, "fit": 0.0}
+                      "compiled": 0, "timed": 0, "fit": 0.0, "ahead": 0.0}
 
     def record(self, match, source) -> dict | None:
         """The tuning database's config of the kernel, where it holds a usable one: a record
@@ -116,6 +132,42 @@ class KernelTuner:
         self.seen[key] = tuned.config
         return tuned.config
 
+    def prefetch(self, requests) -> None:
+        """Run the searches that the calls ``requests`` — ``(args, kwargs)`` of :meth:`config`,
+        an iterable taken only when it is used — will need, side by side (:func:`concurrent_searches` threads), and keep their
+        configs for those calls. A search compiles a round's candidates in worker processes
+        and waits; meanwhile another search runs (they take :data:`~tvm_stitch.tune.measure.
+        TURNS`: one at a time on the interpreter and the device, so timings are taken alone).
+        Without a GPU, or with one search at a time, nothing is done ahead. A request that
+        fails here is left to its call, which fails again and says why."""
+        if not self.on_device:
+            return
+        todo = {}
+        for args, kwargs in requests:
+            match, source = args[0], args[1]
+            key = tuning_key(self.db, match, source, self.hw)
+            if key not in self.seen and key not in self.rejected and self.db.get(key) is None:
+                todo.setdefault(key, (args, kwargs))
+        threads = min(concurrent_searches(), len(todo))
+        if threads < 2:
+            return
+
+        def search(args, kwargs):
+            with TURNS.hold():
+                self.config(*args, **kwargs)
+
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            futures = [pool.submit(search, *request) for request in todo.values()]
+            for future in futures:
+                try:
+                    future.result()
+                except Exception as err:  # noqa: BLE001 - any: its call fails again, saying why
+                    logger.debug("a search ahead failed: %s: %s", type(err).__name__, err)
+        self.spent["ahead"] += time.perf_counter() - start
+        logger.info("%d kernels' tiles found side by side (%d searches at a time) in %.1f s",
+                    len(todo), threads, time.perf_counter() - start)
+
     def summary(self) -> str | None:
         """Where this compile's measured searches spent their time (None without one):
         candidates' kernels compiled ahead, timings on the device, the rest of the search
@@ -126,13 +178,14 @@ class KernelTuner:
         from tvm_stitch.codegen.precompile import STATS
 
         rest = s["search"] - s["compile"] - s["time"]
+        ahead = f"; side by side {s['ahead']:.1f} s of wall time" if s["ahead"] else ""
         workers = (f" (in worker processes {STATS['compiled']}, failed there "
                    f"{STATS['failed']}, not specialized {STATS['unspecialized']})"
                    if STATS["specialized"] or STATS["unspecialized"] else "")
         return (f"tuning: {s['searches']} searches, {s['search']:.1f} s: {s['compiled']} "
                 f"candidates compiled ahead {s['compile']:.1f} s{workers}, {s['timed']} "
                 f"timings {s['time']:.1f} s, the rest {rest:.1f} s; cost model refits "
-                f"{s['fit']:.1f} s")
+                f"{s['fit']:.1f} s{ahead}")
 
     def _measured_like(self, match, source, other, other_source) -> dict | None:
         rec = self.db.get(tuning_key(self.db, other, other_source, self.hw))

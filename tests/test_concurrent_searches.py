@@ -1,0 +1,173 @@
+"""A compile's measured searches run side by side (``KernelTuner.prefetch``): they take turns
+on the interpreter and the device, and overlap only while their candidates compile."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+import torch
+import tvm
+
+from tvm_stitch.hardware import HardwareModel
+from tvm_stitch.tune import policy
+from tvm_stitch.tune.database import TuningDatabase
+from tvm_stitch.tune.measure import TURNS, Tuned, Turns
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def test_a_turn_is_held_alone_and_given_up_only_while_waiting():
+    turns, log, inside = Turns(), [], []
+    waiting = threading.Event()
+
+    def first():
+        with turns.hold():
+            inside.append(1)
+            log.append("first holds")
+            inside.pop()
+            with turns.waiting():
+                waiting.set()
+                time.sleep(0.2)  # the second runs meanwhile
+                log.append("first waited")
+            inside.append(1)
+            log.append("first holds again")
+            inside.pop()
+
+    def second():
+        waiting.wait()
+        with turns.hold():
+            assert not inside
+            log.append("second holds")
+            time.sleep(0.3)  # the first's wait ends: it cannot take its turn back yet
+            log.append("second done")
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert log == ["first holds", "second holds", "first waited", "second done",
+                   "first holds again"]
+    with turns.waiting():  # not held: nothing given up, nothing waited for
+        pass
+
+
+def _request(name, m):
+    match = types.SimpleNamespace(frame=types.SimpleNamespace(extents={"m": m, "n": 64}),
+                                  dtype="float16", describe=lambda: f"gemm {name} {m}")
+    return (match, types.SimpleNamespace(name=name), {}, {}), {}
+
+
+def test_searches_run_side_by_side_once_each_and_their_configs_are_kept(tmp_path,
+                                                                          monkeypatch):
+    searched, state = [], {"held": 0, "waiting": 0, "most": 0}
+    lock = threading.Lock()
+
+    def search(match, source, shapes, constants, hw, on_device, cost, **_):
+        # a search's Python and device work: in its turn, alone
+        state["held"] += 1
+        assert state["held"] == 1, "two searches ran at once outside their compiles"
+        searched.append((source.name, match.frame.extents["m"]))
+        state["held"] -= 1
+        with TURNS.waiting():  # its candidates compiling in worker processes
+            with lock:
+                state["waiting"] += 1
+                state["most"] = max(state["most"], state["waiting"])
+            time.sleep(0.1)
+            with lock:
+                state["waiting"] -= 1
+        config = {"BLOCK_M": 64, "m": match.frame.extents["m"]}
+        return Tuned(None, types.SimpleNamespace(correlation=0.9), {}, 1e-5, 0.1, [], [],
+                     phases={"compile": 0.1, "time": 0.0, "compiled": 4, "timed": 4},
+                     config=config, workload={})
+
+    monkeypatch.setattr(policy, "tune_generated", search)
+    monkeypatch.setattr(policy, "record_legality", lambda *_: None)
+    monkeypatch.setenv("TVM_STITCH_SEARCHES", "3")
+    db = TuningDatabase(tmp_path / "tuning.json")
+    tuner = policy.KernelTuner(HardwareModel.from_target(CUDA), db, on_device=True)
+    monkeypatch.setattr(tuner.cost, "fit_database", lambda _db: 0)
+    requests = [_request("a", 128), _request("b", 128), _request("a", 256), _request("c", 64),
+                _request("a", 128)]  # the same kernel twice: one search
+    tuner.prefetch(iter(requests))
+    assert sorted(searched) == [("a", 128), ("a", 256), ("b", 128), ("c", 64)]
+    assert state["most"] >= 2, "no two searches compiled their candidates at once"
+    assert len(db.records) == 4
+    # the calls that follow find the configs: nothing searched again
+    for args, kwargs in requests:
+        assert tuner.config(*args, **kwargs)["m"] == args[0].frame.extents["m"]
+    assert len(searched) == 4
+    # a record of the database is never searched ahead
+    tuner.seen.clear()
+    tuner.prefetch(iter(requests))
+    assert len(searched) == 4
+    assert "side by side" in tuner.summary()
+
+
+def test_nothing_is_searched_ahead_without_a_gpu_or_one_search_at_a_time(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(policy, "tune_generated", lambda *a, **k: pytest.fail("searched"))
+    tuner = policy.KernelTuner(HardwareModel.from_target(CUDA),
+                               TuningDatabase(tmp_path / "t.json"), on_device=False)
+
+    def untouched():
+        pytest.fail("the requests were made without a search to run")
+        yield
+
+    tuner.prefetch(untouched())
+    tuner.on_device = True
+    monkeypatch.setenv("TVM_STITCH_SEARCHES", "1")
+    tuner.prefetch(iter([_request("a", 128), _request("b", 128)]))
+
+
+def _bert():
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        vocab_size=300, attn_implementation="eager")).eval()
+    ids = torch.randint(0, 300, (2, 9))
+    return model, ids, torch.ones(2, 9, dtype=torch.long)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_the_searches_ahead_are_the_ones_the_kernels_ask_for(tmp_path, monkeypatch, dynamic):
+    """What a compile searches ahead is exactly what its kernels then ask the tuner for, and
+    planning it ahead leaves the module as it would be (weights joined and derived bindings,
+    runtime kernels' bucket points)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("triton")
+    from torch.export import Dim
+
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+
+    monkeypatch.setenv("TVM_STITCH_TUNING_DB", str(tmp_path / "tuning.json"))
+    model, ids, mask = _bert()
+    dims = {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}
+    extra = {"dynamic_shapes": {"input_ids": dims, "attention_mask": dims}} if dynamic else {}
+    imported = import_torch(model, (ids,), "float16", {"attention_mask": mask}, **extra)
+    options = default_options(CUDA, fold_norms=True)
+    plain = fused_module(imported.mod, CUDA, tune="model", **options)
+
+    ahead, asked, quick = [], [], []
+    original = policy.KernelTuner.config
+
+    def prefetch(self, requests):
+        ahead.extend(policy.tuning_key(self.db, a[0], a[1], self.hw) for a, _ in requests)
+
+    def config(self, match, source, *args, **kwargs):
+        asked.append(policy.tuning_key(self.db, match, source, self.hw))
+        quick.append(kwargs.get("quick", False))
+        return original(self, match, source, *args, **kwargs)
+
+    monkeypatch.setattr(policy.KernelTuner, "prefetch", prefetch)
+    monkeypatch.setattr(policy.KernelTuner, "config", config)
+    planned = fused_module(imported.mod, CUDA, tune="model", **options)
+    tvm.ir.assert_structural_equal(plain, planned)
+    assert asked and set(ahead) == set(asked)
+    assert any(quick) == dynamic  # the runtime kernels' bucket points' searches among them
