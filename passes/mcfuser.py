@@ -253,10 +253,7 @@ class _Rewriter:
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         args = [self._value(graph, t) for t in source.inputs]
         prim = self.prims[key]
-        # inputs that must hold zeros (split-K counters): a zero constant, left zero
-        zeroed = int(prim.attrs.get(embed.ZEROED_INPUTS, 0)) if prim.attrs else 0
-        for buf in list(prim.params)[len(args):len(args) + zeroed]:
-            args.append(relax.const(np.zeros([int(d) for d in buf.shape], str(buf.dtype))))
+        args += _zeroed(prim, list(prim.params)[len(args):])
         # the kernel's outputs, then buffers it needs besides them (Triton's scratch memory)
         types = [
             relax.TensorType(tuple(int(d) for d in buf.shape), buf.dtype)
@@ -359,9 +356,15 @@ class _Rewriter:
         key = self._add(kernel.match, source, config, shapes, match.describe())
         self.counts[match.family] = self.counts.get(match.family, 0) + 1
         scalars = runtime.dims_of(shape for shape, _ in shapes.values())
-        args = [*values[: len(source.inputs)], *scalars]
-        types = [v.ty for v in values[len(source.inputs):]]
-        return self.funcs[key], args, types, values[len(source.inputs):], []
+        inputs, outputs = values[: len(source.inputs)], values[len(source.inputs):]
+        # a split-K variant's counters (zeros) and workspace, as :meth:`_kernel` gives them
+        params = list(self.prims[key].params)
+        extra = _zeroed(self.prims[key], params[len(inputs):])
+        args = [*inputs, *extra, *scalars]
+        types = [v.ty for v in outputs]
+        types += [relax.TensorType(tuple(int(d) for d in buf.shape), buf.dtype)
+                  for buf in params[len(args) + len(outputs):]]
+        return self.funcs[key], args, types, outputs, []
 
     def _recognized_at(self, point, match, graph=False):
         """``match`` recognized anew with the function's symbolic dims at ``point`` (and the
@@ -426,7 +429,8 @@ class _Rewriter:
         found = []
         for size, (args, kwargs) in plan.buckets:
             try:
-                tiles = runtime.fixed(self.tuner.config(*args, **kwargs), plan.kernel.source)
+                tiles = runtime.fixed(self.tuner.config(*args, **kwargs), plan.kernel.source,
+                                      split=True)
             except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
                 logger.info("%s: no tiles of its own at size %s: %s: %s", match.describe(),
                             size, type(err).__name__, err)
@@ -582,6 +586,15 @@ class _RuntimePlan:
     values: list
     request: tuple
     buckets: list
+
+
+def _zeroed(prim, params) -> list:
+    """Zero constants for the inputs of ``prim`` that must hold zeros (a split-K launch's
+    counters, which the kernel leaves zero: :data:`embed.ZEROED_INPUTS`), the first of
+    ``params`` (its parameters after the kernel's inputs)."""
+    zeroed = int(prim.attrs.get(embed.ZEROED_INPUTS, 0)) if prim.attrs else 0
+    return [relax.const(np.zeros([int(d) for d in buf.shape], str(buf.dtype)))
+            for buf in params[:zeroed]]
 
 
 def _symbolic(graph, match) -> bool:

@@ -24,6 +24,7 @@ from tvm import relax, tirx  # noqa: E402
 
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
 from tvm_stitch.codegen import runtime, triton_gen  # noqa: E402
+from tvm_stitch.codegen.kernel_text import launch_buffers, launch_constexprs  # noqa: E402
 from tvm_stitch.graph import build_graph  # noqa: E402
 from tvm_stitch.graph.specialize import value_at  # noqa: E402
 from tvm_stitch.pipeline import run_until  # noqa: E402
@@ -126,23 +127,37 @@ def main(dtypes):
         ((kernel, graph),) = runtime_kernels(run_until(mod, CUDA, "StitchFuseMBCI"))
         fn = triton_gen.load(kernel.source)
         tdt = getattr(torch, dtype)
-        consts = {**TILES, "DOT_PREC": "ieee", **runtime.FIXED_OPTIONS, "NUM_SMS": 3}
-        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
-        for b, s in SIZES:
-            inputs = {"x": torch.randn(b, s, 96).to(tdt), "r": torch.randn(b, s, 80).to(tdt)}
-            want = torch.nn.functional.gelu(inputs["x"].float() @ torch.from_numpy(w).float()
-                                            + torch.from_numpy(bias).float())
-            want = want + inputs["r"].float()
-            args = [inputs[t] if t in inputs else torch.from_numpy(graph.values[t].value.numpy())
-                    for t in kernel.source.inputs]
-            got = torch.zeros(b, s, 80, dtype=tdt)
-            rows = value_at(kernel.extents["m"], {"b": b, "s": s})
-            values, sized = _at(kernel, {"b": b, "s": s})
-            fn[kernel.source.grid(consts, sized)](*values, *args, got, **consts)
-            err = float((got.float() - want).abs().max())
-            scale = max(1.0, float(want.abs().max()))
-            print(json.dumps({"case": f"{dtype} {b}x{s}", "rows": rows, "max_err": err,
-                              "ok": err <= TOL[dtype] * scale}))
+        # unsplit, and k split in 2 (a variant of bounded rows: its workspace sized at the
+        # largest rows here, 111, as generated_launch sizes it at the variant's bound)
+        for split in (1, 2):
+            config = {**TILES, **runtime.FIXED_OPTIONS, "NUM_SMS": 3, "SPLIT_K": split}
+            consts = launch_constexprs(kernel.source, kernel.match, config, fn.arg_names)
+            buffers = {
+                name: torch.zeros(size, dtype=getattr(torch, t)) for name, (size, t) in
+                launch_buffers(kernel.source, runtime.at_bound(kernel.match, 111), consts).items()
+            }
+            assert bool(buffers) == (split > 1)
+            for b, s in SIZES:
+                inputs = {"x": torch.randn(b, s, 96).to(tdt),
+                          "r": torch.randn(b, s, 80).to(tdt)}
+                want = torch.nn.functional.gelu(
+                    inputs["x"].float() @ torch.from_numpy(w).float()
+                    + torch.from_numpy(bias).float())
+                want = want + inputs["r"].float()
+                args = [inputs[t] if t in inputs
+                        else torch.from_numpy(graph.values[t].value.numpy())
+                        for t in kernel.source.inputs]
+                got = torch.zeros(b, s, 80, dtype=tdt)
+                rows = value_at(kernel.extents["m"], {"b": b, "s": s})
+                values, sized = _at(kernel, {"b": b, "s": s})
+                fn[kernel.source.grid(consts, sized)](*values, *args, got,
+                                                      **{**consts, **buffers})
+                err = float((got.float() - want).abs().max())
+                scale = max(1.0, float(want.abs().max()))
+                left = int(buffers["CNT"].abs().sum()) if buffers else 0  # counters left zero
+                print(json.dumps({"case": f"{dtype} {b}x{s} split {split}", "rows": rows,
+                                  "max_err": err,
+                                  "ok": err <= TOL[dtype] * scale and left == 0}))
 
 
 if __name__ == "__main__":

@@ -372,7 +372,9 @@ def test_kernels_of_symbolic_shape_take_their_sizes_as_arguments():
     over symbolic batch and length with a padding mask: each kernel is printed once with the
     literals that depend on the dims as arguments (rows; batch strides, query and key counts),
     the texts at two sentinel points equal but for those, and Triton's interpreter gives
-    torch's numbers at 1×1, 2×7 and 3×37, in float32 and float16."""
+    torch's numbers at 1×1, 2×7 and 3×37, in float32 and float16; the Linear's kernel also
+    with k split in 2 (a bucket variant's form: workspace and counters sized at a bound of
+    rows, the counters left zero)."""
     import json
     import os
     import subprocess
@@ -385,8 +387,9 @@ def test_kernels_of_symbolic_shape_take_their_sizes_as_arguments():
                          timeout=600, cwd=script.parent, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [c["rows"] for c in cases] == [1, 14, 111] * 4
+    assert [c["rows"] for c in cases] == [1, 14, 111] * 6
     assert sum(c["case"].startswith("attention") for c in cases) == 6
+    assert sum(c["case"].endswith("split 2") for c in cases) == 6
     assert all(c["ok"] for c in cases), cases
 
 
@@ -1117,3 +1120,92 @@ def test_a_dynamic_gpt2_fuses_as_many_kernels_as_the_static_one():
         fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
         counts.append(len(_calls(fused["main"], "")))
     assert counts[0] == counts[1], counts
+
+
+def _split_variants(monkeypatch, split=2):
+    """The tuner's configs with the GEMMs' bucket variants (its short searches) splitting k
+    in ``split``, 16-deep k steps; the tiles at the representative point as chosen."""
+    from tvm_stitch.tune import policy
+
+    original = policy.KernelTuner.config
+
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
+        if match.family != "gemm" or not kwargs.get("quick") or not source.split_k:
+            return got
+        return {**got, "BLOCK_K": 16, "SPLIT_K": split, "PERSISTENT": False, "WS": None}
+
+    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+
+
+def test_runtime_gemm_variants_of_bounded_rows_split_k(monkeypatch):
+    """A runtime GEMM's variants for small row counts may split k (the H200's 1×128 BERT-base
+    FFN-out took 105 µs unsplit, 84 split in the static build): each split variant's
+    workspace and counters are sized at its bound of rows, the PrimFunc takes the largest of
+    them (counters a zero constant, the workspace one more output), and the variant for the
+    largest sizes, which no bound sizes, never splits."""
+    from torch.export import Dim
+
+    from tvm_stitch.codegen import embed
+    from tvm_stitch.frontend import default_options, import_torch
+    from tvm_stitch.report import fused_module
+
+    _split_variants(monkeypatch)
+    model, inputs, _ = _bert()
+    dims = {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}
+    imported = import_torch(model, inputs(2, 9), "float16",
+                            dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    fused = fused_module(imported.mod, CUDA, tune="model", **default_options(CUDA))
+    gemms = {gv.name_hint: f for gv, f in fused.functions.items()
+             if gv.name_hint.startswith("gemm_rt_")}
+    assert gemms
+    for name, func in gemms.items():
+        assert int(func.attrs[embed.ZEROED_INPUTS]) == 1, name
+        buffers = {b.name: b for b in func.params if hasattr(b, "shape")}
+        cnt, ws = buffers["CNT"], buffers["WS"]
+        assert (str(cnt.dtype), str(ws.dtype)) == ("int32", "float32")
+        text = func.script()
+        symbols = set(re.findall(r'"(gemm_rt_\w+?)"', text))
+        split = [s for s in symbols if s.endswith("k2")]
+        assert split and len(split) < len(symbols), symbols  # the largest sizes' unsplit
+        # the largest bound of 8 x 64 = 512 rows below the top: 16-row tiles, 2 splits
+        n = int(ws.shape[0]) // int(cnt.shape[0])
+        assert n % (2 * 16) == 0 and int(cnt.shape[0]) <= -(-512 // 16) * 64, (name, n)
+    # each call passes a zero constant for the counters; the workspace is an output
+    for call in _calls(fused["main"], "gemm_rt_"):
+        consts = [a for a in call.args[1].fields if isinstance(a, tvm.ir.expr.Constant)]
+        assert len(consts) == 1 and not consts[0].value.numpy().any()
+        assert isinstance(call.ty, relax.TupleType)
+
+
+@pytest.mark.gpu
+def test_runtime_gemm_split_variants_give_pytorchs_numbers_on_the_gpu(monkeypatch):
+    """On the GPU: HF BERT (2 layers) with dynamic batch and length, the GEMMs' bucket
+    variants splitting k in 4: PyTorch's numbers at sizes each variant runs, twice each (the
+    counters the first call used are zero again for the second)."""
+    import copy
+
+    import transformers
+    from torch.export import Dim
+
+    _split_variants(monkeypatch, split=4)
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        vocab_size=300, attn_implementation="eager")).eval().cuda()
+
+    def inputs(b, s):
+        mask = torch.ones(b, s, dtype=torch.long, device="cuda")
+        mask[0, s - s // 3:] = 0
+        return torch.randint(0, 300, (b, s), device="cuda"), mask
+
+    dims = {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=1, max=256)}
+    fn = tvm_stitch.from_torch(copy.deepcopy(model).half(), inputs(2, 9), tune="model",
+                               dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    with torch.no_grad():
+        for b, s in ((1, 5), (1, 77), (3, 77), (2, 130), (16, 256), (1, 5)):
+            args = inputs(b, s)
+            for _ in range(2):
+                got = fn(*args).last_hidden_state.float()
+                want = model(*args).last_hidden_state
+                torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)

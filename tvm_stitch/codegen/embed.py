@@ -340,7 +340,8 @@ def plan_launch(name, params: list[Param], args: dict, constexprs: dict, grid: t
     for _, other in alternatives:
         if other.plan["scratch"] or main.plan["scratch"]:
             raise UnsupportedKernelError(f"{symbol}: alternatives take no scratch memory")
-    params, outputs, scalars = main.plan["params"], main.plan["outputs"], main.plan["scalars"]
+    params, outputs = _merged_params([main, *(k for _, k in alternatives)])
+    scalars = main.plan["scalars"]
     with IRBuilder() as ib:
         with T.prim_func(is_private=False, s_tir=True):
             T.func_name("main")
@@ -398,6 +399,27 @@ def plan_launch(name, params: list[Param], args: dict, constexprs: dict, grid: t
                 choose(list(alternatives))
     return dataclasses.replace(main, func=ib.get(), plan=None,
                                alternatives=tuple(k for _, k in alternatives))
+
+
+def _merged_params(kernels) -> tuple[list, int]:
+    """``(params, outputs)`` of a PrimFunc launching one of ``kernels`` (compiled by
+    :func:`compile_call`, the first the main one): the first's parameters, with the buffers
+    only others take (a split-K variant's counters among the inputs, its workspace among the
+    outputs) after those of their kind, each buffer as large as the largest that takes it."""
+    inputs, outs = {}, {}
+    for launch in kernels:
+        params, outputs = launch.plan["params"], launch.plan["outputs"]
+        for i, param in enumerate(params):
+            group = outs if i >= len(params) - outputs else inputs
+            known = group.get(param.name)
+            if known is not None and known.shape != param.shape:
+                if len(param.shape) != 1 or len(known.shape) != 1 or known.dtype != param.dtype:
+                    raise UnsupportedKernelError(f"{launch.symbol}: its {param.name} differs "
+                                                 "from the other variants'")
+                if known.shape[0] > param.shape[0]:
+                    continue
+            group[param.name] = param
+    return [*inputs.values(), *outs.values()], len(outs)
 
 
 def _multiple_of_16(expr) -> bool:
@@ -591,6 +613,9 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     config = {k: v for k, v in config.items() if k != VARIANTS}
     last = config  # what the launch runs where no variant's condition holds
     rest = (smem_limit, dependent, launch_dependents)
+    if match.runtime:  # the largest sizes: no bound to size a split-K workspace by
+        last = config = {**config, "SPLIT_K": 1}
+        variants = _bounded_splits(source, match, variants)
     if match.runtime and speculative_arguments(source):  # sizes of any alignment
         unaligned = _compiled(source, match, config, shapes, rest)
         last, _ = _without_spills(source, match, config, shapes, rest, unaligned)
@@ -598,9 +623,43 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     alternatives = _alternatives(source, match, config, variants, shapes,
                                  *rest) if match.runtime else ()
     launch = plan_launch(*kernel, alternatives=alternatives, **options)
-    if split:
+    if split or any(p.name == "CNT" for _, k in alternatives for p in k.plan["params"]):
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
     return launch
+
+
+#: the largest split-K workspace (bytes) a runtime kernel's variant is given, sized at the
+#: variant's bound; a variant whose split needs more runs unsplit
+SPLIT_WORKSPACE_LIMIT = 64 << 20
+
+
+def _bounded_splits(source, match, variants) -> tuple:
+    """A runtime kernel's ``variants`` ``((bound, config), ...)``, each that splits k
+    (``SPLIT_K``) kept where its workspace at its bound is at most
+    :data:`SPLIT_WORKSPACE_LIMIT` (and one extent varies, which the bound bounds), else
+    unsplit."""
+    from .kernel_text import launch_buffers, launch_constexprs
+    from .runtime import at_bound
+    from .triton_gen import load
+
+    out = []
+    for bound, other in variants:
+        if other.get("SPLIT_K", 1) > 1:
+            sized = at_bound(match, bound)
+            why = "more than one extent varies"
+            if sized is not None:
+                consts = launch_constexprs(source, match, other, load(source, other).arg_names)
+                need = sum(n * (4 if dtype in ("float32", "int32") else 2)
+                           for n, dtype in launch_buffers(source, sized, consts).values())
+                why = (f"its workspace at {bound} takes {need} bytes"
+                       if need > SPLIT_WORKSPACE_LIMIT else None)
+            if why:
+                logger.info("%s: the variant up to %s does not split k: %s", source.name,
+                            bound, why)
+                out.append((bound, {**other, "SPLIT_K": 1}))
+                continue
+        out.append((bound, other))
+    return tuple(out)
 
 
 def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
@@ -616,44 +675,54 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
     for name in speculative:
         aligned = tvm.tirx.And(aligned, tvm.tirx.floormod(source.arguments[name], 16) == 0)
     size = kernel_size(match.frame.extents, match.runtime)
-    jobs = []  # (condition, config, aligned arguments), the first that holds launched
+    jobs = []  # (condition, config, aligned arguments, bound), the first that holds launched
     for bound, other in variants:
         fits = size <= bound
         if speculative:
-            jobs.append((tvm.tirx.And(fits, aligned), other, speculative))
-        jobs.append((fits, other, ()))
+            jobs.append((tvm.tirx.And(fits, aligned), other, speculative, bound))
+        jobs.append((fits, other, (), bound))
     if speculative:
-        jobs.append((aligned, config, speculative))
-    for _, other, _ in jobs:  # each form of the text loaded here, once, not in the threads
+        jobs.append((aligned, config, speculative, None))
+    for _, other, _, _ in jobs:  # each form of the text loaded here, once, not in the threads
         load(source, other)
 
-    keys = [(repr(sorted(other.items())), given) for _, other, given in jobs]
-    unique = dict(zip(keys, jobs))  # equal configs compiled once
+    # equal configs compiled once (a split's workspace sized at the largest bound of them)
+    keys = [(repr(sorted(other.items())), given) for _, other, given, _ in jobs]
+    unique = {}
+    for key, job in zip(keys, jobs):
+        known = unique.get(key)
+        unique[key] = job if known is None or known[3] is None or (
+            job[3] is not None and job[3] > known[3]) else known
     with concurrent.futures.ThreadPoolExecutor(compile_workers(len(unique))) as pool:
-        futures = {key: pool.submit(_compiled, source, match, other, shapes, rest, given)
-                   for key, (_, other, given) in unique.items()}
+        futures = {key: pool.submit(_compiled, source, match, other, shapes, rest, given,
+                                    bound)
+                   for key, (_, other, given, bound) in unique.items()}
         alternatives = []
-        for key, (condition, other, given) in zip(keys, jobs):
+        for key, (condition, other, given, _) in zip(keys, jobs):
             try:
                 found = futures[key].result()
                 if speculative and not given:  # the tiles of aligned sizes, at any size
-                    _, found = _without_spills(source, match, other, shapes, rest, found)
+                    _, found = _without_spills(source, match, other, shapes, rest, found,
+                                               unique[key][3])
                 alternatives.append((condition, found))
             except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
                 logger.info("%s: variant %s left out: %s: %s", source.name, _tag(other),
                             type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                logger.debug("%s", err)
     return tuple(alternatives)
 
 
-def _compiled(source, match, config, shapes, rest, aligned=()) -> Launch:
+def _compiled(source, match, config, shapes, rest, aligned=(), bound=None) -> Launch:
     """``source`` compiled with ``config`` (:func:`compile_call`); ``rest``: the shared-memory
     limit, ``dependent`` and ``launch_dependents`` of :func:`generated_launch`, ``aligned`` the
-    runtime arguments taken as multiples of 16."""
-    kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned)
+    runtime arguments taken as multiples of 16, ``bound`` the largest size a runtime
+    kernel's variant runs (its split-K workspace sized there)."""
+    kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned,
+                                         bound=bound)
     return compile_call(*kernel, **options)
 
 
-def _without_spills(source, match, config, shapes, rest, launch):
+def _without_spills(source, match, config, shapes, rest, launch, bound=None):
     """``(config, launch)``: ``launch`` (``source`` compiled with ``config`` for sizes of any
     alignment, :func:`_compiled`), or, where ``ptxas`` reports it spilling registers, the
     first of ``config``'s smaller tiles (:func:`smaller_tiles`) the kernel takes that compiles
@@ -671,7 +740,7 @@ def _without_spills(source, match, config, shapes, rest, launch):
         return config, launch
     for other in smaller_tiles(config):
         try:
-            smaller = _compiled(source, match, other, shapes, rest)
+            smaller = _compiled(source, match, other, shapes, rest, bound=bound)
         except Exception:  # noqa: BLE001 - any: the next smaller tiles
             continue
         if spill_bytes(smaller.ptx) == 0:
@@ -715,10 +784,11 @@ def speculative_arguments(source) -> tuple:
 
 
 def _generated_call(source, match, config, shapes, smem_limit, dependent, launch_dependents,
-                    aligned=()):
+                    aligned=(), bound=None):
     """:func:`compile_call`'s positional and keyword arguments for ``source`` with ``config``
     (``aligned``: runtime arguments taken as multiples of 16, under a symbol of its own), and
-    the split-K buffers it launches with."""
+    the split-K buffers it launches with (a runtime kernel's sized at ``bound``, the largest
+    size its variant runs)."""
     from .kernel_text import launch_buffers, launch_constexprs
     from .triton_gen import load
 
@@ -729,7 +799,15 @@ def _generated_call(source, match, config, shapes, smem_limit, dependent, launch
     ]
     # a split-K launch's counters are an input that must hold zeros (the pass gives a zero
     # constant, which the kernel leaves zero); its workspace is one more output
-    split = launch_buffers(source, match, constexprs)
+    sized = match
+    if match.runtime and constexprs.get("SPLIT_K", 1) > 1:
+        from .runtime import at_bound
+
+        sized = at_bound(match, bound) if bound is not None else None
+        if sized is None:
+            raise UnsupportedKernelError(f"{source.name}: a split of k with sizes known at run "
+                                         "time needs a variant's bound")
+    split = launch_buffers(source, sized, constexprs)
     if split:
         params.append(Param("CNT", (split["CNT"][0],), split["CNT"][1]))
     params += [

@@ -215,6 +215,9 @@ def launch_constexprs(source: KernelSource, match, config: dict, arg_names) -> d
         consts["SPLIT_K"] = 1  # the persistent formulation does not split
     if consts["SPLIT_K"] == 1:  # no workspace: the pointers are compiled out
         consts.update(WS=None, CNT=None)
+    elif source.split_k:  # the workspace and counters are buffers passed, not the config's
+        consts.pop("WS", None)  # warp-specialized form (``WS``: None for a runtime kernel)
+        consts.pop("CNT", None)
     return {k: v for k, v in consts.items() if k in arg_names}
 
 

@@ -40,19 +40,34 @@ SENTINELS = ((1009, 1013, 1019, 1021, 1031, 1033), (1039, 1049, 1051, 1061, 1063
 
 
 #: the launch options of a kernel with runtime extents: none sized by them (the Triton form's
-#: persistent grid and TMA descriptors, made in the kernel, and split-K workspaces); the
-#: warp-specialized form, whose descriptors are made on the host at call time, where it has
-#: one (:func:`fixed`)
-FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False, "SPLIT_K": 1}
+#: persistent grid and TMA descriptors, made in the kernel); the warp-specialized form, whose
+#: descriptors are made on the host at call time, where it has one (:func:`fixed`)
+FIXED_OPTIONS = {"PERSISTENT": False, "TMA": False, "TMA_STORE": False}
 
 
-def fixed(config: dict, source) -> dict:
-    """``config`` for a runtime kernel ``source``: :data:`FIXED_OPTIONS`, and no
-    warp-specialized form where it has none."""
+def fixed(config: dict, source, split: bool = False) -> dict:
+    """``config`` for a runtime kernel ``source``: :data:`FIXED_OPTIONS`, no warp-specialized
+    form where it has none, and with ``split`` (a variant of bounded size, whose split-K
+    workspace is sized at its bound: :func:`.embed.generated_launch`) its split of k, else
+    none."""
     out = {**config, **FIXED_OPTIONS}
     if not source.ws:
         out["WS"] = None
+    if not split:
+        out["SPLIT_K"] = 1
     return out
+
+
+def at_bound(match, bound: int):
+    """``match`` (of a runtime kernel) with its one varying runtime extent at ``bound`` (a
+    variant's largest size, :func:`variant_bounds`), for sizing what the variant's launches
+    need at most; None where more than one extent varies (a product bounds none of them)."""
+    varying = [a for a in match.runtime if not isinstance(match.frame.extents.get(a, 1), int)]
+    if len(varying) != 1:
+        return None
+    frame = copy.copy(match.frame)
+    frame.extents = {**frame.extents, varying[0]: int(bound)}
+    return dataclasses.replace(match, frame=frame)
 
 
 #: the smallest product of the dims a bucket point has (below it, tiles hardly differ: the

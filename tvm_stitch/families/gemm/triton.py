@@ -56,9 +56,10 @@ def gemm_source(match, name: str) -> KernelSource:
         start = bounds[-1]
     prelude.append(f"tiles_n = {start}")
     # split-K (a computed A, a folded normalization, is not split): SPLIT_K programs per output
-    # tile, each over a slice of k whole BLOCK_K steps long; not with rows known at run time
-    # (the workspace is sized by the tiles)
-    split = match.prologue is None and not match.runtime
+    # tile, each over a slice of k whole BLOCK_K steps long (with rows known at run time, in
+    # the variants of bounded rows only: the workspace is sized by the tiles,
+    # :func:`tvm_stitch.codegen.embed.generated_launch`)
+    split = match.prologue is None
     lines = ["pid_b = tl.program_id(1)"]
     if split:
         per = f"(({k} + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K)"
@@ -74,8 +75,6 @@ def gemm_source(match, name: str) -> KernelSource:
         ]
     else:
         lines.append("tile = tl.program_id(0)")
-        if match.prologue is None:  # not split (rows known at run time): the whole of k
-            lines += ["k_lo = 0", f"k_hi = {k}"]
     lines += [
         "pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
