@@ -133,13 +133,16 @@ class KernelTuner:
         return tuned.config
 
     def prefetch(self, requests) -> None:
-        """Run the searches that the calls ``requests`` — ``(args, kwargs)`` of :meth:`config`,
-        an iterable taken only when it is used — will need, side by side (:func:`concurrent_searches` threads), and keep their
-        configs for those calls. A search compiles a round's candidates in worker processes
-        and waits; meanwhile another search runs (they take :data:`~tvm_stitch.tune.measure.
-        TURNS`: one at a time on the interpreter and the device, so timings are taken alone).
-        Without a GPU, or with one search at a time, nothing is done ahead. A request that
-        fails here is left to its call, which fails again and says why."""
+        """Run the searches that the calls ``requests`` will need, side by side, and keep
+        their configs for those calls. ``requests`` holds ``(args, kwargs)`` of
+        :meth:`config`, an iterable taken only when it is used.
+
+        :func:`concurrent_searches` threads run the searches. A search compiles a round's
+        candidates in worker processes and waits; meanwhile another search runs. They take
+        :data:`~tvm_stitch.tune.measure.TURNS`: one at a time on the interpreter and the
+        device, so timings are taken alone. Without a GPU, or with one search at a time,
+        nothing is done ahead. A request that fails here is left to its call, which fails
+        again and says why."""
         if not self.on_device:
             return
         todo = {}
