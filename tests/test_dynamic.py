@@ -811,7 +811,8 @@ def test_a_dynamic_bert_attention_is_warp_specialized_at_large_sizes():
     rows = re.findall(r'tensormap_encode_tiled\(v\w*, I\d\.data, \d+, T\.Cast\("int32", '
                       r'(\w+) \* (\w+)\)', text)
     dims = {str(v) for v in fused["main"].attrs["tir_var_upper_bound"]}
-    assert len(rows) in (3, 6) and all(set(r) == dims for r in rows)  # Q, K, V (a variant each)
+    # Q, K and V of each warp-specialized variant
+    assert rows and len(rows) % 3 == 0 and all(set(r) == dims for r in rows)
     assert not _calls(fused["main"], "advanced_index") and "index_tensor" not in str(
         [gv.name_hint for gv in fused.functions])
     # two gathers, as in the static build: the word embeddings' rows and the pooler's first

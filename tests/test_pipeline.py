@@ -227,6 +227,18 @@ def _host_only(a: T.Buffer((4,), "float32")):
 
 
 @T.prim_func(private=True, s_tir=True)
+def _rows_kernel(var_a: T.handle):
+    n = T.int64()
+    a = T.match_buffer(var_a, (n,), "float32")
+    for b in T.thread_binding((n + T.int64(63)) // T.int64(64), thread="blockIdx.x"):
+        for t in T.thread_binding(T.int64(64), thread="threadIdx.x"):
+            with T.sblock("b"):
+                v = T.axis.spatial(n, b * T.int64(64) + t)
+                T.where(b * T.int64(64) + t < n)
+                a[v] = T.float32(0)
+
+
+@T.prim_func(private=True, s_tir=True)
 def _stepped_kernel(a: T.Buffer((64,), "float32")):
     for k in T.serial(0, 4, step=2):
         for i in T.thread_binding(64, thread="threadIdx.x"):
@@ -250,7 +262,8 @@ def test_each_kernel_of_a_function_waits_at_its_start():
     """Every kernel of a PrimFunc (the statement under each outermost thread binding) gets the
     wait and the release, nothing inside it twice; with ``"exit"`` only the wait.  A function
     that launches no kernel, already names its launch parameters, or has a kernel of more than
-    ``max_blocks`` blocks is left alone (None)."""
+    ``max_blocks`` blocks is left alone (None); so is one of a grid known only at run time,
+    unless released at exit."""
     from tvm_stitch.codegen.embed import dependent_kernels
 
     tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, "start"),
@@ -268,6 +281,10 @@ def test_each_kernel_of_a_function_waits_at_its_start():
     out = tvm_stitch.passes.LaunchDependently("start")(mod)
     tvm.ir.assert_structural_equal(out["k"], _two_kernels_dependent)
     assert out["h"].same_as(mod["h"])
+    # a grid known at run time (a dynamic build's rows): dependent, released at exit only
+    rows = dependent_kernels(_rows_kernel, "exit", max_blocks=2)
+    assert rows is not None and rows.script().count('griddepcontrol("wait"') == 1
+    assert dependent_kernels(_rows_kernel, "start", max_blocks=2) is None
     # a host loop around a kernel keeps its step
     tvm.ir.assert_structural_equal(dependent_kernels(_stepped_kernel, "exit"),
                                    _stepped_kernel_dependent)

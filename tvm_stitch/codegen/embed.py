@@ -462,7 +462,8 @@ def dependent_kernels(func, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
                       max_blocks: int | None = None):
     """``func`` (a scheduled PrimFunc) whose kernels TVM launches dependently, or None when it
     launches none, says already how to (``tirx.kernel_launch_params``), or has a kernel of more
-    than ``max_blocks`` blocks (or of a grid not known here): the TIR counterpart of
+    than ``max_blocks`` blocks (or, released at ``"start"``, of a grid not known here): the
+    TIR counterpart of
     :func:`dependent_launch`, for the kernels TVM generates (LayerNorms, gathers, copies).
 
     Each kernel — the statement under an outermost thread binding — first waits for the grid
@@ -522,7 +523,12 @@ def dependent_kernels(func, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
     body = walk(func.body)
     if body is None or not grids:
         return None
-    if max_blocks is not None and any(g is None or g > max_blocks for g in grids):
+    # a grid known only at run time (a dynamic build's) is launched dependently where the
+    # next launch is released at exit: its small calls, where launches dominate, gain, and the
+    # next kernel's blocks are placed only once this one's have left the SMs (the crowding
+    # ``max_blocks`` guards against follows an early release)
+    unknown = launch_dependents != "exit"
+    if max_blocks is not None and any(unknown if g is None else g > max_blocks for g in grids):
         return None
     return func.with_body(body).with_attr("tirx.kernel_launch_params", [PDL_TAG])
 

@@ -99,7 +99,9 @@ class KernelTuner:
             self.fitted = True
             if self.cost.fit_database(self.db):
                 logger.info("cost model corrected on %d measurements", self.cost.fitted_on)
-        search = {"config": QUICK_SEARCH, "refine_top": 1} if quick else {}
+        # the model alone searches at length in milliseconds: a short search only when
+        # candidates are measured
+        search = {"config": QUICK_SEARCH, "refine_top": 1} if quick and self.on_device else {}
         tuned = tune_generated(
             match, source, shapes, constants, self.hw, on_device=self.on_device, cost=self.cost,
             **search,
