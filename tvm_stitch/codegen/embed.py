@@ -712,8 +712,10 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
                                                unique[key][3])
                 alternatives.append((condition, found))
             except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
-                logger.info("%s: variant %s left out: %s: %s", source.name, _tag(other),
-                            type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                # a kernel that failed to compile: the next variant serves its sizes, slower
+                logger.warning("%s: variant %s left out: %s: %s", source.name, _tag(other),
+                               type(err).__name__,
+                               str(err).splitlines()[0] if str(err) else "")
                 logger.debug("%s", err)
     return tuple(alternatives)
 
