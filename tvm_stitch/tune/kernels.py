@@ -384,11 +384,53 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
 
 def _generated_runner(match, source, shapes, constants, hw, template):
     """``make(candidate, launch)`` for the search (:func:`generated_runner`), with
-    ``make.prepare(pairs)`` compiling the candidates' kernels ahead, side by side."""
-    run = generated_runner(match, source, shapes, constants, hw)
+    ``make.prepare(pairs)`` compiling the candidates' kernels ahead, side by side.
+
+    Where this thread's search times on a tuning server (:func:`.remote.current`),
+    ``make.prepare`` has the server compile and time the batch, and ``make.time(candidate,
+    launch)`` gives each timing once (a candidate timed again, a contender, is timed there
+    again); nothing is built here unless the search's ``run`` is called."""
+    from . import remote
+
+    device = remote.current()
+    local = []
+
+    def runner():
+        if not local:
+            local.append(generated_runner(match, source, shapes, constants, hw))
+        return local[0]
 
     def make(cand, launch):
-        return run({**template(cand), **launch})
+        config = {**template(cand), **launch}
+        if device is not None:  # built here when first run
+            def lazy():
+                return runner()(config)()
 
-    make.prepare = lambda pairs: run.prepare([{**template(c), **la} for c, la in pairs])
+            return lazy
+        return runner()(config)
+
+    make.prepare = lambda pairs: runner().prepare([{**template(c), **la} for c, la in pairs])
+    if device is None:
+        return make
+    timed = {}
+
+    def batch(pairs):
+        configs = [{**template(c), **la} for c, la in pairs]
+        out = device.time(match, source, shapes, constants, hw, configs)
+        return {(c, _launch_key(la)): t for (c, la), t in zip(pairs, out)}
+
+    def time(cand, launch):
+        found = timed.pop((cand, _launch_key(launch)), None)
+        if found is None:
+            found = batch([(cand, launch)])[(cand, _launch_key(launch))]
+        if isinstance(found, str):
+            raise RuntimeError(f"on {device.name}: {found}")
+        return found
+
+    make.prepare = lambda pairs: timed.update(batch(pairs))
+    make.time = time
     return make
+
+
+def _launch_key(launch: dict) -> tuple:
+    return tuple(sorted(launch.items()))

@@ -200,7 +200,9 @@ def measured_search(
         kernel with launch options ``launch`` (a dict).  Where it has ``prepare``,
         ``make_fn.prepare([(candidate, launch), ...])`` is called with the candidates about
         to be timed (each round's, the seeds, the launches refined) first: it compiles their
-        kernels side by side, on the host's cores, and the timings find them compiled.
+        kernels side by side, on the host's cores, and the timings find them compiled.  Where
+        it has ``time``, ``make_fn.time(candidate, launch)`` gives the seconds instead of
+        timing ``fn`` here (a tuning server's, :mod:`~tvm_stitch.tune.remote`).
     legal : callable, optional
         The code generator's legality check.
     config : SearchConfig, optional
@@ -242,9 +244,13 @@ def measured_search(
     timed = []  # (seconds, candidate, launch) of every timing
     phases = {"compile": 0.0, "time": 0.0, "compiled": 0, "timed": 0}
 
+    timer = getattr(make_fn, "time", None) if on_device else None
+
     def time_once(cand, launch):
         start = time.perf_counter()
         try:
+            if timer is not None:  # timed elsewhere (a tuning server, :mod:`.remote`)
+                return timer(cand, launch)
             return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
         finally:
             phases["time"] += time.perf_counter() - start

@@ -10,6 +10,7 @@ import time
 
 from tvm_stitch.cost.model import CostModel
 
+from . import remote
 from .kernels import QUICK_SEARCH, best_measured, record_legality, tune_generated
 from .measure import TURNS
 
@@ -49,6 +50,7 @@ class KernelTuner:
         self.cost = CostModel(hw)  # corrected by the database's measurements when it has some
         self.fitted = False  # fit when a kernel first needs a search, not when none does
         self.rejected: set[str] = set()  # keys of records this compile does not use
+        self._remotes = None  # tuning servers (:meth:`remotes`)
         #: where this compile's searches spent their time (:meth:`summary`)
         self.spent = {"searches": 0, "search": 0.0, "compile": 0.0, "time": 0.0,
                       "compiled": 0, "timed": 0, "fit": 0.0, "ahead": 0.0}
@@ -142,9 +144,11 @@ class KernelTuner:
         :func:`concurrent_searches` threads run the searches. A search compiles a round's
         candidates in worker processes and waits; meanwhile another search runs. They take
         :data:`~tvm_stitch.tune.measure.TURNS`: one at a time on the interpreter and the
-        device, so timings are taken alone. Without a GPU, or with one search at a time,
-        nothing is done ahead. A request that fails here is left to its call, which fails
-        again and says why."""
+        device, so timings are taken alone. With tuning servers (:meth:`remotes`) the searches
+        take the devices in turn, this process's GPU first; a search on a server has it
+        compile and time each batch (:mod:`~tvm_stitch.tune.remote`) and gives its turn up
+        meanwhile. Without a GPU, or with one search to run, nothing is done ahead. A request
+        that fails here is left to its call, which fails again and says why."""
         if not self.on_device:
             return
         todo = {}
@@ -153,17 +157,19 @@ class KernelTuner:
             key = tuning_key(self.db, match, source, self.hw)
             if key not in self.seen and key not in self.rejected and self.db.get(key) is None:
                 todo.setdefault(key, (args, kwargs))
-        threads = min(concurrent_searches(), len(todo))
-        if threads < 2:
+        if len(todo) < 2 or concurrent_searches() < 2:
             return
+        devices = [None, *self.remotes()]  # None: this process's GPU
+        threads = min(max(concurrent_searches(), 2 * len(devices)), len(todo))
 
-        def search(args, kwargs):
-            with TURNS.hold():
+        def search(i, args, kwargs):
+            with remote.using(devices[i % len(devices)]), TURNS.hold():
                 self.config(*args, **kwargs)
 
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            futures = [pool.submit(search, *request) for request in todo.values()]
+            futures = [pool.submit(search, i, *request)
+                       for i, request in enumerate(todo.values())]
             for future in futures:
                 try:
                     future.result()
@@ -172,6 +178,16 @@ class KernelTuner:
         self.spent["ahead"] += time.perf_counter() - start
         logger.info("%d kernels' tiles found side by side (%d searches at a time) in %.1f s",
                     len(todo), threads, time.perf_counter() - start)
+        for device in devices[1:]:
+            logger.info("tuning server %s: %d candidates timed in %d batches", device.name,
+                        device.timed, device.batches)
+
+    def remotes(self) -> list:
+        """The tuning servers this compile's searches also time on (:func:`.remote.connect`,
+        ``$TVM_STITCH_RPC``), connected once."""
+        if self._remotes is None:
+            self._remotes = remote.connect() if os.environ.get("TVM_STITCH_RPC") else []
+        return self._remotes
 
     def summary(self) -> str | None:
         """Where this compile's measured searches spent their time (None without one):
