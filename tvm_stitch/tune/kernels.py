@@ -386,13 +386,13 @@ def _generated_runner(match, source, shapes, constants, hw, template):
     """``make(candidate, launch)`` for the search (:func:`generated_runner`), with
     ``make.prepare(pairs)`` compiling the candidates' kernels ahead, side by side.
 
-    Where this thread's search times on a tuning server (:func:`.remote.current`),
+    Where this thread's search times on a tuning server (:func:`.measure.timing_device`),
     ``make.prepare`` has the server compile and time the batch, and ``make.time(candidate,
     launch)`` gives each timing once (a candidate timed again, a contender, is timed there
     again); nothing is built here unless the search's ``run`` is called."""
-    from . import remote
+    from .measure import timing_device
 
-    device = remote.current()
+    device = timing_device()
     local = []
 
     def runner():

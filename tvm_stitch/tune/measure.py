@@ -58,6 +58,27 @@ class Turns:
 #: the turns of the searches of one process (:meth:`~tvm_stitch.tune.policy.KernelTuner.prefetch`)
 TURNS = Turns()
 
+_DEVICE = threading.local()
+
+
+def timing_device():
+    """The tuning server this thread's search times its candidates on
+    (:class:`~tvm_stitch.tune.remote.RemoteDevice`, set by :func:`timing_on`), or None: this
+    process's GPU."""
+    return getattr(_DEVICE, "device", None)
+
+
+@contextlib.contextmanager
+def timing_on(device):
+    """This thread's searches time their candidates on ``device`` (None: this process's GPU)
+    for the ``with`` block."""
+    previous = timing_device()
+    _DEVICE.device = device
+    try:
+        yield
+    finally:
+        _DEVICE.device = previous
+
 
 def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = True) -> float:
     """Median microseconds per call; CUDA-graph replays on the GPU (``graph``; else one call at a

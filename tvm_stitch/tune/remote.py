@@ -21,14 +21,13 @@ directly do not.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import pickle
 import threading
 import time
 
-from .measure import TURNS
+from .measure import TURNS, timing_device, timing_on
 
 logger = logging.getLogger("tvm_stitch.tune")
 
@@ -36,9 +35,6 @@ logger = logging.getLogger("tvm_stitch.tune")
 FUNCTION = "tvm_stitch.time_candidates"
 #: the key servers register with a tracker under, and a compile requests
 DEFAULT_KEY = "tvm-stitch"
-
-_CURRENT = threading.local()
-
 
 def time_candidates(payload) -> bytearray:
     """On a tuning server: the seconds of each launch config of a generated kernel, compiled
@@ -162,22 +158,9 @@ def _address(text: str) -> tuple[str, int]:
 CONNECT_TIMEOUT = 5.0
 
 
-def current() -> RemoteDevice | None:
-    """The server this thread's search times its candidates on (:func:`using`), or None:
-    this process's GPU."""
-    return getattr(_CURRENT, "device", None)
-
-
-@contextlib.contextmanager
-def using(device: RemoteDevice | None):
-    """This thread's searches time their candidates on ``device`` (None: this process's
-    GPU) for the ``with`` block."""
-    previous = current()
-    _CURRENT.device = device
-    try:
-        yield
-    finally:
-        _CURRENT.device = previous
+#: the server this thread's searches time on (None: this process's GPU), and the ``with``
+#: block that sets it (:func:`~tvm_stitch.tune.measure.timing_device`)
+current, using = timing_device, timing_on
 
 
 def serve(host: str = "0.0.0.0", port: int = 9190, port_end: int | None = None,
