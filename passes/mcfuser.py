@@ -21,7 +21,6 @@ Triton the pass does nothing, with the reason logged.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -36,10 +35,11 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
 from tvm_stitch.codegen.kernel_text import UnsupportedKernelError
+from tvm_stitch.codegen.runtime_plan import RuntimePlanner
 from tvm_stitch.codegen.triton_gen import kernel_source
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents, check_tune
 from tvm_stitch.errors import error_line
-from tvm_stitch.families import FAMILIES, part, runtime_extents
+from tvm_stitch.families import FAMILIES, part
 from tvm_stitch.families import check as check_families
 from tvm_stitch.graph import build_graph
 from tvm_stitch.tune.policy import KernelTuner
@@ -202,11 +202,11 @@ class _Rewriter:
         self.weights = weight_tensors(graph, func) if self.join else set()
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
         self.name, self.families = name, families
-        self.at_points = {}  # sentinel point -> the function's matches there
+        self.planner = RuntimePlanner(self.mod, name, families, self.fold_norms,
+                                      lambda: self.weights if self.join else None)
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None,
                           runtime=bool(graph.point))
-        self.plans = {}  # id(match) -> (match, its runtime plan)
         self.tuner.prefetch(r for m in found.matches for r in self._requests(graph, m))
         kernels = [(m, k) for m in _progress(found.matches, name)
                    if (k := self._try_kernel(graph, m))]
@@ -289,7 +289,7 @@ class _Rewriter:
         values, weights = dict(self.values), set(self.weights)
         try:
             if _symbolic(graph, match):
-                plan = self._runtime_plan(graph, match)
+                plan = self.planner.plan(graph, match)
                 return [plan.request, *(r for _, r in plan.buckets)]
             match, _, source, shapes, constants = self._prepared(graph, match)
             return [((match, source, shapes, constants), {})]
@@ -299,42 +299,6 @@ class _Rewriter:
         finally:
             self.values, self.weights = values, weights
 
-    def _runtime_plan(self, graph, match):
-        """What the kernel of a match of symbolic shape is made of (:class:`_RuntimePlan`),
-        found once."""
-        known = self.plans.get(id(match))
-        if known is None or known[0] is not match:
-            known = self.plans[id(match)] = match, self._plan_runtime(graph, match)
-        return known[1]
-
-    def _plan_runtime(self, graph, match):
-        from tvm_stitch.codegen import runtime
-
-        axes = runtime_extents(match.family)
-        if not axes or match.derived:
-            raise UnsupportedKernelError("symbolic extents the family's kernel cannot take "
-                                         "at run time")
-        points = runtime.sentinel_points(graph.point)
-        pair = [self._recognized_at(point, match) for point in points]
-        kernel = runtime.runtime_kernel(pair, points, graph.values, axes, at_point=match,
-                                        upper=graph.point)
-        source = kernel.source
-        tensors = [*source.inputs, *source.outputs]
-        shapes, values = {}, []
-        for t in tensors:
-            value = graph.values.get(t)
-            ty = getattr(value, "ty", None)
-            if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-                raise UnsupportedKernelError(f"{t} is not a tensor of the function")
-            shapes[t] = (tuple(ty.shape.values), str(ty.dtype))
-            values.append(value)
-        # the tiles: searched (or modelled) at the representative point, on the same kernel
-        at_point = dataclasses.replace(match, runtime=kernel.match.runtime)
-        point_shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors}
-        request = ((at_point, kernel_source(at_point), point_shapes, {}),
-                   {"like": self._static_like(match)})
-        return _RuntimePlan(kernel, shapes, values, request, self._bucket_requests(match, kernel))
-
     def _runtime_kernel(self, graph, match):
         """:meth:`_kernel` of a match of symbolic shape: its kernel takes the family's runtime
         extents as arguments (:mod:`tvm_stitch.codegen.runtime`), its tiles are those of the
@@ -342,7 +306,7 @@ class _Rewriter:
         from tvm_stitch.codegen import runtime
         from tvm_stitch.graph.specialize import representative, value_at
 
-        plan = self._runtime_plan(graph, match)
+        plan = self.planner.plan(graph, match)
         kernel, shapes, values = plan.kernel, plan.shapes, plan.values
         source = kernel.source
         args, kwargs = plan.request
@@ -366,62 +330,9 @@ class _Rewriter:
                   for buf in params[len(args) + len(outputs):]]
         return self.funcs[key], args, types, outputs, []
 
-    def _recognized_at(self, point, match, graph=False):
-        """``match`` recognized anew with the function's symbolic dims at ``point`` (and the
-        tensor graph there, with ``graph``)."""
-        key = tuple(sorted(point.items()))
-        if key not in self.at_points:
-            at = build_graph(self.mod, self.name, legalize=False, point=point)
-            self.at_points[key] = at, recognize(
-                at, self.families, fold_norms=self.fold_norms,
-                weights=self.weights if self.join else None, runtime=True).matches
-        at, matches = self.at_points[key]
-        for other in matches:
-            if sorted(other.covered) == sorted(match.covered):
-                return (other, at) if graph else other
-        raise UnsupportedKernelError(f"not recognized alike with the dims at {point}")
-
-    @staticmethod
-    def _static_like(match):
-        """``(match, source)`` of the static kernel of ``match`` (recognized at a point): its
-        tuning record's timings are the runtime kernel's at that point (the tuner's ``like``),
-        or None where it prints no kernel."""
-        try:
-            return match, kernel_source(match)
-        except Exception as err:  # noqa: BLE001 - any: no static kernel's timings to reuse
-            logger.debug("%s: no static kernel at the point: %s", match.describe(), err)
-            return None
-
-    def _bucket_requests(self, match, kernel) -> list:
-        """``[(size, request), ...]``: a runtime kernel at each smaller size of the function's
-        ranges (:func:`runtime.bucket_points`) where the match is recognized alike: the size
-        there (rows, or what the family's kernel is sized by) and the tuner's call
-        (``(args, kwargs)`` of :meth:`KernelTuner.config`) for its tiles there, a short search
-        kept in the tuning database under that point's extents."""
-        from tvm_stitch.codegen import runtime
-        from tvm_stitch.graph.specialize import value_at, var_ranges
-
-        size = runtime.kernel_size(kernel.match.frame.extents, kernel.match.runtime)
-        found = []
-        for point in runtime.bucket_points(var_ranges(self.mod[self.name])):
-            try:
-                other, graph = self._recognized_at(point, match, graph=True)
-                at = dataclasses.replace(other, runtime=kernel.match.runtime)
-                source = kernel_source(at)
-                shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
-                          for t in (*source.inputs, *source.outputs)}
-            except Exception as err:  # noqa: BLE001 - any: the point gets no tiles of its own
-                logger.info("%s: no tiles of its own at %s: %s: %s", match.describe(), point,
-                            type(err).__name__, err)
-                continue
-            request = ((at, source, shapes, {}), {"like": self._static_like(other),
-                                                  "quick": True})
-            found.append((value_at(size, point), request))
-        return found
-
     def _bucket_configs(self, match, plan) -> list:
         """``[(size, config), ...]``: the tiles of a runtime kernel at its plan's smaller
-        sizes (:meth:`_bucket_requests`), each the tuner's (searched, measured or modelled);
+        sizes (:meth:`RuntimePlanner.plan`), each the tuner's (searched, measured or modelled);
         :func:`runtime.variant_bounds` orders them for :func:`embed.generated_launch`, which
         launches the first whose bound the call's size does not exceed."""
         from tvm_stitch.codegen import runtime
@@ -572,20 +483,6 @@ class _Rewriter:
                     raise UnsupportedKernelError(str(err)) from err
                 logger.info("%s; trying %d pipeline stages", err, stages - 1)
                 config = {**config, "num_stages": stages - 1}
-
-
-@dataclasses.dataclass(frozen=True)
-class _RuntimePlan:
-    """A runtime kernel (:func:`runtime.runtime_kernel`) with the function's shapes and values
-    of what it reads and writes, and the tuner's calls for its tiles: ``request`` at the
-    function's representative point, ``buckets`` at smaller sizes (:meth:`_Rewriter.
-    _bucket_requests`)."""
-
-    kernel: object
-    shapes: dict
-    values: list
-    request: tuple
-    buckets: list
 
 
 def _zeroed(prim, params) -> list:
