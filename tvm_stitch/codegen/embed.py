@@ -724,10 +724,20 @@ def _compiled(source, match, config, shapes, rest, aligned=(), bound=None) -> La
     """``source`` compiled with ``config`` (:func:`compile_call`); ``rest``: the shared-memory
     limit, ``dependent`` and ``launch_dependents`` of :func:`generated_launch`, ``aligned`` the
     runtime arguments taken as multiples of 16, ``bound`` the largest size a runtime
-    kernel's variant runs (its split-K workspace sized there)."""
-    kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned,
-                                         bound=bound)
-    return compile_call(*kernel, **options)
+    kernel's variant runs (its split-K workspace sized there). Where the kernel needs more
+    shared memory than a block has, with fewer pipeline stages, as the pass builds its main
+    kernel (a variant's tiles were timed as a template that needed less)."""
+    while True:
+        kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned,
+                                             bound=bound)
+        try:
+            return compile_call(*kernel, **options)
+        except SharedMemoryError as err:
+            stages = config.get("num_stages", 3)
+            if stages <= 1:
+                raise
+            logger.info("%s; trying %d pipeline stages", err, stages - 1)
+            config = {**config, "num_stages": stages - 1}
 
 
 def _without_spills(source, match, config, shapes, rest, launch, bound=None):
