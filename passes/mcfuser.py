@@ -372,7 +372,7 @@ class _Rewriter:
         if config.get(embed.VARIANTS):  # tiles of smaller sizes besides
             key += "_" + hashlib.sha1(repr(config[embed.VARIANTS]).encode()).hexdigest()[:6]
         if key not in self.funcs:
-            func, ext, config = self._build(match, source, config, shapes)
+            func, ext = self._build(match, source, config, shapes)
             # opaque to FuseOps: the kernel is complete, nothing may be fused into it
             func = func.with_attrs({"global_symbol": key, "op_pattern": 8,
                                     "tvm_stitch.kernel": describe or match.describe()})
@@ -471,18 +471,14 @@ class _Rewriter:
 
 
     def _build(self, match, source, config, shapes):
-        """``builder``'s result, with fewer pipeline stages while the kernel needs more shared
-        memory than a block has (the search timed a template that needed less)."""
-        while True:
-            try:
-                func, ext = self.builder(match, source, config, shapes)
-                return func, ext, config
-            except embed.SharedMemoryError as err:
-                stages = config.get("num_stages", 3)
-                if stages <= 1:
-                    raise UnsupportedKernelError(str(err)) from err
-                logger.info("%s; trying %d pipeline stages", err, stages - 1)
-                config = {**config, "num_stages": stages - 1}
+        """``builder``'s ``(func, modules)``, with fewer pipeline stages while the kernel needs
+        more shared memory than a block has (:func:`embed.with_fewer_stages`)."""
+        try:
+            built, _ = embed.with_fewer_stages(
+                lambda config: self.builder(match, source, config, shapes), config)
+        except embed.SharedMemoryError as err:
+            raise UnsupportedKernelError(str(err)) from err
+        return built
 
 
 def _zeroed(prim, params) -> list:

@@ -620,8 +620,10 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     last = config  # what the launch runs where no variant's condition holds
     rest = (smem_limit, dependent, launch_dependents)
     if match.runtime:  # the largest sizes: no bound to size a split-K workspace by
+        from .runtime import bounded_splits
+
         last = config = {**config, "SPLIT_K": 1}
-        variants = _bounded_splits(source, match, variants)
+        variants = bounded_splits(source, match, variants)
     if match.runtime and speculative_arguments(source):  # sizes of any alignment
         unaligned = _compiled(source, match, config, shapes, rest)
         last, _ = _without_spills(source, match, config, shapes, rest, unaligned)
@@ -632,40 +634,6 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     if split or any(p.name == "CNT" for _, k in alternatives for p in k.plan["params"]):
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
     return launch
-
-
-#: the largest split-K workspace (bytes) a runtime kernel's variant is given, sized at the
-#: variant's bound; a variant whose split needs more runs unsplit
-SPLIT_WORKSPACE_LIMIT = 64 << 20
-
-
-def _bounded_splits(source, match, variants) -> tuple:
-    """A runtime kernel's ``variants`` ``((bound, config), ...)``, each that splits k
-    (``SPLIT_K``) kept where its workspace at its bound is at most
-    :data:`SPLIT_WORKSPACE_LIMIT` (and one extent varies, which the bound bounds), else
-    unsplit."""
-    from .kernel_text import launch_buffers, launch_constexprs
-    from .runtime import at_bound
-    from .triton_gen import load
-
-    out = []
-    for bound, other in variants:
-        if other.get("SPLIT_K", 1) > 1:
-            sized = at_bound(match, bound)
-            why = "more than one extent varies"
-            if sized is not None:
-                consts = launch_constexprs(source, match, other, load(source, other).arg_names)
-                need = sum(n * (4 if dtype in ("float32", "int32") else 2)
-                           for n, dtype in launch_buffers(source, sized, consts).values())
-                why = (f"its workspace at {bound} takes {need} bytes"
-                       if need > SPLIT_WORKSPACE_LIMIT else None)
-            if why:
-                logger.info("%s: the variant up to %s does not split k: %s", source.name,
-                            bound, why)
-                out.append((bound, {**other, "SPLIT_K": 1}))
-                continue
-        out.append((bound, other))
-    return tuple(out)
 
 
 def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
@@ -692,24 +660,23 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
     for _, other, _, _ in jobs:  # each form of the text loaded here, once, not in the threads
         load(source, other)
 
-    # equal configs compiled once (a split's workspace sized at the largest bound of them)
     keys = [(repr(sorted(other.items())), given) for _, other, given, _ in jobs]
-    unique = {}
-    for key, job in zip(keys, jobs):
-        known = unique.get(key)
-        unique[key] = job if known is None or known[3] is None or (
-            job[3] is not None and job[3] > known[3]) else known
+    unique = dict(zip(keys, jobs))  # equal configs compiled once
+    bounds = {}  # ... a split's workspace sized at the largest bound of them
+    for key, (_, _, _, bound) in zip(keys, jobs):
+        if bound is not None:
+            bounds[key] = max(bound, bounds.get(key, bound))
     with concurrent.futures.ThreadPoolExecutor(compile_workers(len(unique))) as pool:
         futures = {key: pool.submit(_compiled, source, match, other, shapes, rest, given,
-                                    bound)
-                   for key, (_, other, given, bound) in unique.items()}
+                                    bounds.get(key))
+                   for key, (_, other, given, _) in unique.items()}
         alternatives = []
         for key, (condition, other, given, _) in zip(keys, jobs):
             try:
                 found = futures[key].result()
                 if speculative and not given:  # the tiles of aligned sizes, at any size
                     _, found = _without_spills(source, match, other, shapes, rest, found,
-                                               unique[key][3])
+                                               bounds.get(key))
                 alternatives.append((condition, found))
             except Exception as err:  # noqa: BLE001 - any failure: that variant is left out
                 # a kernel that failed to compile: the next variant serves its sizes, slower
@@ -726,12 +693,23 @@ def _compiled(source, match, config, shapes, rest, aligned=(), bound=None) -> La
     runtime arguments taken as multiples of 16, ``bound`` the largest size a runtime
     kernel's variant runs (its split-K workspace sized there). Where the kernel needs more
     shared memory than a block has, with fewer pipeline stages, as the pass builds its main
-    kernel (a variant's tiles were timed as a template that needed less)."""
-    while True:
+    kernel (:func:`with_fewer_stages`)."""
+
+    def build(config):
         kernel, options, _ = _generated_call(source, match, config, shapes, *rest, aligned,
                                              bound=bound)
+        return compile_call(*kernel, **options)
+
+    return with_fewer_stages(build, config)[0]
+
+
+def with_fewer_stages(build, config: dict) -> tuple:
+    """``(build(config), config)``, with fewer pipeline stages in ``config`` while the kernel
+    needs more shared memory than a block has (:class:`SharedMemoryError`: the search timed a
+    template that needed less); the error of one stage where even that does not fit."""
+    while True:
         try:
-            return compile_call(*kernel, **options)
+            return build(config), config
         except SharedMemoryError as err:
             stages = config.get("num_stages", 3)
             if stages <= 1:

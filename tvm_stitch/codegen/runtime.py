@@ -25,6 +25,7 @@ import logging
 import math
 import re
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 
@@ -68,6 +69,39 @@ def at_bound(match, bound: int):
     frame = copy.copy(match.frame)
     frame.extents = {**frame.extents, varying[0]: int(bound)}
     return dataclasses.replace(match, frame=frame)
+
+
+#: the largest split-K workspace (bytes) a runtime kernel's variant is given, sized at the
+#: variant's bound; a variant whose split needs more runs unsplit
+SPLIT_WORKSPACE_LIMIT = 64 << 20
+
+
+def bounded_splits(source, match, variants) -> tuple:
+    """A runtime kernel's ``variants`` ``((bound, config), ...)``, each that splits k
+    (``SPLIT_K``) kept where its workspace at its bound is at most
+    :data:`SPLIT_WORKSPACE_LIMIT` (and one extent varies, which the bound bounds), else
+    unsplit."""
+    from .kernel_text import launch_buffers, launch_constexprs
+    from .triton_gen import load
+
+    out = []
+    for bound, other in variants:
+        if other.get("SPLIT_K", 1) > 1:
+            sized = at_bound(match, bound)
+            why = "more than one extent varies"
+            if sized is not None:
+                consts = launch_constexprs(source, match, other, load(source, other).arg_names)
+                need = sum(n * np.dtype(dtype).itemsize
+                           for n, dtype in launch_buffers(source, sized, consts).values())
+                why = (f"its workspace at {bound} takes {need} bytes"
+                       if need > SPLIT_WORKSPACE_LIMIT else None)
+            if why:
+                logger.info("%s: the variant up to %s does not split k: %s", source.name,
+                            bound, why)
+                out.append((bound, {**other, "SPLIT_K": 1}))
+                continue
+        out.append((bound, other))
+    return tuple(out)
 
 
 #: the smallest product of the dims a bucket point has (below it, tiles hardly differ: the

@@ -18,7 +18,7 @@ from tvm_stitch.cost.model import CostModel, Workload
 from tvm_stitch.explore.tiling import Candidate, ChainSpec, build_search_space
 
 from .evolution import SearchConfig
-from .measure import TURNS, Tuned, measured_search
+from .measure import TURNS, Tuned, launch_key, measured_search
 
 logger = logging.getLogger("tvm_stitch.tune")
 
@@ -417,12 +417,12 @@ def _generated_runner(match, source, shapes, constants, hw, template):
     def batch(pairs):
         configs = [{**template(c), **la} for c, la in pairs]
         out = device.time(match, source, shapes, constants, hw, configs)
-        return {(c, _launch_key(la)): t for (c, la), t in zip(pairs, out)}
+        return {(c, launch_key(la)): t for (c, la), t in zip(pairs, out)}
 
     def time(cand, launch):
-        found = timed.pop((cand, _launch_key(launch)), None)
+        found = timed.pop((cand, launch_key(launch)), None)
         if found is None:
-            found = batch([(cand, launch)])[(cand, _launch_key(launch))]
+            found = batch([(cand, launch)])[(cand, launch_key(launch))]
         if isinstance(found, str):
             raise RuntimeError(f"on {device.name}: {found}")
         return found
@@ -430,7 +430,3 @@ def _generated_runner(match, source, shapes, constants, hw, template):
     make.prepare = lambda pairs: timed.update(batch(pairs))
     make.time = time
     return make
-
-
-def _launch_key(launch: dict) -> tuple:
-    return tuple(sorted(launch.items()))

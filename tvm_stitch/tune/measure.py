@@ -303,15 +303,15 @@ def measured_search(
                  for cand, launch in pairs]
         fresh = {}
         for cand, launch in pairs:
-            if (cand, _key(launch)) not in prepared:
-                fresh.setdefault((cand, _key(launch)), (cand, launch))
+            if (cand, launch_key(launch)) not in prepared:
+                fresh.setdefault((cand, launch_key(launch)), (cand, launch))
         pairs = list(fresh.values())
         if ready is not None and pairs:
             start = time.perf_counter()
             ready(pairs)
             phases["compile"] += time.perf_counter() - start
             phases["compiled"] += len(pairs)
-            prepared.update((cand, _key(launch)) for cand, launch in pairs)
+            prepared.update((cand, launch_key(launch)) for cand, launch in pairs)
 
     def round_prepare(cands):
         # the seeds are known from the start: compiled with the first round's candidates, one
@@ -398,7 +398,7 @@ def confirm(timed, timer, best):
     limit = best[2] * (1 + CONFIRM_WITHIN)
     contenders, seen = [], set()
     for t, cand, launch in sorted(timed, key=lambda x: x[0]):
-        key = (cand, _key(launch))
+        key = (cand, launch_key(launch))
         if t > limit or len(contenders) == CONFIRM_TOP:
             break
         if key not in seen:
@@ -417,7 +417,7 @@ def confirm(timed, timer, best):
     return contenders[i][0], dict(contenders[i][1]), statistics.median(runs[i])
 
 
-def _key(launch: dict) -> tuple:
+def launch_key(launch: dict) -> tuple:
     """A launch's options as a hashable key."""
     return tuple(sorted(launch.items()))
 

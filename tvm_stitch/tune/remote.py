@@ -35,6 +35,8 @@ logger = logging.getLogger("tvm_stitch.tune")
 FUNCTION = "tvm_stitch.time_candidates"
 #: the key servers register with a tracker under, and a compile requests
 DEFAULT_KEY = "tvm-stitch"
+#: seconds a server or tracker has to take a connection
+CONNECT_TIMEOUT = 5.0
 
 def time_candidates(payload) -> bytearray:
     """On a tuning server: the seconds of each launch config of a generated kernel, compiled
@@ -153,9 +155,6 @@ def _address(text: str) -> tuple[str, int]:
         pass
     return host, int(port)
 
-
-#: seconds a server or tracker has to take a connection
-CONNECT_TIMEOUT = 5.0
 
 
 #: the server this thread's searches time on (None: this process's GPU), and the ``with``
