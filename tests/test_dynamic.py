@@ -97,6 +97,45 @@ def _gpt2():
     return NoCache().eval(), lambda b, s: (torch.randint(0, 300, (b, s)),), lambda out: out
 
 
+def _tuner_configs(monkeypatch, change):
+    """The tuner's configs passed through ``change(match, source, kwargs, config) -> config``
+    (``kwargs``: the call's ``quick``, for a bucket point's short search)."""
+    from tvm_stitch.tune import policy
+
+    original = policy.KernelTuner.config
+
+    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
+        got = original(self, match, source, shapes, constants, like, **kwargs)
+        return change(match, source, kwargs, got)
+
+    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+
+
+def _gpu_dynamic_bert():
+    """On the GPU: HF BERT (2 layers, hidden 128) in float32, ``inputs(b, s)`` (the first
+    sequence padded by a third), and its float16 build for batch 1-16 × length 1-256 (the
+    model's tiles, through the tuner's configs as they stand)."""
+    import copy
+
+    import transformers
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        vocab_size=300, attn_implementation="eager")).eval().cuda()
+
+    def inputs(b, s):
+        mask = torch.ones(b, s, dtype=torch.long, device="cuda")
+        mask[0, s - s // 3:] = 0
+        return torch.randint(0, 300, (b, s), device="cuda"), mask
+
+    dims = {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=1, max=256)}
+    fn = tvm_stitch.from_torch(copy.deepcopy(model).half(), inputs(2, 9), tune="model",
+                               dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    return model, inputs, fn
+
+
 @pytest.mark.parametrize("make", [_bert, _gpt2], ids=["hf-bert", "gpt2"])
 def test_a_model_exported_with_dynamic_dims_builds_once_and_runs_at_any_shape(make):
     """Hugging Face BERT (a slice of its position ids, a padding mask) and GPT-2 (its causal
@@ -570,17 +609,11 @@ def test_a_runtime_gemm_takes_the_warp_specialized_form_with_descriptors_made_at
 
     from tvm_stitch.frontend import default_options, import_torch
     from tvm_stitch.report import fused_module
-    from tvm_stitch.tune import policy
 
     ws = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3,
           "WS": 2, "NUM_SMS": 132}
-    original = policy.KernelTuner.config
-
-    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
-        got = original(self, match, source, shapes, constants, like, **kwargs)
-        return {**got, **ws} if match.family == "gemm" and source.ws else got
-
-    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    _tuner_configs(monkeypatch, lambda match, source, _, got: (
+        {**got, **ws} if match.family == "gemm" and source.ws else got))
     model, inputs, _ = _bert()
     dims = {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=512)}
     imported = import_torch(model, inputs(2, 9), "float16",
@@ -829,40 +862,15 @@ def test_warp_specialized_runtime_kernels_give_pytorchs_numbers_on_the_gpu(monke
     every GEMM and attention forced to the warp-specialized form (descriptors made at call
     time, sizes passed to the partitions): PyTorch's numbers at lengths that are and are not
     multiples of 16, and at a batch of one."""
-    import transformers
-    from torch.export import Dim
-
-    from tvm_stitch.tune import policy
-
     forced = {
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4,
                  "num_stages": 3, "WS": 2, "NUM_SMS": 132},
         "attention": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4,
                       "WS": True, "NUM_SMS": 132},
     }
-    original = policy.KernelTuner.config
-
-    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
-        got = original(self, match, source, shapes, constants, like, **kwargs)
-        return {**got, **forced[match.family]} if source.ws and match.family in forced else got
-
-    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-        vocab_size=300, attn_implementation="eager")).eval().cuda()
-
-    def inputs(b, s):
-        mask = torch.ones(b, s, dtype=torch.long, device="cuda")
-        mask[0, s - s // 3:] = 0
-        return torch.randint(0, 300, (b, s), device="cuda"), mask
-
-    dims = {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=1, max=256)}
-    import copy
-
-    fn = tvm_stitch.from_torch(copy.deepcopy(model).half(), inputs(2, 9), tune="model",
-                               dynamic_shapes={"input_ids": dims, "attention_mask": dims})
-    reference = model  # float32
+    _tuner_configs(monkeypatch, lambda match, source, _, got: (
+        {**got, **forced[match.family]} if source.ws and match.family in forced else got))
+    reference, inputs, fn = _gpu_dynamic_bert()  # float32
     with torch.no_grad():
         for b, s in ((3, 77), (2, 130), (1, 5), (8, 64), (16, 256)):
             args = inputs(b, s)
@@ -1032,18 +1040,11 @@ def test_an_unaligned_variant_that_spills_takes_smaller_tiles(monkeypatch, caplo
     from tvm_stitch.codegen.ptx import spill_bytes
     from tvm_stitch.frontend import default_options, import_torch
     from tvm_stitch.report import fused_module
-    from tvm_stitch.tune import policy
 
-    original = policy.KernelTuner.config
     wide = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
-
-    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
-        got = original(self, match, source, shapes, constants, like, **kwargs)
-        if match.family != "attention":
-            return got
-        return {**{k: v for k, v in got.items() if k not in ("WS", "NUM_SMS", "TMA")}, **wide}
-
-    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    _tuner_configs(monkeypatch, lambda match, _, __, got: got if match.family != "attention"
+                   else {**{k: v for k, v in got.items() if k not in ("WS", "NUM_SMS", "TMA")},
+                         **wide})
     torch.manual_seed(0)
     model = transformers.GPT2Model(transformers.GPT2Config(
         n_embd=768, n_layer=2, n_head=12, vocab_size=300, attn_implementation="eager")).eval()
@@ -1126,17 +1127,13 @@ def test_a_dynamic_gpt2_fuses_as_many_kernels_as_the_static_one():
 def _split_variants(monkeypatch, split=2):
     """The tuner's configs with the GEMMs' bucket variants (its short searches) splitting k
     in ``split``, 16-deep k steps; the tiles at the representative point as chosen."""
-    from tvm_stitch.tune import policy
 
-    original = policy.KernelTuner.config
-
-    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
-        got = original(self, match, source, shapes, constants, like, **kwargs)
+    def change(match, source, kwargs, got):
         if match.family != "gemm" or not kwargs.get("quick") or not source.split_k:
             return got
         return {**got, "BLOCK_K": 16, "SPLIT_K": split, "PERSISTENT": False, "WS": None}
 
-    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    _tuner_configs(monkeypatch, change)
 
 
 def test_runtime_gemm_variants_of_bounded_rows_split_k(monkeypatch):
@@ -1184,25 +1181,8 @@ def test_runtime_gemm_split_variants_give_pytorchs_numbers_on_the_gpu(monkeypatc
     """On the GPU: HF BERT (2 layers) with dynamic batch and length, the GEMMs' bucket
     variants splitting k in 4: PyTorch's numbers at sizes each variant runs, twice each (the
     counters the first call used are zero again for the second)."""
-    import copy
-
-    import transformers
-    from torch.export import Dim
-
     _split_variants(monkeypatch, split=4)
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-        vocab_size=300, attn_implementation="eager")).eval().cuda()
-
-    def inputs(b, s):
-        mask = torch.ones(b, s, dtype=torch.long, device="cuda")
-        mask[0, s - s // 3:] = 0
-        return torch.randint(0, 300, (b, s), device="cuda"), mask
-
-    dims = {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=1, max=256)}
-    fn = tvm_stitch.from_torch(copy.deepcopy(model).half(), inputs(2, 9), tune="model",
-                               dynamic_shapes={"input_ids": dims, "attention_mask": dims})
+    model, inputs, fn = _gpu_dynamic_bert()
     with torch.no_grad():
         for b, s in ((1, 5), (1, 77), (3, 77), (2, 130), (16, 256), (1, 5)):
             args = inputs(b, s)
@@ -1222,19 +1202,11 @@ def test_a_runtime_variant_that_needs_more_shared_memory_takes_fewer_stages(monk
 
     from tvm_stitch.frontend import default_options, import_torch
     from tvm_stitch.report import fused_module
-    from tvm_stitch.tune import policy
 
-    original = policy.KernelTuner.config
     deep = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4,
             "PERSISTENT": False, "WS": None}
-
-    def chosen(self, match, source, shapes, constants, like=None, **kwargs):
-        got = original(self, match, source, shapes, constants, like, **kwargs)
-        if match.family != "gemm" or not kwargs.get("quick"):
-            return got
-        return {**got, **deep}
-
-    monkeypatch.setattr(policy.KernelTuner, "config", chosen)
+    _tuner_configs(monkeypatch, lambda match, _, kwargs, got: (
+        {**got, **deep} if match.family == "gemm" and kwargs.get("quick") else got))
     import transformers
 
     torch.manual_seed(0)
