@@ -163,8 +163,15 @@ class KernelTuner:
         threads = min(max(concurrent_searches(), 2 * len(devices)), len(todo))
 
         def search(i, args, kwargs):
-            with remote.using(devices[i % len(devices)]), TURNS.hold():
-                self.config(*args, **kwargs)
+            device = devices[i % len(devices)]
+            try:
+                with remote.using(device), TURNS.hold():
+                    self.config(*args, **kwargs)
+            except Exception as err:
+                if device is not None:  # the server's trouble: say so (the call searches here)
+                    logger.warning("a search on tuning server %s failed: %s: %s", device.name,
+                                   type(err).__name__, err)
+                raise
 
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:

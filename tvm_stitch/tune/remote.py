@@ -40,8 +40,13 @@ CONNECT_TIMEOUT = 5.0
 
 def time_candidates(payload) -> bytearray:
     """On a tuning server: the seconds of each launch config of a generated kernel, compiled
-    side by side here and timed on this process's GPU as a local search times them; a config
-    that fails gives its error's text instead.
+    side by side and timed on this server's GPU as a local search times them; a config that
+    fails gives its error's text instead.
+
+    The work runs in one process spawned for this connection and kept (:func:`_timer`): TVM's
+    server serves each connection in a process forked from its listening one, where CUDA
+    cannot start once the listener has touched it ("Cannot re-initialize CUDA in forked
+    subprocess").
 
     Parameters
     ----------
@@ -54,10 +59,31 @@ def time_candidates(payload) -> bytearray:
     bytearray
         The list of seconds (or error texts), pickled.
     """
+    from tvm_stitch.tune.remote import _time_here  # by its module's name, not __main__'s
+
+    return bytearray(_timer().submit(_time_here, bytes(payload)).result())
+
+
+_TIMER = []  # the process timing this connection's candidates (:func:`_timer`)
+
+
+def _timer():
+    """This connection's timing process: spawned at its first batch, a fresh interpreter."""
+    if not _TIMER:
+        import concurrent.futures
+        import multiprocessing
+
+        _TIMER.append(concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")))
+    return _TIMER[0]
+
+
+def _time_here(payload: bytes) -> bytes:
+    """:func:`time_candidates`' work, in the process that times (:func:`_timer`)."""
     from .kernels import generated_runner
     from .measure import time_torch
 
-    match, source, shapes, constants, hw, configs = pickle.loads(bytes(payload))
+    match, source, shapes, constants, hw, configs = pickle.loads(payload)
     run = generated_runner(match, source, shapes, constants, hw)
     run.prepare(configs)
     out = []
@@ -66,7 +92,7 @@ def time_candidates(payload) -> bytearray:
             out.append(time_torch(run(config), [], "cuda", budget_ms=30) * 1e-6)
         except Exception as err:  # noqa: BLE001 - any: the search records the failure
             out.append(f"{type(err).__name__}: {err}")
-    return bytearray(pickle.dumps(out))
+    return pickle.dumps(out)
 
 
 def register() -> None:
