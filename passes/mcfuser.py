@@ -106,12 +106,15 @@ class FuseMBCI:
         :class:`tvm_stitch.config.PipelineOptions`).
     launch_dependents : {"start", "exit"}
         When each lets the next be launched (see :class:`tvm_stitch.config.PipelineOptions`).
+    mask_blocks : bool
+        Attention skips the key blocks a folded mask hides (see
+        :class:`tvm_stitch.config.PipelineOptions`).
     """
 
     def __init__(
         self, database=None, builder=None, mcfuser=FAMILIES, plan_only=False, tune="measure",
         fold_norms=False, lift_params=False, dependent_launch=True,
-        launch_dependents=DEFAULT_LAUNCH_DEPENDENTS,
+        launch_dependents=DEFAULT_LAUNCH_DEPENDENTS, mask_blocks=True,
     ):
         self.database = database
         self.builder = builder
@@ -122,6 +125,7 @@ class FuseMBCI:
         self.lift_params = lift_params
         self.dependent_launch = dependent_launch
         self.launch_dependents = check_launch_dependents(launch_dependents)
+        self.mask_blocks = mask_blocks
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -149,8 +153,8 @@ class FuseMBCI:
             logger.info("Triton kernels not used: %s", err)
             return mod
         tuner = KernelTuner(hw, self.database or TuningDatabase(), on_device and measure)
-        out = _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params).run(
-            self.mcfuser)
+        out = _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params,
+                        self.mask_blocks).run(self.mcfuser)
         summary = tuner.summary()
         if summary:
             logger.info("%s", summary)
@@ -160,9 +164,10 @@ class FuseMBCI:
 class _Rewriter:
     """One pass over a module: rewrites matches, collects the new PrimFuncs and CUDA modules."""
 
-    def __init__(self, mod, builder, tuner, fold_norms=False, join=False):
+    def __init__(self, mod, builder, tuner, fold_norms=False, join=False, mask_blocks=True):
         self.mod, self.builder, self.tuner = mod, builder, tuner
         self.fold_norms = fold_norms
+        self.mask_blocks = mask_blocks
         self.join = join
         self.weights: set[str] = set()  # graph tensors that are weights (when joining)
         self.bound: set[str] = set()  # graph tensors that are constants (bound weights)
@@ -207,6 +212,9 @@ class _Rewriter:
         found = recognize(graph, families, fold_norms=self.fold_norms,
                           weights=self.weights if self.join else None,
                           runtime=bool(graph.point))
+        if not self.mask_blocks:  # every key block read, the mask applied on each
+            for m in found.matches:
+                m.causal = m.window = None
         self.tuner.prefetch(r for m in found.matches for r in self._requests(graph, m))
         kernels = [(m, k) for m in _progress(found.matches, name)
                    if (k := self._try_kernel(graph, m))]

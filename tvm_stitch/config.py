@@ -79,6 +79,10 @@ class PipelineOptions:
         On CUDA, compile every kernel ahead of the build; one that fails gets TVM's schedule.
     tune : {"measure", "model"}
         Tiles for shapes the tuning database lacks: measured on the GPU, or the cost model's.
+    mask_blocks : bool
+        Attention skips the key blocks a mask folded at compile time hides from every query of
+        a block (causal, sliding windows), and applies the mask only on the blocks its edges
+        cross; False: the mask on every block (the dense-mask kernel, for comparison).
     """
 
     fold: bool = True
@@ -94,6 +98,7 @@ class PipelineOptions:
     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS
     check_kernels: bool = True
     tune: str = "measure"
+    mask_blocks: bool = True
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -156,7 +156,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
                 at, passes.FuseMBCI(mcfuser=opts.mcfuser, plan_only=plan_only, tune=opts.tune,
                                     fold_norms=opts.fold_norms, lift_params=opts.lift_params,
                                     dependent_launch=opts.dependent_launch,
-                                    launch_dependents=opts.launch_dependents)
+                                    launch_dependents=opts.launch_dependents,
+                                    mask_blocks=opts.mask_blocks)
             )
         # one tensor where a front end computed it several times (a cast per consumer); the
         # aliases that leaves are dropped (an alias reads its tensor outside any kernel)

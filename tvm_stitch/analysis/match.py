@@ -239,8 +239,13 @@ class Match:
     group : int
         ``attention``: query heads per K/V head.
     causal : int or None
-        ``attention``: the logits are masked exactly where ``key > query + causal`` (found on a
-        mask folded to a constant), so key blocks past the diagonal can be skipped.
+        ``attention``: the logits are masked where ``key > query + causal`` (found on a mask
+        folded to a constant), so key blocks past the diagonal can be skipped.
+    window : int or None
+        ``attention``: the logits are also masked where ``key < query + window`` (a sliding
+        window's lower limit); with ``causal``, exactly outside ``window <= key - query <=
+        causal`` (:func:`~tvm_stitch.families.attention.recognize.mask_band`), so key blocks
+        before the window are skipped too.
     prologue : Elem or None
         ``gemm``: ``A``'s element over (b, m, k) when the kernel computes ``A`` instead of
         reading it — a normalization folded into its consumer (SOUFFLE's schedule propagation):
@@ -270,6 +275,7 @@ class Match:
     acc_dtype: str = "float32"
     group: int = 1
     causal: int | None = None
+    window: int | None = None
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
     prologue: Elem | None = None
@@ -334,6 +340,8 @@ def pair_description(match: Match) -> str:
     text = f"{match.family} {dims} {match.dtype}"
     if match.group > 1:
         text += f", {match.group} heads per K/V head"
+    if match.window is not None:
+        text += f", keys from query{match.window:+d}"
     if match.causal is not None:
         text += ", causal" + (f"{match.causal:+d}" if match.causal else "")
     return text

@@ -287,9 +287,25 @@ def zoo_workload(model: ZooModel, size: str) -> Workload:
     )
 
 
-def plain_attention(causal: bool):
+def hidden_keys(n: int, causal: bool, window: int, device=None):
+    """The keys a query does not see, ``[n, n]`` booleans: past the diagonal (``causal``); with
+    a ``window`` of ``w`` keys, the keys ``w`` or more before the query (causal: Mistral's
+    sliding window) or more than ``w // 2`` away on either side (ModernBERT's local
+    attention)."""
+    import torch
+
+    i = torch.arange(n, device=device)
+    offset = i[None, :] - i[:, None]  # key - query
+    hidden = offset > 0 if causal else torch.zeros(n, n, dtype=torch.bool, device=device)
+    if window:
+        hidden = hidden | (offset <= -window if causal else offset.abs() > window // 2)
+    return hidden
+
+
+def plain_attention(causal: bool, window: int = 0):
     """Attention as people write it in PyTorch: ``softmax(q @ kᵀ / √d [+ causal mask]) @ v``,
-    with the causal mask (``-inf`` above the diagonal) built by ``triu`` inside ``forward``.
+    with the causal mask (``-inf`` above the diagonal) built by ``triu`` inside ``forward``;
+    with a ``window``, the mask of :func:`hidden_keys` built from ``arange`` there.
     (``masked_fill`` is the other common spelling; TVM 0.27's importer mistypes it after a
     float16 division by a Python float.)"""
     import torch
@@ -298,13 +314,34 @@ def plain_attention(causal: bool):
         def forward(self, q, k, v):
             d = q.shape[-1]
             scores = q @ k.transpose(-1, -2) / d**0.5
-            if causal:
-                n = scores.shape[-1]
+            n = scores.shape[-1]
+            if window:
+                inf = torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device)
+                zero = torch.zeros((n, n), dtype=q.dtype, device=q.device)
+                scores = scores + torch.where(hidden_keys(n, causal, window, q.device), inf, zero)
+            elif causal:
                 inf = torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device)
                 scores = scores + torch.triu(inf, 1)
             return torch.softmax(scores, dim=-1) @ v
 
     return Attention()
+
+
+def flex_baseline(seq: int, causal: bool, window: int):
+    """PyTorch's FlexAttention (compiled) with the block mask of :func:`hidden_keys`:
+    ``fn(q, k, v)``, the baseline of a masked attention's skipped blocks."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def mask_mod(b, h, q, k):
+        seen = k <= q if causal else q >= 0
+        if window:
+            seen = seen & ((q - k < window) if causal else ((q - k).abs() <= window // 2))
+        return seen
+
+    block_mask = create_block_mask(mask_mod, None, None, seq, seq, device="cuda")
+    compiled = torch.compile(flex_attention)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
 
 def masked_attention(causal: bool):
@@ -356,7 +393,7 @@ def plain_attention_workload() -> Workload:
     """``torch-attention``: :func:`plain_attention` imported like a user's model (``mask=1``:
     :func:`masked_attention`; ``mask=2``: :func:`filled_attention`)."""
 
-    def build(dtype, rng, batch, heads, seq, dim, causal, mask=0):
+    def build(dtype, rng, batch, heads, seq, dim, causal, mask=0, window=0):
         import torch
         import torch.nn.functional as F
 
@@ -367,7 +404,11 @@ def plain_attention_workload() -> Workload:
         makers = {0: plain_attention, 1: masked_attention, 2: filled_attention}
         if mask not in makers:
             raise ValueError(f"torch-attention's mask takes 0, 1 or 2, got {mask}")
-        module = makers[mask](bool(causal))
+        if window and mask:
+            raise ValueError("torch-attention's window goes with mask=0 only")
+        if window < 0:
+            raise ValueError(f"torch-attention's window is a key count, got {window}")
+        module = plain_attention(bool(causal), window) if window else makers[mask](bool(causal))
         inputs = qkv + ([key_mask(batch, seq)] if mask else [])
         # exported in the compute dtype, as written; a finfo.min fill (mask=2) as from_torch
         # compiles Hugging Face's models: exported in float32 and converted (the fill saturates)
@@ -385,17 +426,26 @@ def plain_attention_workload() -> Workload:
         def sdpa(device, tdtype):
             if mask:
                 return module.to(device)
+            if window:
+                seen = ~hidden_keys(seq, bool(causal), window, device)
+                return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
-        flops = 4 * batch * heads * seq * seq * dim // (2 if causal else 1)
+        baselines = {"eager": eager, "sdpa": sdpa}
+        if window:
+            baselines["flex"] = lambda device, tdtype: flex_baseline(seq, bool(causal), window)
+        # the products' work over the keys each query sees
+        seen = int((~hidden_keys(seq, bool(causal), window)).sum()) if window else (
+            seq * seq // (2 if causal else 1))
+        flops = 4 * batch * heads * seen * dim
         io = 4 * batch * heads * seq * dim * (2 if dtype in HALF else 4)
         return Instance(
             f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''}"
-            f"{('', ' masked', ' filled')[mask]} {dtype}",
+            f"{f' window {window}' if window else ''}{('', ' masked', ' filled')[mask]} {dtype}",
             imported.mod,
             "main",
             [a if convert else a.astype(dtype) for a in qkv] + inputs[3:],
-            {"eager": eager, "sdpa": sdpa},
+            baselines,
             flops,
             io,
             dtype,
@@ -406,8 +456,10 @@ def plain_attention_workload() -> Workload:
         "zoo",
         "attention written in plain PyTorch (optionally causal), imported like a user's model; "
         "mask=1: scaled_dot_product_attention with a boolean key mask (one sequence all padding); "
-        "mask=2: the same mask filling logits with finfo.min, as Hugging Face's eager attention",
-        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0},
+        "mask=2: the same mask filling logits with finfo.min, as Hugging Face's eager attention; "
+        "window=W: a sliding window of W keys (causal: Mistral's; else W // 2 on each side), "
+        "with FlexAttention's block mask as a baseline",
+        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0, "window": 0},
         build,
     )
 

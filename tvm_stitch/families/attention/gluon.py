@@ -131,6 +131,8 @@ def ws_legality(match) -> str | None:
     dtypes = {match.views[r].dtype for r in ("q", "k", "v")}
     if not dtypes <= {"float16", "bfloat16"} or len(dtypes) != 1:
         return f"Q, K, V hold {sorted(dtypes)}, not one 16-bit float type"
+    if match.window is not None:
+        return "a sliding window (this form skips only the key blocks past the diagonal)"
     ext = match.frame.extents
     if max(pow2(ext["k"]), pow2(ext["d"])) > WS_MAX_HEAD:
         return f"a head dimension above {WS_MAX_HEAD} (registers of two warpgroups)"

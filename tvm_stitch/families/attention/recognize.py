@@ -2,15 +2,15 @@
 ``O = softmax(g(Q·Kᵀ)) · V`` (:func:`attention`), the softmax found in the element expression
 between the two products (:func:`match_softmax`, PyTorch's safe softmax too), Q and K read
 through constant scales, a float32 attention of 16-bit copies read at 16 bits, K/V shared by
-groups of query heads, and a causal mask recognized by its values (:func:`causal_offset`,
-:func:`visible_logits`).
+groups of query heads, and a causal mask or sliding window recognized by its values
+(:func:`mask_band`, :func:`visible_logits`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from tvm import ir
+from tvm import ir, tirx
 from tvm.ir.prim import expr as P
 
 from tvm_stitch.analysis.elem import (
@@ -353,8 +353,8 @@ def _attention_finalize(graph, match: Match) -> None:
     need it, and K/V may be shared by groups of query heads."""
     try:
         _attention_views(graph, match)
-        _triangles_to_indices(graph, match)
-        match.causal = causal_offset(graph, match)
+        _bands_to_indices(graph, match)
+        match.window, match.causal = mask_band(graph, match)
         return
     except NotRecognizedError as err:
         first = err
@@ -382,8 +382,8 @@ def _attention_finalize(graph, match: Match) -> None:
             continue
         apply(match, trial)
         match.frame, match.views, match.group = trial.frame, trial.views, trial.group
-        _triangles_to_indices(graph, match)
-        match.causal = causal_offset(graph, match)
+        _bands_to_indices(graph, match)
+        match.window, match.causal = mask_band(graph, match)
         return
     raise first
 
@@ -411,10 +411,33 @@ def _constant_grid(graph, match, leaf):
     return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
 
 
-def _triangles_to_indices(graph, match) -> None:
-    """A constant the logits read that takes one value above a diagonal (``key > query + c``)
-    and another elsewhere — a folded causal mask — becomes that comparison of the indices:
-    exactly the same values, and no tensor to read."""
+def _band(region, rows, cols) -> tuple[int | None, int | None] | None:
+    """``(lo, hi)`` when ``region`` (a boolean grid over (query, key)) is exactly where ``lo <=
+    key - query <= hi``, a limit None where it cuts nothing off; None when it is no such band
+    (or empty)."""
+    import numpy as np
+
+    if not region.any():
+        return None
+    diag = cols - rows
+    lo, hi = int(diag[region].min()), int(diag[region].max())
+    if not np.array_equal(region, (diag >= lo) & (diag <= hi)):
+        return None
+    return (lo if lo > diag.min() else None), (hi if hi < diag.max() else None)
+
+
+def _outside(frame, lo: int | None, hi: int | None):
+    """The index comparison true outside ``lo <= key - query <= hi`` (a limit None: none)."""
+    m, n = frame.vars["m"], frame.vars["n"]
+    parts = [*([n > m + hi] if hi is not None else []), *([n < m + lo] if lo is not None else [])]
+    cond = parts[0] if len(parts) == 1 else tirx.Or(parts[0], parts[1])
+    return Iter(frame.simplify(cond), "bool")
+
+
+def _bands_to_indices(graph, match) -> None:
+    """A constant the logits read that takes one value inside a band of diagonals (``lo <= key
+    - query <= hi``: a folded causal mask, a sliding window) and another outside becomes that
+    comparison of the indices: exactly the same values, and no tensor to read."""
     import numpy as np
 
     frame = match.frame
@@ -422,36 +445,39 @@ def _triangles_to_indices(graph, match) -> None:
         grid = _constant_grid(graph, match, leaf)
         if grid is None or grid.size < 2:
             continue
-        above, below = grid[0, -1], grid[0, 0]
-        first = np.flatnonzero(grid[0] != below)
-        if not len(first) or (grid == above).all():
+        values = np.unique(grid)
+        if len(values) != 2:
             continue
-        c = int(first[0]) - 1
         rows, cols = np.indices(grid.shape)
-        upper = cols > rows + c
-        if not (np.all(grid[upper] == above) and np.all(grid[~upper] == below)):
-            continue
-        m, n = frame.vars["m"], frame.vars["n"]
-        cond = Iter(frame.simplify(n > m + c), "bool")
-        value = Op("select", (cond, Const(above.item(), leaf.dtype), Const(below.item(),
-                                                                            leaf.dtype)),
-                   leaf.dtype)
-        key = leaf.key()
-        match.score = replace(match.score, lambda e, key=key, value=value:
-                              value if isinstance(e, Leaf) and e.key() == key else None)
-        match.views.pop(("x", key), None)
+        first = grid[0, 0]  # the value of the first query's first key: inside, usually
+        for inside, outside in ((first, values[values != first][0]),
+                                (values[values != first][0], first)):
+            band = _band(grid == inside, rows, cols)
+            if band is None or band == (None, None):
+                continue
+            value = Op("select", (_outside(frame, *band), Const(outside.item(), leaf.dtype),
+                                  Const(inside.item(), leaf.dtype)), leaf.dtype)
+            key = leaf.key()
+            match.score = replace(match.score, lambda e, key=key, value=value:
+                                  value if isinstance(e, Leaf) and e.key() == key else None)
+            match.views.pop(("x", key), None)
+            break
 
 
-def causal_offset(graph, match) -> int | None:
-    """``c`` when the attention's logits are masked exactly where ``key > query + c``.
+def mask_band(graph, match) -> tuple[int | None, int | None]:
+    """``(window, causal)`` when the attention's logits are masked exactly outside ``window <=
+    key - query <= causal`` (a limit None where there is none; ``(None, None)`` when the mask is
+    no such band): a causal mask (``key > query + causal`` masked), a sliding window, or both.
 
     Decided on the values, not the spelling: every read of the logits besides ``Q·Kᵀ`` must be
     a constant (a mask folded at compile time) indexed by (query, key); the logits are
     evaluated with the product at 0, and the masked set (``-inf`` or below :data:`MASKED`) must
-    be the strict upper triangle shifted by ``c``.  Otherwise None.
+    be the band's outside. Every row must see a key: there, a masked logit adds exactly 0 to
+    the softmax, so the key blocks outside the band may be skipped.
     """
     import numpy as np
 
+    none = (None, None)
     ext = match.frame.extents
     m, n = ext["m"], ext["n"]
     grids = {}
@@ -460,7 +486,7 @@ def causal_offset(graph, match) -> int | None:
             continue
         grid = _constant_grid(graph, match, leaf)
         if grid is None:
-            return None
+            return none
         grids[leaf.key()] = grid
     rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
 
@@ -474,30 +500,31 @@ def causal_offset(graph, match) -> int | None:
     try:
         logits = np.broadcast_to(evaluate(match.score, coords, read), (m, n)).astype("float64")
     except (CompositionError, IndexError, ValueError, TypeError):
-        return None
+        return none
     masked = np.isneginf(logits) | (logits <= MASKED)
-    if not masked.any() or masked[:, 0].any():
-        return None
-    offset = int(np.argmax(masked[0])) - 1 if masked[0].any() else n - 1
-    if not np.array_equal(masked, cols > rows + offset):
-        return None
-    return offset
+    if not masked.any() or masked.all(axis=1).any():
+        return none
+    return _band(~masked, rows, cols) or none
 
 
 def visible_logits(match) -> Elem | None:
-    """The logits of a causal attention over the keys every query sees (``key <= query +
-    causal``): each index comparison of (query, key) that is constant over that region becomes
-    its value and the selects on it fold away, so key blocks left of the diagonal are computed
-    without the mask (FlashAttention's split of the causal loop).  None when the attention is
-    not causal or no comparison folds.
+    """The logits over the keys every query sees (``window <= key - query <= causal``): each
+    index comparison of (query, key) that is constant over that region becomes its value and
+    the selects on it fold away, so key blocks inside the band are computed without the mask
+    (FlashAttention's split of the causal loop).  None when the mask is no band or no
+    comparison folds.
     """
     import numpy as np
 
-    if match.causal is None or match.score is None:
+    if (match.causal is None and match.window is None) or match.score is None:
         return None
     ext, names = match.frame.extents, {a: v.name for a, v in match.frame.vars.items()}
     rows, cols = np.arange(ext["m"])[:, None], np.arange(ext["n"])[None, :]
-    seen = cols <= rows + match.causal
+    seen = np.ones((ext["m"], ext["n"]), bool)
+    if match.causal is not None:
+        seen &= cols <= rows + match.causal
+    if match.window is not None:
+        seen &= cols >= rows + match.window
     coords = {names["m"]: rows, names["n"]: cols}
 
     def fold(e):

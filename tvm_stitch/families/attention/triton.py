@@ -175,8 +175,10 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
     powers of two of at most :data:`ATTENTION_MAX_TILE` (the template's legality), so sequence
     lengths that are multiples of it need none.  A causal attention skips the key blocks past
     the diagonal and evaluates its mask only on the blocks the diagonal crosses
-    (:func:`~tvm_stitch.families.attention.recognize.visible_logits`).  When TMA can read Q, K
-    and V (:func:`attention_tma`), the constexpr ``TMA`` chooses tensor-descriptor loads.  Logits
+    (:func:`~tvm_stitch.families.attention.recognize.visible_logits`); a sliding window skips
+    the blocks before it too, and evaluates its mask only on the blocks its edges cross.
+    When TMA can read Q, K and V (:func:`attention_tma`), the constexpr ``TMA`` chooses
+    tensor-descriptor loads.  Logits
     rounded to 16 bits (BERT's ``(q·kᵀ).half()``) are rounded two values an instruction
     (``paired``; False: one at a time, as Triton does, for studies).
     """
@@ -298,7 +300,7 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
         ]
         return [f"for n0 in range({start}, {stop}, BLOCK_N):", *["    " + x for x in body]]
 
-    if match.causal is not None:
+    if match.causal is not None and match.window is None:
         # keys past the diagonal of every row of this block are masked: skip their blocks
         lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal})")
         if visible is not None:
@@ -310,6 +312,29 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(logits, "lo", "hi")
         else:
             lines += loop(logits, 0, "hi")
+    elif match.window is not None:
+        # a sliding window: keys before it (and past the diagonal, causal) of every row of
+        # this block are masked: skip their blocks; the blocks between, which every row sees
+        # whole, without the mask
+        causal, window = match.causal, match.window
+        lines += [
+            f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {causal})" if causal is not None
+            else f"hi = {n}",
+            f"start = tl.maximum(pid_m * BLOCK_M - {-window}, 0) // BLOCK_N * BLOCK_N"
+            if window < 0 else f"start = (pid_m * BLOCK_M + {window}) // BLOCK_N * BLOCK_N",
+        ]
+        if visible is not None:
+            lines.append(  # the first block whose keys the block's last row sees
+                f"full = tl.minimum(hi, tl.maximum(pid_m * BLOCK_M + BLOCK_M + BLOCK_N "
+                f"{'-' if window < 2 else '+'} {abs(window - 2)}, 0) // BLOCK_N * BLOCK_N)")
+            lines.append(  # ... and the block past the last one its first row sees whole
+                f"lo = tl.maximum(full, tl.minimum(hi, (pid_m * BLOCK_M + {causal + 1}) // "
+                "BLOCK_N * BLOCK_N))" if causal is not None else "lo = hi")
+            lines += loop(logits, "start", "full")
+            lines += loop(visible, "full", "lo")
+            lines += loop(logits, "lo", "hi")
+        else:
+            lines += loop(logits, "start", "hi")
     elif "n" in cols:
         # the key bound is checked on the last, partial block only (FlashAttention's way)
         lines.append(f"whole = {n} // BLOCK_N * BLOCK_N")

@@ -1,0 +1,185 @@
+"""Masks that skip work (issue 49, item 2): an attention whose folded mask is a band of
+diagonals — causal, a sliding window, both — is recognized from the mask's values, compares
+indices instead of reading the mask, and skips the key blocks outside each query block's band;
+``mask_blocks=False`` reads every block (the dense-mask kernel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+from tvm_stitch.passes import FuseMBCI
+
+import tvm_stitch
+from tvm_stitch.analysis.elem import Iter, Op, leaves, walk
+from tvm_stitch.analysis.recognize import recognize
+from tvm_stitch.families.attention.gluon import ws_legality
+from tvm_stitch.families.attention.recognize import visible_logits
+from tvm_stitch.frontend import import_torch
+from tvm_stitch.graph import build_graph
+from tvm_stitch.pipeline import run_until
+from tvm_stitch.tune.database import TuningDatabase
+from tvm_stitch.workloads import get_workload
+from tvm_stitch.workloads.zoo import hidden_keys
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def _attention(mod):
+    graph = build_graph(run_until(mod, CUDA, "StitchFuseMBCI"), legalize=False)
+    (match,) = [m for m in recognize(graph).matches if m.family == "attention"]
+    return match
+
+
+def _mask_reads(match):
+    return [role for role in match.views if isinstance(role, tuple)]
+
+
+@pytest.mark.parametrize(("causal", "window", "seq", "band"), [
+    (1, 16, 70, (-15, 0)),  # Mistral's: the query and the 15 keys before it
+    (0, 16, 70, (-8, 8)),  # ModernBERT's: 8 keys on either side
+    (0, 5, 33, (-2, 2)),
+    (1, 100, 70, (None, 0)),  # a window longer than the sequence: causal only
+    (1, 0, 40, (None, 0)),
+    (0, 0, 40, (None, None)),
+])
+def test_a_sliding_window_is_recognized_from_its_values(causal, window, seq, band):
+    """The mask, built from ``arange`` comparisons inside ``forward`` and folded to a constant,
+    is found to be the band ``window <= key - query <= causal``; the kernel compares indices
+    instead of reading it, and inside the band the logits need no mask."""
+    inst = get_workload("torch-attention").instance(
+        "float16", batch=1, heads=2, seq=seq, dim=32, causal=causal, window=window)
+    match = _attention(inst.mod)
+    assert (match.window, match.causal) == band
+    assert not _mask_reads(match)
+    lo, hi = band
+    offset = np.arange(seq)[None, :] - np.arange(seq)[:, None]
+    seen = np.ones((seq, seq), bool)
+    if lo is not None:
+        seen &= offset >= lo
+    if hi is not None:
+        seen &= offset <= hi
+    np.testing.assert_array_equal(seen, ~hidden_keys(seq, bool(causal), window).numpy())
+    visible = visible_logits(match)
+    if band == (None, None):
+        assert visible is None
+    else:
+        assert any(isinstance(e, Iter) for e in walk(match.score))
+        assert not any(isinstance(e, Iter) or (isinstance(e, Op) and e.op == "select")
+                       for e in walk(visible))
+        assert [x.key() for x in leaves(visible)] == [x.key() for x in leaves(match.score)]
+    if match.window is not None:
+        assert "sliding window" in ws_legality(match)
+
+
+class _Masked(torch.nn.Module):
+    """``softmax(q·kᵀ/√d + mask)·v`` with ``mask`` a constant hiding ``hidden``."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        inf = torch.full(scores.shape[-2:], float("-inf"), dtype=q.dtype)
+        return torch.softmax(scores + torch.where(self.hidden, inf, 0 * inf.nan_to_num()),
+                             -1) @ v
+
+
+@pytest.mark.parametrize("mask", ["documents", "diagonal hidden"])
+def test_a_mask_that_is_no_band_or_hides_a_whole_row_skips_nothing(mask):
+    """Block-diagonal documents are no band; a causal mask that hides the diagonal too leaves
+    the first query no key (PyTorch's softmax of that row is NaN, not a skipped block): both
+    keep the mask on every key block."""
+    seq = 48
+    i = torch.arange(seq)
+    if mask == "documents":
+        hidden = (i[:, None] // 20) != (i[None, :] // 20)
+    else:
+        hidden = i[None, :] >= i[:, None]
+    q, k, v = (torch.randn(1, 2, seq, 32) for _ in range(3))
+    imported = import_torch(_Masked(hidden), (q, k, v), "float16")
+    match = _attention(imported.mod)
+    assert match.window is None and match.causal is None
+    assert visible_logits(match) is None
+
+
+def _placeholder_builder(calls):
+    from tvm import te
+
+    def build(match, source, config, shapes):
+        calls.append((match, source))
+        ins = [te.placeholder(shapes[t][0], shapes[t][1], f"I{i}")
+               for i, t in enumerate(source.inputs)]
+        outs = [te.compute(shapes[t][0], lambda *_, t=t: tvm.tirx.const(0, shapes[t][1]))
+                for t in source.outputs]
+        return te.create_prim_func([*ins, *outs]), []
+
+    return build
+
+
+@pytest.mark.parametrize("mask_blocks", [True, False])
+def test_mask_blocks_false_gives_the_dense_mask_kernel(tmp_path, mask_blocks):
+    """FuseMBCI's kernel of a sliding window starts each query block's key loop at its window
+    and splits it around the blocks seen whole; with ``mask_blocks=False`` one loop over every
+    key block, the mask (index comparisons) on each."""
+    inst = get_workload("torch-attention").instance(
+        "float16", batch=1, heads=2, seq=130, dim=32, causal=1, window=40)
+    calls = []
+    with CUDA:
+        FuseMBCI(TuningDatabase(tmp_path / "t.json"), _placeholder_builder(calls),
+                 tune="model", mask_blocks=mask_blocks)(run_until(inst.mod, CUDA,
+                                                                  "StitchFuseMBCI"))
+    ((match, source),) = calls
+    loops = source.text.count("for n0 in range(")
+    if mask_blocks:
+        assert (match.window, match.causal) == (-39, 0)
+        assert "start = tl.maximum(pid_m * BLOCK_M - 39, 0)" in source.text and loops == 3
+    else:
+        assert (match.window, match.causal) == (None, None)
+        assert "start" not in source.text and loops == 2  # whole blocks, then the last one
+
+
+def test_the_window_kernels_skip_blocks_and_match_torch_under_the_interpreter():
+    """The generated kernels of sliding windows (causal and on both sides, tiles square and
+    not, sequences no tile divides) under Triton's interpreter: PyTorch's numbers; and with the
+    first key block's K and V NaN, the query blocks whose window starts past it still give
+    them (they never read it)."""
+    pytest.importorskip("triton")
+    script = Path(__file__).with_name("window_interpret_cases.py")
+    cases = ["1,20,70,16,16", "0,20,70,32,16", "1,9,64,16,32", "0,40,64,16,16", "1,0,40,16,16"]
+    res = subprocess.run([sys.executable, str(script), *cases], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, check=False, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    assert len(records) == 4 * len(cases)  # with and without TMA loads, NaN keys or not
+    assert all(r["ok"] for r in records), [r for r in records if not r["ok"]]
+    skipped = [r for r in records if r["case"].endswith("NaN keys") and r["window"] is not None]
+    assert len(skipped) == 8 and all(r["rows"] > 0 for r in skipped)
+
+
+def test_a_window_built_for_llvm_matches_pytorch(tmp_path):
+    """The stitch pipeline's module with the window's kernel as its TE reference (the
+    recognized logits: index comparisons), run on llvm, gives PyTorch's numbers."""
+    from tvm_stitch.codegen.te_reference import reference_func
+
+    def build(match, source, config, shapes):
+        return reference_func(match, source, shapes), []
+
+    inst = get_workload("torch-attention").instance(
+        "float32", batch=1, heads=2, seq=45, dim=24, causal=0, window=12)
+    with CUDA:
+        out = FuseMBCI(TuningDatabase(tmp_path / "t.json"), build, tune="model")(
+            run_until(inst.mod, CUDA, "StitchFuseMBCI"))
+    ex = tvm.compile(out, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())[inst.func](
+        *[tvm.runtime.tensor(a) for a in inst.args]).numpy()
+    np.testing.assert_allclose(got, inst.reference()[0], rtol=1e-5, atol=1e-5)
