@@ -328,9 +328,10 @@ def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
     generates for ``workload`` (instance ``params``); ``joined``: banded GEMMs (Q, K, V) read
     their weights joined, as the pipeline's ``lift_params`` makes them; ``fold_norms``:
     normalizations read only by GEMMs folded into them (through the weights, with
-    ``joined``), as the pipeline's ``fold_norms`` folds them."""
+    ``joined``), as the pipeline's ``fold_norms`` folds them; with ``joined`` a gate and an
+    up over one interleaved weight."""
     from tvm_stitch.analysis.recognize import recognize
-    from tvm_stitch.analysis.weights import join_weights, weight_tensors
+    from tvm_stitch.analysis.weights import join_weights, pair_weights, weight_tensors
     from tvm_stitch.codegen.triton_gen import kernel_source
     from tvm_stitch.graph import build_graph
     from tvm_stitch.pipeline import run_until
@@ -348,6 +349,9 @@ def generated_gemms(workload: str, dtype: str = "float16", joined: bool = True,
         if joined and len(found.segments) > 1:  # scaled weights join as the pipeline's do
             scaled = {d.name for d in found.derived if d.kind == "scaled"}
             match, _ = join_weights(found, set(weights) | scaled)
+        elif joined and len(found.segments[0].products) == 2:  # gate and up interleaved
+            paired, _ = pair_weights(found, set(weights))
+            match = paired or found
         source = kernel_source(match)
         if source.name not in seen:
             seen.add(source.name)

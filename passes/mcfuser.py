@@ -30,7 +30,13 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.recognize import recognize
-from tvm_stitch.analysis.weights import bound_weights, join_weights, weight_tensors
+from tvm_stitch.analysis.weights import (
+    bound_weights,
+    interleave,
+    join_weights,
+    pair_weights,
+    weight_tensors,
+)
 from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.derived import derived_inputs, derived_weight_func
 from tvm_stitch.codegen.embed import can_compile, can_measure
@@ -391,44 +397,64 @@ class _Rewriter:
 
     def _joined(self, match):
         """``(match, bindings, shapes)``: ``match`` reading its bands' weights joined in one
-        tensor where that lets one TMA descriptor read them (the concatenation bound before
-        the kernel), else ``match`` unchanged, no bindings."""
+        tensor where that lets one TMA descriptor read them, or its gate and up weights
+        interleaved in one (one product of twice the columns,
+        :func:`~tvm_stitch.analysis.weights.pair_weights`) — the joined tensor bound before
+        the kernel (a constant where the weights are) — else ``match`` unchanged, no
+        bindings."""
         joinable = self.weights | self.bound
-        bands = [match.views[f"b{si}.0"].tensor for si in range(len(match.segments))
-                 if f"b{si}.0" in match.views]
+        reads = [v.tensor for role, v in match.views.items()
+                 if isinstance(role, str) and role.startswith("b")]
         # bands read by TMA (the family's ``triton.tma_layout``: GEMMs)
         tma_layout = getattr(part(match.family, "triton"), "tma_layout", None)
-        if len(match.segments) < 2 or not joinable.intersection(bands) or tma_layout is None:
+        if tma_layout is None or not joinable.intersection(reads):
             return match, [], {}
-        joined_match, joined = join_weights(match, joinable)
+        if len(match.segments) > 1:
+            joined_match, joined = join_weights(match, joinable)
+        elif match.segments and len(match.segments[0].products) == 2:
+            joined_match, joined = pair_weights(match, joinable)
+        else:
+            return match, [], {}
         if joined_match is None:
             logger.info("%s: weights not joined: %s", match.describe(), joined)
             return match, [], {}
         why = tma_layout(joined_match)
-        if isinstance(why, str):
+        if isinstance(why, str) and not joined.interleaved:
             logger.info("%s: weights not joined: TMA cannot read them (%s)",
                         match.describe(), why)
             return match, [], {}
+        how = "interleaved" if joined.interleaved else "joined"
         if all(t in self.bound for t in joined.parts):  # constants: one constant
-            value = np.concatenate([self.values[t].value.numpy() for t in joined.parts],
-                                   joined.axis)
+            parts = [self.values[t].value.numpy() for t in joined.parts]
+            value = (interleave(parts, joined.axis) if joined.interleaved
+                     else np.concatenate(parts, joined.axis))
             self.values[joined.name] = relax.const(value, joined.dtype)
-            logger.info("%s: bound weights %s joined into one %s constant", match.describe(),
-                        ", ".join(joined.parts), "x".join(map(str, joined.shape)))
+            logger.info("%s: bound weights %s %s into one %s constant", match.describe(),
+                        ", ".join(joined.parts), how, "x".join(map(str, joined.shape)))
             return joined_match, [], {joined.name: (joined.shape, joined.dtype)}
         from tvm import te, topi
 
         def concatenate():
             parts = [te.placeholder(self._shape(t)[0], joined.dtype, name=f"w{i}")
                      for i, t in enumerate(joined.parts)]
-            return te.create_prim_func([*parts, topi.concatenate(parts, joined.axis)])
+            if not joined.interleaved:
+                return te.create_prim_func([*parts, topi.concatenate(parts, joined.axis)])
+            w0, w1 = parts
 
-        key = f"join_{joined.dtype}_{joined.axis}_" + "_".join(
+            def element(r, c):  # gate's and up's rows (columns) in turn
+                i = (r, c)[joined.axis]
+                at = (i // 2, c) if joined.axis == 0 else (r, i // 2)
+                return tvm.tirx.Select(i % 2 == 0, w0[at], w1[at])
+
+            return te.create_prim_func([w0, w1, te.compute(joined.shape, element)])
+
+        kind = "pair" if joined.interleaved else "join"
+        key = f"{kind}_{joined.dtype}_{joined.axis}_" + "_".join(
             "x".join(map(str, self._shape(t)[0])) for t in joined.parts)
         binding = self._bind(joined.name, key, concatenate, joined.parts, joined.shape,
                              joined.dtype)
-        logger.info("%s: weights %s joined into one %s tensor", match.describe(),
-                    ", ".join(joined.parts), "x".join(map(str, joined.shape)))
+        logger.info("%s: weights %s %s into one %s tensor", match.describe(),
+                    ", ".join(joined.parts), how, "x".join(map(str, joined.shape)))
         return joined_match, [binding], {joined.name: (joined.shape, joined.dtype)}
 
     def _derived(self, match):

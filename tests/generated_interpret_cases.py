@@ -20,7 +20,12 @@ import torch  # noqa: E402
 import tvm  # noqa: E402
 
 from tvm_stitch.analysis.recognize import recognize  # noqa: E402
-from tvm_stitch.analysis.weights import join_weights, weight_tensors  # noqa: E402
+from tvm_stitch.analysis.weights import (  # noqa: E402
+    interleave,
+    join_weights,
+    pair_weights,
+    weight_tensors,
+)
 from tvm_stitch.codegen import kernel_text, triton_gen  # noqa: E402
 from tvm_stitch.codegen.te_reference import reference_func  # noqa: E402
 from tvm_stitch.families.gemm import recognize as recognize_module  # noqa: E402
@@ -86,9 +91,11 @@ def run_case(label, match, graph, rng, joined=None):
     if joined is not None:  # the same products, their weights read from one tensor
         jmatch, jw = joined
         by_name = dict(zip(source.inputs, inputs))
-        by_name[jw.name] = np.concatenate([by_name[t] for t in jw.parts], axis=jw.axis)
+        parts = [by_name[t] for t in jw.parts]
+        by_name[jw.name] = (interleave(parts, jw.axis) if jw.interleaved
+                            else np.concatenate(parts, axis=jw.axis))
         jsource = triton_gen.kernel_source(jmatch)
-        assert jsource.persistent, "joined weights that TMA cannot read"
+        assert jsource.persistent or jw.interleaved, "joined weights that TMA cannot read"
         kernels.append((" joined weights", jmatch, jsource, [by_name[t] for t in jsource.inputs]))
     for suffix, kmatch, ksource, kinputs in kernels:
         _run_kernel(f"{label} {match.describe()}{suffix}", kmatch, ksource, kinputs, shapes, refs)
@@ -164,6 +171,7 @@ def main(specs):
         # programs=N: moments in the wider pieces of producers of N tiles
         # (recognize.moment_chunk), and only the kernels writing or reading them
         programs = params.pop("programs", None)
+        only = params.pop("only", None)  # only=TEXT: the kernels whose description has TEXT
         recognize_module.MOMENT_PROGRAMS = int(programs) if programs else MOMENT_PROGRAMS
         inst = get_workload(name).instance(dtype, **{k: int(v) for k, v in params.items()})
         mod = legalized(inst.mod)
@@ -177,11 +185,14 @@ def main(specs):
         for match in matches:
             if programs and not (match.statistics or any(o.chunk for o in match.all_outputs)):
                 continue
+            if only and only not in match.describe():
+                continue
             key = triton_gen.kernel_source(match).name
             if key not in seen:
                 seen.add(key)
                 scaled = {d.name for d in match.derived if d.kind == "scaled"}
-                found = join_weights(match, weights | scaled)
+                joiner = pair_weights if len(match.segments) == 1 else join_weights
+                found = joiner(match, weights | scaled)
                 run_case(f"{name} {dtype}", match, graph, rng,
                          found if found[0] is not None else None)
 

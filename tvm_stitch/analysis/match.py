@@ -257,6 +257,11 @@ class Match:
     zero_empty_rows : bool
         ``attention``: a row whose logits are all ``-inf`` (every key masked) gives zeros, not
         NaN (PyTorch's safe softmax, which ``scaled_dot_product_attention`` computes).
+    paired : bool
+        ``gemm``: the two products of its band read the even and odd rows (of a Linear weight;
+        else columns) of one tensor, gate and up interleaved
+        (:func:`~tvm_stitch.analysis.weights.pair_weights`): the kernel computes one product
+        of twice the columns and splits it after the product loop.
     runtime : tuple of str
         Axes whose extent is known only at run time (a symbolic dim's,
         :mod:`tvm_stitch.codegen.runtime`): the printers give no form sized by them (TMA
@@ -281,6 +286,7 @@ class Match:
     prologue: Elem | None = None
     derived: tuple = ()
     zero_empty_rows: bool = False
+    paired: bool = False
     runtime: tuple = ()
 
     @property

@@ -43,6 +43,18 @@ class JoinedWeights:
     axis: int
     shape: tuple
     dtype: str
+    interleaved: bool = False
+
+
+def interleave(parts, axis: int):
+    """Two arrays of one shape joined along ``axis`` a row (column) of each in turn — what
+    :func:`pair_weights`' joined tensor holds (numpy, for weights bound as constants)."""
+    import numpy as np
+
+    stacked = np.stack(parts, axis=axis + 1)
+    shape = list(parts[0].shape)
+    shape[axis] *= 2
+    return stacked.reshape(shape)
 
 
 def weight_tensors(graph, func) -> set[str]:
@@ -139,3 +151,54 @@ def join_weights(match, weights) -> tuple:
         new_views[f"b{si}.0"] = Strided(joined.name, shape, joined.dtype, offset, strides)
         column += seg.n
     return dataclasses.replace(match, views=new_views), joined
+
+
+def pair_weights(match, weights) -> tuple:
+    """``(match', JoinedWeights)``: a GEMM of one band and two products over two weights of
+    one shape and layout (SwiGLU's gate and up) reading them from one tensor whose rows (of a
+    Linear weight; else columns) take turns, gate then up, marked ``paired``: its kernel
+    computes one product of twice the columns, over one B, and splits it after the product
+    loop; or ``(None, why)``.
+
+    The views of ``match'`` read the gate's and the up's elements where they are in the
+    joined tensor (every second row, from the first and from the second), so any kernel of
+    two products still computes it as before.
+
+    Parameters
+    ----------
+    match : Match
+        A finalized GEMM match.
+    weights : collection of str
+        Graph tensors that are weights (see :func:`join_weights`).
+    """
+    segments = match.segments
+    if len(segments) != 1 or len(segments[0].products) != 2:
+        return None, "not a GEMM of one band of two products"
+    if match.frame.extents.get("b", 1) != 1:
+        return None, "a batch axis"
+    k, n = match.frame.extents["k"], segments[0].n
+    views = [match.views["b0.0"], match.views["b0.1"]]
+    names = [v.tensor for v in views]
+    if names[0] == names[1] or not all(t in weights for t in names):
+        return None, "the products' B are not two distinct weights"
+    if views[0].dtype != views[1].dtype:
+        return None, "the weights' dtypes differ"
+    axes = {weight_axis(v, k, n) for v in views}
+    if len(axes) != 1 or None in axes:
+        return None, f"the weights are not two {n}x{k} weights of one layout read whole"
+    axis = axes.pop()
+    shape = (2 * n, k) if axis == 0 else (k, 2 * n)
+    joined = JoinedWeights(f"{names[0]}__paired", tuple(names), axis, shape, views[0].dtype,
+                           interleaved=True)
+    new_views = dict(match.views)
+    for pi, view in enumerate(views):
+        n_axis = _n_axis(view)
+        if axis == 0:  # row j of each: row 2j + pi
+            strides = tuple((a, 2 * k if a == n_axis else s) for a, s in view.strides)
+            offset = pi * k
+        else:  # column j of each: column 2j + pi, rows 2n apart
+            strides = tuple((a, 2 if a == n_axis else 2 * n if a == "k" else s)
+                            for a, s in view.strides)
+            offset = pi
+        new_views[f"b0.{pi}"] = Strided(joined.name, shape, joined.dtype, offset, strides)
+    return dataclasses.replace(match, views=new_views, paired=True), joined

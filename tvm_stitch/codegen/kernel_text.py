@@ -62,7 +62,8 @@ class Descriptor:
 
     ``tensor`` (a graph tensor, from element ``offset``) read or written as a ``rows`` ×
     ``cols`` matrix whose rows are ``stride`` elements apart, in boxes of ``box`` (rows,
-    columns): ints or the names of the kernel's constexprs giving them."""
+    columns): ints, the names of the kernel's constexprs giving them, or ``(factor, name)``
+    for a multiple of one (a paired GEMM's B box, ``2 * BLOCK_N`` rows)."""
 
     name: str
     tensor: str
@@ -75,7 +76,8 @@ class Descriptor:
 
     def block(self, consts: dict) -> list[int]:
         """The box for the constexprs ``consts``."""
-        return [consts[b] if isinstance(b, str) else b for b in self.box]
+        return [consts[b] if isinstance(b, str) else b[0] * consts[b[1]]
+                if isinstance(b, tuple) else b for b in self.box]
 
 
 def torch_descriptors(source, config: dict, consts: dict, inputs: list, outputs=()) -> dict:

@@ -99,6 +99,8 @@ def ws_legality(match) -> str | None:
     normalization's reduction)."""
     if match.family != "gemm":
         return "not a GEMM"
+    if match.paired:
+        return "gate and up interleaved (one product split in two: the Triton forms only)"
     why = gluon_version()
     if why:
         return why

@@ -90,7 +90,7 @@ def describe(match: Match) -> str:
     if len(match.segments) > 1:
         text += f", {len(match.segments)} bands"
     if max(len(s.products) for s in match.segments) > 1:
-        text += ", 2 products"
+        text += ", 2 products" + (" interleaved" if match.paired else "")
     if match.prologue is not None:
         text += ", normalized A"
     return text

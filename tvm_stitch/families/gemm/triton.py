@@ -148,6 +148,18 @@ def gemm_source(match, name: str) -> KernelSource:
     if match.prologue is not None:
         lines += _prologue_product(match, pointers, extras, reduced, row_masks, width,
                                    len(bviews[0]), stride, convert)
+    elif match.paired:
+        # gate and up interleaved (analysis.weights.pair_weights): one product over 2 *
+        # BLOCK_N rows (columns) of the joined B, its even columns the gate's, its odd ones
+        # the up's (a thread's accumulator holds columns in pairs: the split moves nothing)
+        s_bk, s_bn = strides[0][0]
+        lines += [
+            "rn2 = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)",
+            f"acc = _tile_product({_PAIRED_ZEROS}, A, B0, rm, rn2, {m}, {2 * segments[0].n}, "
+            f"{k}, {s_am}, {s_ak}, {s_bk}, {s_bn // 2}, BLOCK_K, DOT_PREC{convert}, "
+            "K_LO=k_lo, K_HI=k_hi)",
+            _PAIRED_SPLIT,
+        ]
     elif len(bviews[0]) == 1:
         lines.append(
             f"acc0 = _tile_product({zeros}, A, B0, rm, rn, {m}, {width}, {k}, {s_am}, {s_ak}, "
@@ -272,13 +284,19 @@ def gemm_source(match, name: str) -> KernelSource:
         # float32 products in IEEE precision, as PyTorch's (Triton's default is TF32); a
         # 16-bit kernel's text is left as it was (its tuning records are found by its name)
         ieee = ", DOT_PREC=DOT_PREC" if match.dtype == "float32" else ""
+        if match.paired:  # one product of the gate's and up's columns in turn, split
+            product = [f"    acc = _tile_product_tma({_PAIRED_ZEROS}, a_desc, b_desc, "
+                       f"pid_m * BLOCK_M, 2 * ({off_n}), {k}, BLOCK_K, {b_nk}{convert}{ieee})",
+                       f"    {_PAIRED_SPLIT}"]
+        else:
+            product = [f"    acc0 = _tile_product_tma({zeros}, a_desc, b_desc, pid_m * BLOCK_M, "
+                       f"{off_n}, {k}, BLOCK_K, {b_nk}{convert}{ieee})"]
         persistent = [
             "pid_b = 0",
             "done = tl.program_id(0) - NUM_SMS",
             "for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_SMS, flatten=True):",
             "    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)",
-            f"    acc0 = _tile_product_tma({zeros}, a_desc, b_desc, pid_m * BLOCK_M, "
-            f"{off_n}, {k}, BLOCK_K, {b_nk}{convert}{ieee})",
+            *product,
             "    # the epilogue's own tile counter keeps it apart from the pipelined prologue",
             "    done += NUM_SMS",
             "    pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)",
@@ -300,6 +318,11 @@ def gemm_source(match, name: str) -> KernelSource:
                     [*workspace, *(d.name for d in descs)])
     return KernelSource(name, text, inputs, outputs, {}, "gemm", persistent=not isinstance(
         layout, str), split_k=split, descs=descs, tma_store="TMA_STORE" in constexprs)
+
+
+#: a paired GEMM's accumulator (gate and up columns in turn), and its split into the two
+_PAIRED_ZEROS = "tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)"
+_PAIRED_SPLIT = "acc0, acc1 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))"
 
 
 def _split_reduction(products: int) -> list[str]:
@@ -459,6 +482,8 @@ def tma_layout(match, apart: bool = False):
     :mod:`tvm_stitch.analysis.weights`), which one descriptor reads, or with ``apart`` any B
     tensors of the same strides and dtype, each band read through a descriptor of its own
     (:func:`tma_descriptors` makes them)."""
+    if match.paired:  # one product over the joined B (gate and up in turn)
+        match = _one_product(match)
     ext = match.frame.extents
     if match.runtime and not apart:  # the warp-specialized form's are made on the host, at
         # call time (:mod:`tvm_stitch.codegen.runtime`); the Triton form's in the kernel
@@ -496,6 +521,23 @@ def tma_layout(match, apart: bool = False):
     return b_nk, s_bn if b_nk else s_bk
 
 
+def _one_product(match):
+    """A paired GEMM (:func:`~tvm_stitch.analysis.weights.pair_weights`) as the one product it
+    computes: twice the columns, over the joined B, rows (columns) one apart."""
+    import dataclasses
+
+    from tvm_stitch.analysis.match import Segment
+
+    (seg,) = match.segments
+    view = match.views["b0.0"]
+    n_axis = n_axis_of(view)
+    joined = Strided(view.tensor, view.shape, view.dtype, 0,
+                     tuple((a, s // 2 if a == n_axis else s) for a, s in view.strides))
+    return dataclasses.replace(
+        match, paired=False, views={**match.views, "b0.0": joined},
+        segments=[Segment(2 * seg.n, seg.products[:1], seg.outputs, seg.covered)])
+
+
 def _apart(match) -> str | None:
     """Why ``match``'s bands are not consecutive column ranges of one B tensor, or None."""
     bv = match.views["b0.0"]
@@ -519,10 +561,13 @@ def tma_descriptors(match, apart: bool = False) -> tuple | str:
     if isinstance(layout, str):
         return layout
     b_nk, b_stride = layout
+    columns = (2, "BLOCK_N") if match.paired else "BLOCK_N"
+    if match.paired:
+        match = _one_product(match)
     a = match.views["a"]
     m, k = match.frame.extents["m"], match.frame.extents["k"]
     s_am = _strides(a, "m", "k")[0]
-    box = ("BLOCK_N", "BLOCK_K") if b_nk else ("BLOCK_K", "BLOCK_N")
+    box = (columns, "BLOCK_K") if b_nk else ("BLOCK_K", columns)
     descs = [Descriptor("a_desc", a.tensor, a.dtype, a.offset, m, k, s_am, ("BLOCK_M", "BLOCK_K"))]
     if _apart(match) is None:  # one descriptor over every band's columns
         widths = [sum(seg.n for seg in match.segments)]
