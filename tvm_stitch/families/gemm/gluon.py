@@ -89,18 +89,17 @@ from tvm_stitch.families.gemm.triton import n_axis_of, tma_descriptors, tma_layo
 def ws_legality(match) -> str | None:
     """Why the warp-specialized Gluon form cannot compute the GEMM ``match``, or None.
 
-    One product per band, A and B 16-bit floats of one type that TMA reads as they are (the
-    persistent Triton form's :func:`~.triton.tma_layout`; bands are consecutive columns of
-    one B, as Q, K and V joined, or B tensors of their own, each read through a descriptor of
-    its own; no computed A), products in float32, and one 16-bit row
+    One product per band (or a gate and an up interleaved, ``paired``: one product of twice
+    the columns, split after the loop), A and B 16-bit floats of one type that TMA reads as
+    they are (the persistent Triton form's :func:`~.triton.tma_layout`; bands are consecutive
+    columns of one B, as Q, K and V joined, or B tensors of their own, each read through a
+    descriptor of its own; no computed A), products in float32, and one 16-bit row
     output per band that TMA stores (a staging tile per consumer, shared by the bands: one
     dtype). Epilogues may read row statistics (a normalization folded through the weights)
     and a one-band GEMM may write row moments beside its row (the two phases of a folded
     normalization's reduction)."""
     if match.family != "gemm":
         return "not a GEMM"
-    if match.paired:
-        return "gate and up interleaved (one product split in two: the Triton forms only)"
     why = gluon_version()
     if why:
         return why
@@ -152,6 +151,8 @@ def staging_legality(match) -> str | None:
     why = ws_legality(match)
     if why:
         return why
+    if match.paired:
+        return "gate and up: two products to stage"
     for si, seg in enumerate(match.segments):
         dtype = _row_view(match, si).dtype
         product = staged_product(seg, dtype)
@@ -320,7 +321,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
              CONSUMERS: gl.constexpr, EW: gl.constexpr):
     # consumer warpgroup C: rows C * BLOCK_M .. of each of the program's tiles
     ACC_L: gl.constexpr = _acc_layout(BLOCK_N)
-{stat_layout}    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
+{pair_layout}{stat_layout}    tiles_m = gl.cdiv({m}, CONSUMERS * BLOCK_M)
 {tiles_n}
     k_steps = gl.cdiv({k}, BLOCK_K)
     g = 0  # ring steps consumed
@@ -334,7 +335,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
             # the epilogue's reads that do not depend on the product, in flight during it
 {hoisted}
 {tile_load}
-        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, ACC_L)
+        acc0 = gl.zeros([BLOCK_M, {acc_cols}], gl.float32, {acc_layout})
         for kk in range(k_steps):
             slot = (g + kk) % NB
             mbarrier.wait(ready.index(slot), ((g + kk) // NB) & 1)
@@ -346,7 +347,7 @@ def _consume({ptrs}, {out_descs}, a_smem, b_smem, c_smem, ready, empty, c_full, 
         acc0 = warpgroup_mma_wait(0, deps=(acc0, ))
         mbarrier.arrive(empty.index((g + k_steps - 1) % NB), count=1)
         g += k_steps
-        if EW:
+{split}        if EW:
             # the product as the output's type to the epilogue partition, which runs the
             # epilogue while this warpgroup goes on with the next tile's products
 {product_store}
@@ -524,6 +525,8 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
     for si, seg in enumerate(segments):
         local = f"(pid_n - ({firsts[si]})) * BLOCK_N" if si else "pid_n * BLOCK_N"
         local = f"{column} + {local}" if si and joined else local
+        if match.paired:  # the gate's and up's rows in turn: twice the columns of B
+            local = f"2 * {local}"
         off_n += [heads[si], f"    off_n = {local}"] if heads[si] else [f"off_n = {local}"]
         column += seg.n
         load = (f"_tma_load({b_descs[0 if joined else si].name}, {b_box}, "
@@ -594,7 +597,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
             if hoist and len(segments) == 1:
                 # the consumers combine the statistics after the products: what reads them
                 # stays there too
-                after = "acc16" if staged else ("acc0", "r0", *reduced.values())
+                after = "acc16" if staged else ("acc0", "acc1", "r0", *reduced.values())
                 reads, body = hoisted(body, after)
                 if not staged:  # held across the products: in few registers
                     reads, late = _compact_columns(reads, local)
@@ -644,6 +647,7 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         return "\n".join(pad + gluon_line(x, erf_abs=True) for x in lines) or pad + "pass"
 
     out_dtype = _row_view(match, 0).dtype
+    columns = "2 * BLOCK_N" if match.paired else "BLOCK_N"
     if staging:
         partition = f"        gl.static_assert(EW == 0, {staging!r})"
     else:
@@ -665,7 +669,10 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         m=m, k=k, dtype=match.dtype, out_dtype=out_dtype,
         tiles_n=block(tiles_n, 1), off_n=block(off_n, 2), b_load=block(b_load, 3),
         bs=b_more,
-        b_tile="BLOCK_N, BLOCK_K" if b_nk else "BLOCK_K, BLOCK_N",
+        b_tile=f"{columns}, BLOCK_K" if b_nk else f"BLOCK_K, {columns}",
+        acc_cols=columns, acc_layout="PAIR_L" if match.paired else "ACC_L",
+        pair_layout=_PAIR_LAYOUT if match.paired else "", split=_PAIR_SPLIT if match.paired
+        else "",
         b_operand="b_smem.index(slot).permute((1, 0))" if b_nk else "b_smem.index(slot)",
         hoisted=block(consumer_stats[0] + pre, 3),
         epilogue=block(consumer_stats[1] + epilogue, 3),
@@ -686,6 +693,13 @@ def gemm_ws_source(match, name: str, hoist: bool = True) -> str:
         regs2=WS_GEMM_REGS[2][1], regs3=WS_GEMM_REGS[3][1], load_regs=WS_GEMM_LOAD_REGS,
     )
 
+
+#: a paired GEMM's accumulator (the gate's and up's columns in turn, 2 * BLOCK_N) and its
+#: split into the two, each in the accumulator layout the epilogue is printed in
+_PAIR_LAYOUT = "    PAIR_L: gl.constexpr = _acc_layout(2 * BLOCK_N)  # gate and up in turn\n"
+_PAIR_SPLIT = ("        acc0, acc1 = gl.split(gl.reshape(acc0, [BLOCK_M, BLOCK_N, 2]))\n"
+               "        acc0 = gl.convert_layout(acc0, ACC_L)\n"
+               "        acc1 = gl.convert_layout(acc1, ACC_L)\n")
 
 _STAT_LAYOUT = ("    STAT_L: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [{warps}, 1], [1, 0])"
                 "  # row statistics\n")

@@ -83,19 +83,22 @@ def template_options(persistent: bool, split: bool = False,
     return launches, seeds
 
 
-def ws_seeds(staging: bool = True) -> list[dict]:
+def ws_seeds(staging: bool = True, paired: bool = False) -> list[dict]:
     """Seeds of the warp-specialized GEMM (:mod:`tvm_stitch.families.gemm.gluon`): a consumer
     warpgroup's 64 rows, the column and k tiles, ``WS`` consumers, the ring's slots and the
     warps of an epilogue partition (``EW``, with ``PTR_STORE`` where it stores through
     pointers; left out without ``staging``, see
-    :func:`~tvm_stitch.families.gemm.gluon.staging_legality`)."""
+    :func:`~tvm_stitch.families.gemm.gluon.staging_legality`). ``paired``: a gate and an up
+    interleaved, whose product is twice the column tile: half the columns, the same
+    accumulator and B tile as the others."""
     from tvm_stitch.families.gemm.gluon_launch import applicable_tiles, ws_config
 
     seeds = []
     for tiles in applicable_tiles(staging):
         config = ws_config(*tiles)
-        seeds.append({"m": config.pop("BLOCK_M"), "n": config.pop("BLOCK_N"),
-                      "k": config.pop("BLOCK_K"), "launch": config})
+        n = config.pop("BLOCK_N") // (2 if paired else 1)
+        seeds.append({"m": config.pop("BLOCK_M"), "n": n, "k": config.pop("BLOCK_K"),
+                      "launch": config})
     return seeds
 
 
@@ -138,7 +141,7 @@ def options(match, source, on_device: bool) -> tuple[list, list]:
         why = staging_legality(match)
         if why:
             logger.info("%s: no epilogue partition: %s", match.describe(), why)
-        seeds = [*seeds, *ws_seeds(staging=why is None)]
+        seeds = [*seeds, *ws_seeds(staging=why is None, paired=match.paired)]
     return launches, seeds
 
 
@@ -148,6 +151,7 @@ def ws_launch_legality(match, config: dict) -> str | None:
     partition (``EW``, ``PTR_STORE``) it has registers for."""
     from tvm_stitch.families.gemm.gluon_launch import (
         WS_GEMM_EPILOGUE_REGS,
+        WS_GEMM_MAX_N,
         WS_GEMM_REGS,
         WS_GEMM_ROWS,
     )
@@ -157,6 +161,8 @@ def ws_launch_legality(match, config: dict) -> str | None:
         return f"{ws} consumer warpgroups of {config.get('BLOCK_M')} rows"
     if (ew and (ws, ew) not in WS_GEMM_EPILOGUE_REGS) or (config.get("PTR_STORE") and not ew):
         return f"an epilogue partition of {ew} warps (PTR_STORE {config.get('PTR_STORE')})"
+    if match.paired and 2 * config.get("BLOCK_N", 0) > WS_GEMM_MAX_N:
+        return f"gate and up of {config.get('BLOCK_N')} columns each (one wgmma's 256 at most)"
     return None
 
 
