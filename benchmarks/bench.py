@@ -289,6 +289,10 @@ def _torch_records(study, inst, device, limits, refs, base):
         impls.append(("torch-sdpa", inst.torch_fns["sdpa"], False))
     if device == "cuda":
         impls.append(("torch-compile", inst.torch_fns.get("sdpa", inst.torch_fns["eager"]), True))
+        # further baselines a workload names (FlexAttention with its block mask): compiled
+        # by the workload itself
+        impls += [(f"torch-{name}", fn, False) for name, fn in inst.torch_fns.items()
+                  if name not in ("eager", "sdpa")]
     records = []
     for label, make, compiled in impls:
         rec = Record(impl=label, **base)

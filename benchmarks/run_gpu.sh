@@ -4,6 +4,7 @@
 #   bash benchmarks/run_gpu.sh OUTDIR STEP...
 #
 # STEP: env | tests[:FILE] | bert:BATCHxSEQ | dynamic (benchmarks/dynamic.py; DYNAMIC_FLAGS) |
+#       gate-up (benchmarks/gate_up.py; GATE_UP_FLAGS) |
 #       compile (benchmarks/compile_time.py; COMPILE_FLAGS) | memory[:DTYPE] | plans[:DTYPE] | gemm-chains |
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
@@ -64,6 +65,11 @@ for step in "$@"; do
             ;;
         check:*)
             python3 -m tvm_stitch check "${step#check:}" 2>&1 | tee -a "$out/check.log" || status=1
+            ;;
+        gate-up)  # SwiGLU's gate x up kernel against cuBLAS + SiLU x up (benchmarks/gate_up.py;
+            # GATE_UP_FLAGS: its options)
+            python3 -m tvm_stitch.benchmarks.gate_up ${GATE_UP_FLAGS:-} 2>&1 \
+                | tee "$out/gate-up.log" || status=1
             ;;
         dynamic)  # one dynamic compile of BERT-base against static builds and
             # torch.compile(dynamic=True); DYNAMIC_FLAGS: benchmarks/dynamic.py's options

@@ -110,6 +110,17 @@ MODELS = {
                     num_key_value_heads=4,
                     vocab_size=32000,
                 ),
+                # two LLaMA-3-8B layers (its vocabulary left at 32000: the embedding lookup
+                # is one gather whatever its rows)
+                "8b": dict(
+                    hidden_size=4096,
+                    intermediate_size=14336,
+                    num_hidden_layers=2,
+                    num_attention_heads=32,
+                    num_key_value_heads=8,
+                    vocab_size=32000,
+                    rope_theta=500000.0,
+                ),
             },
             inputs=_token_ids,
             defaults={"batch": 1, "seq": 256},
