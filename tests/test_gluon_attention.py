@@ -29,6 +29,11 @@ CASES = [
     ("torch-attention", "float16", dict(batch=1, heads=2, seq=384, dim=128, causal=0)),
     ("bert-base", "float16", dict(batch=2, seq=200)),
     ("hf-bert-tiny", "float16", dict(batch=2, seq=72)),
+    # sliding windows: Mistral's (causal) and one on both sides; no tile divides the lengths
+    ("torch-attention", "float16", dict(batch=1, heads=2, seq=520, dim=64, causal=1,
+                                        window=130)),
+    ("torch-attention", "float16", dict(batch=1, heads=2, seq=400, dim=128, causal=0,
+                                        window=200)),
 ]
 
 
@@ -86,6 +91,22 @@ def test_causal_blocks_masks_and_heads_in_the_gluon_form():
     # Q of (batch, seq, 12 heads, 64): rows of 768 elements (the layout stride), head h at
     # column 64·h
     assert "q_col = (b * 153600 + h * 64) % 768" in source.ws
+
+
+def test_sliding_windows_in_the_gluon_form():
+    """A sliding window: each tile's key loop starts at the block holding its first row's
+    window (the loading warp and the consumers both), and the mask is evaluated only on the
+    blocks either edge of the band crosses; the kernel compiles for sm_90a."""
+    match, source, shapes, _ = _attention("torch-attention", "float16", batch=1, heads=2,
+                                          seq=520, dim=64, causal=1, window=130)
+    assert (match.window, match.causal) == (-129, 0) and ws_legality(match) is None
+    text = source.ws
+    assert "first = gl.maximum(pid_m * 128 - 129, 0) // BLOCK_N" in text
+    assert "BLOCK_N) - first" in text  # past the diagonal, less the blocks before the window
+    assert "[k_row + (first + j) * BLOCK_N, k_col]" in text
+    assert "if n0 + BLOCK_N - 1 > m0 + 0 or n0 < m0 - 66:" in text
+    ptx = embed.generated_launch(source, match, _ws(*WS_TILES[0]), shapes).ptx
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
 
 
 @pytest.mark.parametrize(

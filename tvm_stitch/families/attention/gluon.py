@@ -131,8 +131,6 @@ def ws_legality(match) -> str | None:
     dtypes = {match.views[r].dtype for r in ("q", "k", "v")}
     if not dtypes <= {"float16", "bfloat16"} or len(dtypes) != 1:
         return f"Q, K, V hold {sorted(dtypes)}, not one 16-bit float type"
-    if match.window is not None:
-        return "a sliding window (this form skips only the key blocks past the diagonal)"
     ext = match.frame.extents
     if max(pow2(ext["k"]), pow2(ext["d"])) > WS_MAX_HEAD:
         return f"a head dimension above {WS_MAX_HEAD} (registers of two warpgroups)"
@@ -180,7 +178,7 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, BLOCK_N: gl.cons
     g = 0
     i = 0
     for t in range(gl.program_id(0), {tiles}, gl.num_programs(0)):
-        b, h, hk, pid_m, n_blocks = _tile(t, BLOCK_N)
+        b, h, hk, pid_m, first, n_blocks = _tile(t, BLOCK_N)
         q_row, q_col, k_row, k_col, v_row, v_col = _coords(b, h, hk, pid_m)
         mbarrier.wait(q_empty, (i & 1) ^ 1)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
@@ -191,11 +189,11 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, bars, BLOCK_N: gl.cons
             phase = (g // NB) & 1
             mbarrier.wait(k_empty.index(slot), phase ^ 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(slot),
+            _tma_load(k_desc, [k_row + (first + j) * BLOCK_N, k_col], k_ready.index(slot),
                       k_smem.index(slot))
             mbarrier.wait(v_empty.index(slot), phase ^ 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(slot),
+            _tma_load(v_desc, [v_row + (first + j) * BLOCK_N, v_col], v_ready.index(slot),
                       v_smem.index(slot))
             g += 1
         i += 1
@@ -205,7 +203,7 @@ _CONSUMER = '''
 
 @gluon.jit
 def _tile(t, BLOCK_N: gl.constexpr):
-    # tile t: (batch, head, K/V head, query block, key blocks it reads)
+    # tile t: (batch, head, K/V head, query block, first key block it reads, blocks it reads)
 {tile}
 
 
@@ -250,7 +248,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
     u = 0  # turns taken (ping-pong phases)
     i = 0
     for t in range(gl.program_id(0), {tiles}, gl.num_programs(0)):
-        b, h, hk, pid_m, n_blocks = _tile(t, BLOCK_N)
+        b, h, hk, pid_m, first, n_blocks = _tile(t, BLOCK_N)
         m0 = pid_m * 128 + C * 64
         rm = m0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_L))
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
@@ -261,14 +259,15 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
         mbarrier.wait(turn.index(C), (u & 1) ^ C ^ 1)
         slot = g % NB
         mbarrier.wait(k_ready.index(slot), (g // NB) & 1)
-        inputs = _logit_inputs(rm, 0, cols, b, h, {ptrs})
+        inputs = _logit_inputs(rm, first * BLOCK_N, cols, b, h, {ptrs})
         s = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
         mbarrier.arrive(turn.index(1 - C), count=1)
         u += 1
         s = warpgroup_mma_wait(0, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, 0, b, h, {ptrs}, BLOCK_N)
+        p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, first * BLOCK_N, b, h, {ptrs},
+                                      BLOCK_N)
         p_prev = gl.convert_layout(p.to(gl.{dtype}), P_L)
         acc = gl.zeros([64, BLOCK_H], gl.float32, O_L)
 
@@ -278,7 +277,7 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
             # this warpgroup's turn to issue: Q·Kⱼᵀ and P·Vⱼ₋₁, then the other's
             mbarrier.wait(turn.index(C), (u & 1) ^ C ^ 1)
             mbarrier.wait(k_ready.index(slot), ((g + j) // NB) & 1)
-            inputs = _logit_inputs(rm, j * BLOCK_N, cols, b, h, {ptrs})
+            inputs = _logit_inputs(rm, (first + j) * BLOCK_N, cols, b, h, {ptrs})
             s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
             mbarrier.wait(v_ready.index(prev), ((g + j - 1) // NB) & 1)
@@ -288,7 +287,8 @@ def _consume(q_smem, k_smem, v_smem, bars, {ptrs}, C: gl.constexpr, BLOCK_N: gl.
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
             # block j's softmax while P·Vⱼ₋₁ runs
-            p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, j * BLOCK_N, b, h, {ptrs},
+            p, m_i, l_i, alpha = _softmax(s, inputs, m_i, l_i, rm, m0, (first + j) * BLOCK_N, b, h,
+                                          {ptrs},
                                           BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(prev), count=1)
@@ -393,7 +393,7 @@ def attention_ws_source(match, name: str) -> str:
         masks["n"] = f"(rn < {n})[None, :]"
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "n": "rn[None, :]"}
 
-    visible = visible_logits(match) if match.causal is not None else None
+    visible = visible_logits(match)
     # log2(e) joins the logits' scale, which comes out of the row maxima (one FMA a logit
     # where bounded; else exp2((z − max)·log2 e))
     (score, *rest), scale, fused = scaled_logits(
@@ -420,7 +420,11 @@ def attention_ws_source(match, name: str) -> str:
         # keys past the diagonal of some row of the block: the mask; else the logits without it
         pre_v, body_v = logits(visible, "v")
         pre += pre_v
-        body = [f"if n0 + BLOCK_N - 1 > m0 + {match.causal}:", *["    " + x for x in body],
+        edges = [*([f"n0 + BLOCK_N - 1 > m0 + {match.causal}"] if match.causal is not None
+                   else []),
+                 *([f"n0 < m0{_plus(63 + match.window)}"] if match.window is not None
+                   else [])]
+        body = [f"if {' or '.join(edges)}:", *["    " + x for x in body],
                 "else:", *["    " + x for x in body_v]]
     input_names = ", ".join(["rn", *(line.split(" = ", 1)[0] for line in pre)])
     logits_text = _indent(body)
@@ -436,6 +440,7 @@ def attention_ws_source(match, name: str) -> str:
     tiles_m = -(-m // WS_ROWS)
     if match.runtime:  # counted at call time from the query count (an argument)
         tiles_m = f"(({m} + {WS_ROWS - 1}) // {WS_ROWS})"
+    first = "0"
     if match.causal is not None:
         # the longest rows first (the last query blocks see the most keys), and key blocks
         # past the block's last row's diagonal are skipped
@@ -445,9 +450,12 @@ def attention_ws_source(match, name: str) -> str:
                   "BLOCK_N)")
     else:
         pid_m, blocks = f"t % {tiles_m}", f"gl.cdiv({n}, BLOCK_N)"
+    if match.window is not None:  # and the blocks before the block's first row's window
+        first = f"gl.maximum(pid_m * 128{_plus(match.window)}, 0) // BLOCK_N"
+        blocks = f"{blocks} - first"
     tile = [f"bh = t // {tiles_m}", f"b = bh // {heads}", f"h = bh % {heads}",
             f"hk = h // {match.group}" if match.group > 1 else "hk = h",
-            f"pid_m = {pid_m}", f"return b, h, hk, pid_m, {blocks}"]
+            f"pid_m = {pid_m}", f"first = {first}", f"return b, h, hk, pid_m, first, {blocks}"]
     coords = []
     for role, view, head, rows in (("q", q, "h", "pid_m * 128"), ("k", kv, "hk", "0"),
                                    ("v", vv, "hk", "0")):
@@ -469,6 +477,11 @@ def attention_ws_source(match, name: str) -> str:
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS, tiles=tiles,
     )
+
+
+def _plus(c: int) -> str:
+    """`` + c`` or `` - |c|``, to follow a term."""
+    return f" - {-c}" if c < 0 else f" + {c}"
 
 
 ws_source = attention_ws_source  # the family's warp-specialized form (:mod:`tvm_stitch.families`)
