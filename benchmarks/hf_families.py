@@ -99,6 +99,13 @@ FAMILIES = {
                              max_source_positions=20), "mel"),
     "mixtral": ("MixtralConfig", "MixtralModel",
                 dict(_DEC, num_local_experts=4, num_experts_per_tok=2), "ids"),
+    # sliding windows: Mistral's (causal, 16 keys) and ModernBERT's local layers (8 keys on
+    # either side) between global ones
+    "mistral-window": ("MistralConfig", "MistralModel", dict(_DEC, sliding_window=16), "ids"),
+    "modernbert": ("ModernBertConfig", "ModernBertModel",
+                   dict(_ENC, local_attention=16, global_attn_every_n_layers=2, pad_token_id=0,
+                        eos_token_id=1, bos_token_id=2, cls_token_id=2, sep_token_id=1),
+                   "ids"),
 }
 
 

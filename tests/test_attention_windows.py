@@ -180,3 +180,21 @@ def test_a_window_built_for_llvm_matches_pytorch(tmp_path):
     got = relax.VirtualMachine(ex, tvm.cpu())[inst.func](
         *[tvm.runtime.tensor(a) for a in inst.args]).numpy()
     np.testing.assert_allclose(got, inst.reference()[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "bands"), [
+    ("mistral-window", [(-15, 0), (-15, 0)]),  # sliding_window=16
+    ("modernbert", [(None, None), (-8, 8)]),  # a global layer, then a local one of 16 keys
+])
+def test_hugging_face_windows_are_found_however_the_model_spells_them(family, bands):
+    """Mistral's sliding window (transformers' masking utilities) and ModernBERT's local
+    layers (its own mask, one per sequence of the batch) are found from the folded values;
+    no layer reads a mask, ModernBERT's global one neither (its mask hides nothing)."""
+    from tvm_stitch.benchmarks.hf_families import build
+
+    module, inputs = build(family, None)
+    imported = import_torch(module, tuple(inputs), "float16")
+    graph = build_graph(run_until(imported.mod, CUDA, "StitchFuseMBCI"), legalize=False)
+    matches = [m for m in recognize(graph).matches if m.family == "attention"]
+    assert [(m.window, m.causal) for m in matches] == bands
+    assert not any(_mask_reads(m) for m in matches)

@@ -395,20 +395,32 @@ MASKED = -65504.0
 
 
 def _constant_grid(graph, match, leaf):
-    """The values of a constant read by the logits over (query, key), or None."""
+    """The values of a constant read by the logits over (query, key), or None: a constant
+    that also varies along the batch or the heads must hold the same grid for each (a mask
+    materialized per sequence, ``[batch, 1, query, key]``)."""
+    import itertools
+
     import numpy as np
 
     value = graph.values.get(leaf.tensor)
     view = match.views.get(("x", leaf.key()))
     if not isinstance(value, ir.expr.Constant) or view is None:
         return None
-    if any(s and a not in ("m", "n") for a, s in view.strides):
+    ext = match.frame.extents
+    others = [(a, s) for a, s in view.strides if s and a not in ("m", "n")]
+    if any(a not in ext for a, _ in others):
         return None
     data = value.value.numpy().reshape(-1)
-    rows = np.arange(match.frame.extents["m"])[:, None]
-    cols = np.arange(match.frame.extents["n"])[None, :]
+    rows = np.arange(ext["m"])[:, None]
+    cols = np.arange(ext["n"])[None, :]
     stride = view.stride
-    return data[view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols]
+    at = view.offset + stride.get("m", 0) * rows + stride.get("n", 0) * cols
+    grid = data[at]
+    for index in itertools.product(*(range(ext[a]) for a, _ in others)):
+        shift = sum(i * s for i, (_, s) in zip(index, others))
+        if shift and not np.array_equal(data[at + shift], grid):
+            return None
+    return grid
 
 
 def _band(region, rows, cols) -> tuple[int | None, int | None] | None:
@@ -437,7 +449,8 @@ def _outside(frame, lo: int | None, hi: int | None):
 def _bands_to_indices(graph, match) -> None:
     """A constant the logits read that takes one value inside a band of diagonals (``lo <= key
     - query <= hi``: a folded causal mask, a sliding window) and another outside becomes that
-    comparison of the indices: exactly the same values, and no tensor to read."""
+    comparison of the indices, and one that holds a single value (a mask hiding nothing)
+    becomes that value: exactly the same values, and no tensor to read."""
     import numpy as np
 
     frame = match.frame
@@ -446,6 +459,12 @@ def _bands_to_indices(graph, match) -> None:
         if grid is None or grid.size < 2:
             continue
         values = np.unique(grid)
+        if len(values) == 1:  # the same value everywhere (a mask hiding nothing): that value
+            key, value = leaf.key(), Const(values[0].item(), leaf.dtype)
+            match.score = replace(match.score, lambda e, key=key, value=value:
+                                  value if isinstance(e, Leaf) and e.key() == key else None)
+            match.views.pop(("x", key), None)
+            continue
         if len(values) != 2:
             continue
         rows, cols = np.indices(grid.shape)
