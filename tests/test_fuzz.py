@@ -146,6 +146,38 @@ def test_generated_programs_cover_what_the_issue_asks():
             "permute", "slice", "concat", "reshape", "broadcast_to", "cast", "take"} <= kinds
     assert sum(p.dtype == "float16" for p in programs) >= 0.3 * len(programs)
     assert sum(p.reduces_without_keepdims for p in programs) >= 0.3 * len(programs)
+    # attention under folded masks (issue 49): bands of every kind of limit, documents, none
+    masks = [op.attrs for p in programs for op in p.ops if op.kind == "key_mask"]
+    assert {m["pattern"] for m in masks} == {"band", "documents", "random"}
+    bands = [(m["lo"] is None, m["hi"] is None) for m in masks if m["pattern"] == "band"]
+    assert {(True, False), (False, True), (False, False)} <= set(bands)
+
+
+def test_a_key_mask_program_is_data_and_is_recognized_as_its_band():
+    """A program's folded mask survives JSON (``-inf``, limits of None) and its attention is
+    recognized with the band the mask draws (a sliding window, here)."""
+    from tvm_stitch.analysis.recognize import recognize
+    from tvm_stitch.fuzz.programs import Input, Op, key_mask
+    from tvm_stitch.graph import build_graph
+    from tvm_stitch.pipeline import run_until
+
+    mask = {"n": 45, "pattern": "band", "dtype": "float32", "fill": float("-inf"), "lo": -9,
+            "hi": 0}
+    program = Program(5, "float32", [Input((2, 45, 16), "float32")], [
+        Op("permute", (0,), {"axes": (0, 2, 1)}),
+        Op("matmul", (0, 1), {}),
+        Op("key_mask", (), mask),
+        Op("binary", (2, 3), {"fn": "add"}),
+        Op("softmax", (4,), {"axis": -1, "log": False}),
+        Op("matmul", (5, 0), {}),
+    ])
+    again = Program.from_json(program.to_json())
+    np.testing.assert_array_equal(key_mask(again.ops[2].attrs), key_mask(mask))
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    graph = build_graph(run_until(again.module(), cuda, "StitchFuseMBCI"), legalize=False)
+    (match,) = [m for m in recognize(graph).matches if m.family == "attention"]
+    assert (match.window, match.causal) == (-9, 0)
+    assert check(again, cuda=True).status == "ok"
 
 
 @pytest.mark.parametrize("first, count", [

@@ -5,8 +5,9 @@ first, then each op's result), so it can be saved as JSON, rebuilt in another dt
 reference of the same computation), and shrunk op by op (:mod:`tvm_stitch.fuzz.shrink`).
 :func:`generate` draws one from a seed: elementwise chains, broadcasts, reshapes, transposes,
 slices and concatenations, reductions over any axes with and without ``keepdims``, softmax,
-LayerNorm and RMSNorm written as ops, masked ``where``, gathers, and matrix products with bias and
-activation epilogues, over odd shapes, in float32 or float16.
+LayerNorm and RMSNorm written as ops, masked ``where``, gathers, matrix products with bias and
+activation epilogues, and attention under folded masks (bands of diagonals, documents, none),
+over odd shapes, in float32 or float16.
 
 Values are kept well conditioned, so that a difference between two builds is a bug and not
 rounding: divisions and square roots read ``|x| + 1``, ``exp`` reads a clipped value, masks are
@@ -253,7 +254,32 @@ def _emit(op: Op, args, ty):
         return R.matmul(x, args[1])
     if kind == "take":
         return R.take(x, args[1], axis=0)
+    if kind == "key_mask":
+        return relax.const(key_mask(a), ty(a["dtype"]))
     raise ValueError(f"unknown op kind {kind!r}")
+
+
+def key_mask(attrs: dict) -> np.ndarray:
+    """A ``key_mask`` op's constant: ``[queries, keys]`` of 0 where a query sees a key and
+    ``fill`` where it does not (as models add a folded mask to their logits). ``pattern``:
+    ``band`` (``lo <= key - query <= hi``, a limit None for none: causal, sliding windows),
+    ``documents`` (block-diagonal, ``cuts`` the first query of each document) or ``random``
+    (drawn from ``seed``)."""
+    n = attrs["n"]
+    rows, cols = np.indices((n, n))
+    pattern = attrs["pattern"]
+    if pattern == "band":
+        seen = np.ones((n, n), bool)
+        if attrs["lo"] is not None:
+            seen &= cols - rows >= attrs["lo"]
+        if attrs["hi"] is not None:
+            seen &= cols - rows <= attrs["hi"]
+    elif pattern == "documents":
+        doc = np.searchsorted(np.asarray(attrs["cuts"]), np.arange(n), side="right")
+        seen = doc[:, None] == doc[None, :]
+    else:
+        seen = np.random.default_rng(attrs["seed"]).random((n, n)) < 0.7
+    return np.where(seen, 0.0, attrs["fill"]).astype("float64")
 
 
 # -- generation -----------------------------------------------------------------------------
@@ -322,8 +348,8 @@ def generate(seed: int, dtype: str | None = None, ops: int | None = None) -> Pro
     count = ops or rng.randint(3, 12)
     steps = [_unary_step, _binary_step, _scalar_step, _layout_step, _reduce_step,
              _softmax_step, _norm_step, _where_step, _matmul_step, _cast_step, _concat_step,
-             _take_step]
-    weights = [4, 4, 2, 4, 9, 2, 2, 2, 3, 2, 1, 1]
+             _take_step, _attention_step]
+    weights = [4, 4, 2, 4, 9, 2, 2, 2, 3, 2, 1, 1, 2]
     attempts = 0
     while len(g.ops) < count and attempts < 20 * count:
         attempts += 1
@@ -542,6 +568,47 @@ def _matmul_step(g, extra):
         y = g.add("binary", [y, extra.bias], out, g.dtype, fn="add")
     if rng.random() < 0.6:
         y = g.add("unary", [y], out, g.dtype, fn=rng.choice(EPILOGUE))
+
+
+def _attention_step(g, _):
+    """``softmax(q·kᵀ · c + mask) · v`` over a value ``(..., n, d)`` (as q, and k and v where
+    no other value has its shape), the mask a folded constant: a band of diagonals (causal,
+    sliding windows, limits that leave a query no key), documents, or no pattern."""
+    rng = g.rng
+    ranked = [v for v in g.floats() if len(g.shapes[v]) >= 2 and g.dtypes[v] == g.dtype
+              and g.shapes[v][-2] > 1]
+    if not ranked:
+        return
+    q = g.pick(ranked)
+    shape = g.shapes[q]
+    n = shape[-2]
+    if 2 * math.prod(shape) * n > MAX_MACS or math.prod((*shape[:-1], n)) > MAX_ELEMENTS:
+        return
+    alike = [v for v in ranked if g.shapes[v] == shape]
+    k, v = rng.choice(alike), rng.choice(alike)
+    axes = (*range(len(shape) - 2), len(shape) - 1, len(shape) - 2)
+    kt = g.add("permute", [k], tuple(shape[i] for i in axes), g.dtype, axes=axes)
+    scores_shape = (*shape[:-1], n)
+    s = g.add("matmul", [q, kt], scores_shape, g.dtype)
+    s = g.add("scalar", [s], scores_shape, g.dtype, fn="mul",
+              value=rng.choice((1.0, 0.125, shape[-1] ** -0.5)))
+    pattern = rng.choices(("band", "documents", "random"), (6, 2, 1))[0]
+    mask = {"n": n, "pattern": pattern, "dtype": g.dtype,
+            "fill": rng.choice((float("-inf"), -1e4 if g.dtype in HALF else -1e9))}
+    if pattern == "band":
+        lo = rng.choice((None, -rng.randint(0, n), rng.randint(1, 3)))
+        hi = rng.choice((None, 0, rng.randint(0, n), -1))
+        if lo is not None and hi is not None and hi < lo:
+            lo, hi = hi, lo
+        mask.update(lo=lo, hi=hi)
+    elif pattern == "documents":
+        mask["cuts"] = sorted(rng.sample(range(1, n), min(3, n - 1)))
+    else:
+        mask["seed"] = rng.randrange(1 << 30)
+    m = g.add("key_mask", [], (n, n), g.dtype, **mask)
+    s = g.add("binary", [s, m], scores_shape, g.dtype, fn="add")
+    p = g.add("softmax", [s], scores_shape, g.dtype, axis=-1, log=False)
+    g.add("matmul", [p, v], shape, g.dtype)
 
 
 def _cast_step(g, _):
