@@ -198,3 +198,20 @@ def test_hugging_face_windows_are_found_however_the_model_spells_them(family, ba
     matches = [m for m in recognize(graph).matches if m.family == "attention"]
     assert [(m.window, m.causal) for m in matches] == bands
     assert not any(_mask_reads(m) for m in matches)
+
+
+def test_grouped_heads_written_as_llama_repeats_them_read_k_and_v_once_a_group():
+    """``torch-attention`` with ``kv_heads`` (K and V repeated by ``expand`` and ``reshape``,
+    LLaMA's ``repeat_kv``) is one attention over the K/V heads as given, four query heads
+    each, with a sliding window too; llvm gives PyTorch's numbers."""
+    for window in (0, 24):
+        inst = get_workload("torch-attention").instance(
+            "float16", batch=1, heads=8, kv_heads=2, seq=70, dim=32, causal=1, window=window)
+        match = _attention(inst.mod)
+        assert match.group == 4 and match.causal == 0
+        assert match.window == (-23 if window else None)
+        assert match.views["k"].shape[1] == 2  # read from the two K heads given
+    ex = tvm.compile(inst.mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    got = relax.VirtualMachine(ex, tvm.cpu())[inst.func](
+        *[tvm.runtime.tensor(a) for a in inst.args]).numpy()
+    np.testing.assert_allclose(got.astype("float32"), inst.reference()[0], rtol=2e-2, atol=2e-2)

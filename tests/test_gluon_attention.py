@@ -34,6 +34,9 @@ CASES = [
                                         window=130)),
     ("torch-attention", "float16", dict(batch=1, heads=2, seq=400, dim=128, causal=0,
                                         window=200)),
+    # LLaMA's grouped K/V heads (4 query heads a K/V head), causal, head dim 128
+    ("torch-attention", "float16", dict(batch=1, heads=8, kv_heads=2, seq=300, dim=128,
+                                        causal=1)),
 ]
 
 

@@ -313,16 +313,23 @@ def hidden_keys(n: int, causal: bool, window: int, device=None):
     return hidden
 
 
-def plain_attention(causal: bool, window: int = 0):
+def plain_attention(causal: bool, window: int = 0, group: int = 1):
     """Attention as people write it in PyTorch: ``softmax(q @ kᵀ / √d [+ causal mask]) @ v``,
     with the causal mask (``-inf`` above the diagonal) built by ``triu`` inside ``forward``;
-    with a ``window``, the mask of :func:`hidden_keys` built from ``arange`` there.
-    (``masked_fill`` is the other common spelling; TVM 0.27's importer mistypes it after a
-    float16 division by a Python float.)"""
+    with a ``window``, the mask of :func:`hidden_keys` built from ``arange`` there; with a
+    ``group`` of query heads a K/V head, K and V repeated as LLaMA's ``repeat_kv`` does
+    (``expand`` and ``reshape``). (``masked_fill`` is the other common spelling; TVM 0.27's
+    importer mistypes it after a float16 division by a Python float.)"""
     import torch
+
+    def repeat_kv(x):
+        b, h, s, d = x.shape
+        return x[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)
 
     class Attention(torch.nn.Module):
         def forward(self, q, k, v):
+            if group > 1:
+                k, v = repeat_kv(k), repeat_kv(v)
             d = q.shape[-1]
             scores = q @ k.transpose(-1, -2) / d**0.5
             n = scores.shape[-1]
@@ -404,14 +411,19 @@ def plain_attention_workload() -> Workload:
     """``torch-attention``: :func:`plain_attention` imported like a user's model (``mask=1``:
     :func:`masked_attention`; ``mask=2``: :func:`filled_attention`)."""
 
-    def build(dtype, rng, batch, heads, seq, dim, causal, mask=0, window=0):
+    def build(dtype, rng, batch, heads, seq, dim, causal, mask=0, window=0, kv_heads=0):
         import torch
         import torch.nn.functional as F
 
         from tvm_stitch.frontend import import_torch
 
+        kv_heads = kv_heads or heads
+        if heads % kv_heads or (kv_heads != heads and mask):
+            raise ValueError(f"torch-attention's kv_heads divides heads ({heads}) and goes "
+                             f"with mask=0 only, got {kv_heads}")
         shape = (batch, heads, seq, dim)
-        qkv = [rng.standard_normal(shape).astype("float32") for _ in range(3)]
+        kv_shape = (batch, kv_heads, seq, dim)
+        qkv = [rng.standard_normal(s).astype("float32") for s in (shape, kv_shape, kv_shape)]
         makers = {0: plain_attention, 1: masked_attention, 2: filled_attention}
         if mask not in makers:
             raise ValueError(f"torch-attention's mask takes 0, 1 or 2, got {mask}")
@@ -419,7 +431,9 @@ def plain_attention_workload() -> Workload:
             raise ValueError("torch-attention's window goes with mask=0 only")
         if window < 0:
             raise ValueError(f"torch-attention's window is a key count, got {window}")
-        module = plain_attention(bool(causal), window) if window else makers[mask](bool(causal))
+        group = heads // kv_heads
+        module = (plain_attention(bool(causal), window, group) if window or group > 1
+                  else makers[mask](bool(causal)))
         inputs = qkv + ([key_mask(batch, seq)] if mask else [])
         # exported in the compute dtype, as written; a finfo.min fill (mask=2) as from_torch
         # compiles Hugging Face's models: exported in float32 and converted (the fill saturates)
@@ -437,10 +451,13 @@ def plain_attention_workload() -> Workload:
         def sdpa(device, tdtype):
             if mask:
                 return module.to(device)
+            gqa = {"enable_gqa": True} if group > 1 else {}  # K/V heads shared, as given
             if window:
                 seen = ~hidden_keys(seq, bool(causal), window, device)
-                return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
-            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=seen,
+                                                                      **gqa)
+            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                                                  **gqa)
 
         baselines = {"eager": eager, "sdpa": sdpa}
         if window:
@@ -449,9 +466,10 @@ def plain_attention_workload() -> Workload:
         seen = int((~hidden_keys(seq, bool(causal), window)).sum()) if window else (
             seq * seq // (2 if causal else 1))
         flops = 4 * batch * heads * seen * dim
-        io = 4 * batch * heads * seq * dim * (2 if dtype in HALF else 4)
+        io = 2 * batch * (heads + kv_heads) * seq * dim * (2 if dtype in HALF else 4)
         return Instance(
-            f"torch-attention {batch}x{heads}x{seq}x{dim}{' causal' if causal else ''}"
+            f"torch-attention {batch}x{heads}{f'/{kv_heads}' if group > 1 else ''}x{seq}x{dim}"
+            f"{' causal' if causal else ''}"
             f"{f' window {window}' if window else ''}{('', ' masked', ' filled')[mask]} {dtype}",
             imported.mod,
             "main",
@@ -469,8 +487,10 @@ def plain_attention_workload() -> Workload:
         "mask=1: scaled_dot_product_attention with a boolean key mask (one sequence all padding); "
         "mask=2: the same mask filling logits with finfo.min, as Hugging Face's eager attention; "
         "window=W: a sliding window of W keys (causal: Mistral's; else W // 2 on each side), "
-        "with FlexAttention's block mask as a baseline",
-        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0, "window": 0},
+        "with FlexAttention's block mask as a baseline; kv_heads=H: grouped K/V heads (LLaMA's "
+        "repeat_kv)",
+        {"batch": 4, "heads": 16, "seq": 512, "dim": 64, "causal": 0, "mask": 0, "window": 0,
+         "kv_heads": 0},
         build,
     )
 
