@@ -149,18 +149,24 @@ def test_the_window_kernels_skip_blocks_and_match_torch_under_the_interpreter():
     """The generated kernels of sliding windows (causal and on both sides, tiles square and
     not, sequences no tile divides) under Triton's interpreter: PyTorch's numbers; and with the
     first key block's K and V NaN, the query blocks whose window starts past it still give
-    them (they never read it)."""
+    them (they never read it). A padding mask read at run time (sequences whole, a third
+    shown, none): the key blocks past a sequence's last shown key are not read either, and a
+    sequence showing none is computed over every key, as written."""
     pytest.importorskip("triton")
     script = Path(__file__).with_name("window_interpret_cases.py")
     cases = ["1,20,70,16,16", "0,20,70,32,16", "1,9,64,16,32", "0,40,64,16,16", "1,0,40,16,16"]
-    res = subprocess.run([sys.executable, str(script), *cases], capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, check=False, timeout=600)
+    padded = ["padded:40,16,16", "padded:64,32,16"]
+    res = subprocess.run([sys.executable, str(script), *cases, *padded], capture_output=True,
+                         text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, check=False,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     records = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
-    assert len(records) == 4 * len(cases)  # with and without TMA loads, NaN keys or not
+    # with and without TMA loads, NaN keys or not; padded: NaN keys or not
+    assert len(records) == 4 * len(cases) + 2 * len(padded)
     assert all(r["ok"] for r in records), [r for r in records if not r["ok"]]
-    skipped = [r for r in records if r["case"].endswith("NaN keys") and r["window"] is not None]
+    skipped = [r for r in records if r["case"].endswith("NaN keys") and r.get("window")]
     assert len(skipped) == 8 and all(r["rows"] > 0 for r in skipped)
+    assert sum("padded" in r["case"] and r["case"].endswith("NaN keys") for r in records) == 2
 
 
 def test_a_window_built_for_llvm_matches_pytorch(tmp_path):
@@ -215,3 +221,25 @@ def test_grouped_heads_written_as_llama_repeats_them_read_k_and_v_once_a_group()
     got = relax.VirtualMachine(ex, tvm.cpu())[inst.func](
         *[tvm.runtime.tensor(a) for a in inst.args]).numpy()
     np.testing.assert_allclose(got.astype("float32"), inst.reference()[0], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("name", "params", "lengths"), [
+    ("hf-bert-tiny", {"batch": 2, "seq": 19, "layers": 1}, True),  # padding, every row alike
+    ("torch-attention", {"batch": 2, "heads": 2, "seq": 40, "dim": 32, "causal": 0, "mask": 1},
+     True),
+    ("torch-attention", {"batch": 2, "heads": 2, "seq": 40, "dim": 32, "causal": 1, "mask": 1},
+     False),  # padding and a causal mask: rows differ
+    ("torch-attention", {"batch": 2, "heads": 2, "seq": 40, "dim": 32, "causal": 1}, False),
+])
+def test_a_padding_mask_read_at_run_time_bounds_the_key_loop(name, params, lengths):
+    """Where the mask depends on the sequence and the key only, the kernel first finds the last
+    key its sequence shows and runs its key loop up to that key's block; a mask that varies
+    along the queries (causal and padded) or a constant band does not."""
+    from tvm_stitch.codegen import triton_gen
+    from tvm_stitch.families.attention.recognize import key_masked
+
+    inst = get_workload(name).instance("float16", **params)
+    match = _attention(inst.mod)
+    assert key_masked(match) == lengths
+    text = triton_gen.kernel_source(match).text
+    assert ("hi = tl.where(shown == 0," in text) == lengths

@@ -76,6 +76,70 @@ def _roles(match, source):
     return [by_tensor[t] for t in source.inputs]
 
 
+
+
+def padded(seq: int, bm: int, bn: int) -> None:
+    """Hugging Face BERT-tiny's attention (a padding mask read at run time) with sequences of
+    different lengths, one all padding: PyTorch-like numbers (its TE reference), and with K and
+    V NaN past each sequence's last shown key's block, the same (those blocks are skipped)."""
+    from tvm_stitch.codegen.te_reference import reference_func
+
+    inst = get_workload("hf-bert-tiny").instance("float32", batch=3, seq=seq, layers=1)
+    graph = build_graph(run_until(inst.mod, CUDA, "StitchFuseMBCI"), legalize=False)
+    (match,) = [m for m in recognize(graph).matches if m.family == "attention"]
+    source = triton_gen.kernel_source(match)
+    fn = triton_gen.load(source)
+    shapes = {t: (graph.tensors[t].shape, graph.tensors[t].dtype)
+              for t in [*source.inputs, *source.outputs]}
+    rng = np.random.default_rng(0)
+    lengths = [seq, seq // 3, 0]  # whole, a third, none shown
+    inputs = {}
+    operands = {match.views[r].tensor for r in ("q", "k", "v")}
+    for t in source.inputs:
+        shape, dtype = shapes[t]
+        if t not in operands:  # the padding mask
+            mask = np.zeros(shape, dtype)
+            for b, length in enumerate(lengths):
+                mask[b, :length] = 1
+            inputs[t] = mask
+        else:
+            inputs[t] = (rng.standard_normal(shape) * 0.5).astype(dtype)
+    ref_func = reference_func(match, source, shapes)
+    ex = tvm.compile(tvm.IRModule({"main": ref_func}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(*shapes[source.outputs[0]]))
+    ex["main"](*[tvm.runtime.tensor(inputs[t]) for t in source.inputs], out)
+    want = torch.from_numpy(out.numpy())
+    ext = match.frame.extents
+    first = -(-lengths[1] // bn) * bn  # the second sequence's blocks past its last shown key
+    for label in ("", " NaN keys"):
+        args = {t: torch.from_numpy(a.copy()) for t, a in inputs.items()}
+        for role, inner in (("k", "k"), ("v", "d")) if label else ():
+            view = match.views[role]
+            flat = args[view.tensor].view(-1)
+            st = view.stride
+            h, n_, e = np.meshgrid(np.arange(ext.get("h", 1)), np.arange(first, seq),
+                                   np.arange(ext[inner]), indexing="ij")
+            at = (view.offset + st.get("b", 0) + h * st.get("h", 0) + n_ * st.get("n", 0)
+                  + e * st.get(inner, 0))
+            flat[torch.from_numpy(at.reshape(-1))] = float("nan")
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, **source.constexprs, "DOT_PREC": "ieee",
+                  "TMA": False}
+        consts = {k: c for k, c in consts.items() if k in fn.arg_names}
+        got = torch.zeros(want.shape, dtype=torch.float32)
+        fn[source.grid(consts, match)](*[args[t] for t in source.inputs], got, **consts)
+        # the output's rows by sequence: (sequences, queries, ...)
+        rows = got.reshape(len(lengths), seq, -1)[1] if label else got
+        ref = want.reshape(len(lengths), seq, -1)[1] if label else want
+        err = float((rows - ref).abs().max())
+        print(json.dumps({"case": f"{match.describe()} padded {bm}x{bn}{label}",
+                          "max_err": err, "ok": bool(err <= 1e-4
+                                                     and torch.isfinite(rows).all())}),
+              flush=True)
+
+
 if __name__ == "__main__":
     for spec in sys.argv[1:]:
-        case(*map(int, spec.split(",")))
+        if spec.startswith("padded:"):
+            padded(*map(int, spec[len("padded:"):].split(",")))
+        else:
+            case(*map(int, spec.split(",")))

@@ -28,6 +28,7 @@ from tvm_stitch.analysis.elem import (
     format_elem,
     leaves,
     replace,
+    walk,
 )
 from tvm_stitch.analysis.indexing import (
     HALF,
@@ -524,6 +525,29 @@ def mask_band(graph, match) -> tuple[int | None, int | None]:
     if not masked.any() or masked.all(axis=1).any():
         return none
     return _band(~masked, rows, cols) or none
+
+
+def key_masked(match) -> bool:
+    """Whether the logits' mask depends on the sequence and the key only (a padding mask read
+    at run time, ``[batch, key]``): every query of a sequence sees the same keys, so the
+    kernel may find, at run time, the last key a sequence shows and skip the key blocks past
+    it (all masked in every row) — unless it shows none, where every row's softmax is over
+    masked logits alike and nothing is skipped. False for a constant band (skipped as such),
+    or where anything but ``Q·Kᵀ`` varies along the queries or the heads."""
+    if match.score is None or match.causal is not None or match.window is not None:
+        return False
+    reads = [x for x in leaves(match.score) if x.tensor != match.score_tensor]
+    if not reads:
+        return False
+    for leaf in reads:
+        view = match.views.get(("x", leaf.key()))
+        if view is None or any(s and a not in ("b", "n") for a, s in view.strides):
+            return False
+    names = {match.frame.vars[a].name for a in match.frame.vars if a not in ("b", "n")}
+    for e in walk(match.score):
+        if isinstance(e, Iter) and names & {v.name for v in vars_in(e.expr)}:
+            return False
+    return True
 
 
 def visible_logits(match) -> Elem | None:

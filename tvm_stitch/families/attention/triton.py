@@ -21,7 +21,7 @@ from tvm_stitch.codegen.kernel_text import (
     smaller,
     tma_unreadable,
 )
-from tvm_stitch.families.attention.recognize import visible_logits
+from tvm_stitch.families.attention.recognize import MASKED, key_masked, visible_logits
 from tvm_stitch.families.attention.template import ATTENTION_MAX_TILE
 
 LOG2E = 1.4426950408889634
@@ -335,13 +335,18 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(logits, "lo", "hi")
         else:
             lines += loop(logits, "start", "hi")
-    elif "n" in cols:
-        # the key bound is checked on the last, partial block only (FlashAttention's way)
-        lines.append(f"whole = {n} // BLOCK_N * BLOCK_N")
-        lines += loop(logits, 0, "whole", keys_bounded=False)
-        lines += loop(logits, "whole", n)
     else:
-        lines += loop(logits, 0, n)
+        end = n
+        if key_masked(match):  # padding read at run time: the keys past the last shown
+            lines += _shown_keys(match, n, cols, pointers, extras)
+            end = "hi"
+        if "n" in cols:
+            # the key bound is checked on the last, partial block only (FlashAttention's way)
+            lines.append(f"whole = {end} // BLOCK_N * BLOCK_N")
+            lines += loop(logits, 0, "whole", keys_bounded=False)
+            lines += loop(logits, "whole", end)
+        else:
+            lines += loop(logits, 0, end)
     lines.append(f"o = acc / {empty_rows_denominator(match)}[:, None]")
     tiles = {"b": "b", "h": "h", "m": "rm[:, None]", "d": "rh[None, :]"}
     out_masks = {a: x for a, x in (("m", rows.get("m")), ("d", cols.get("d"))) if x}
@@ -352,6 +357,30 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
         name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention",
         tma=tma,
     )
+
+
+def _shown_keys(match, n, cols, pointers, extras) -> list[str]:
+    """Lines setting ``hi`` past the last key the program's sequence shows (a padding mask read
+    at run time, :func:`~tvm_stitch.families.attention.recognize.key_masked`): the logits'
+    mask evaluated with the product at 0 over every key, a key shown where it is above
+    :data:`~tvm_stitch.families.attention.recognize.MASKED`; ``hi`` is every key where the
+    sequence shows none (its rows' softmax is over masked logits alike)."""
+    bounded = "n" in cols
+    printer = ElemPrinter({"b": "b", "h": "h", "n": "kn"}, {"n": f"(kn < {n})"} if bounded
+                          else {}, pointers, extras, {match.score_tensor: ("s0", "float32")},
+                          prefix="shown_")
+    z = printer.expr(match.score)
+    seen = f"(z0 > {MASKED})" + (f" & (kn < {n})" if bounded else "")
+    return [
+        "shown = 0",
+        f"for n_first in range(0, {n}, BLOCK_N):",
+        "    kn = n_first + tl.arange(0, BLOCK_N)",
+        "    s0 = tl.zeros((BLOCK_N,), dtype=tl.float32)",
+        *["    " + line for line in printer.lines],
+        f"    z0 = ({z}).to(tl.float32)",
+        f"    shown = tl.maximum(shown, tl.max(tl.where({seen}, kn + 1, 0), 0))",
+        f"hi = tl.where(shown == 0, {n}, shown)",
+    ]
 
 
 kernel = attention_source  # the family's printer (see :mod:`tvm_stitch.families`)
