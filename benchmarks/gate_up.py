@@ -41,6 +41,9 @@ def main(argv=None) -> int:
                                     seq=s)
             (match, source, shapes, _), = [g for g in gemms
                                            if len(g[0].segments[0].products) == 2]
+            if joined and not match.paired:
+                print(json.dumps({"shape": shape, "paired": "not paired (see the log)"}))
+                return 1
             tuned = tune_generated(match, source, shapes, {}, hw, on_device=True)
             label = "paired" if match.paired else "two_products"
             row[f"{label}_us"] = tuned.time * 1e6

@@ -166,3 +166,17 @@ def test_the_warp_specialized_form_of_a_pair_compiles_for_hopper():
     ptx = embed.generated_launch(source, match, config, shapes).ptx
     assert set(re.findall(r"wgmma.mma_async\S*m64n(\d+)", ptx)) == {"128"}
     assert "spill stores 0" in ptxas_report(ptx)
+
+
+def test_a_pair_takes_column_tiles_of_at_most_128():
+    """A paired GEMM's product is twice its column tile: at most 256 columns (one wgmma, one
+    TMA box), so column tiles above 128 are illegal for it and legal for its two products."""
+    from types import SimpleNamespace
+
+    from tvm_stitch.families.gemm.tune import space
+
+    inst, mod, graph, match = _gate_up()
+    paired, _ = pair_weights(match, weight_tensors(graph, mod[inst.func]))
+    cand = SimpleNamespace(tile_dict={"m": 16, "n": 256, "k": 32})
+    assert "512 columns" in space(paired).legal(cand)
+    assert "512 columns" not in (space(match).legal(cand) or "")

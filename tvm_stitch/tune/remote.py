@@ -59,9 +59,15 @@ def time_candidates(payload) -> bytearray:
     bytearray
         The list of seconds (or error texts), pickled.
     """
+    import concurrent.futures
+
     from tvm_stitch.tune.remote import _time_here  # by its module's name, not __main__'s
 
-    return bytearray(_timer().submit(_time_here, bytes(payload)).result())
+    try:
+        return bytearray(_timer().submit(_time_here, bytes(payload)).result())
+    except concurrent.futures.process.BrokenProcessPool:
+        _TIMER.clear()  # the timing process died (a kernel that crashed it): a new one next
+        raise
 
 
 _TIMER = []  # the process timing this connection's candidates (:func:`_timer`)

@@ -124,6 +124,8 @@ def legality(match, spec: ChainSpec, cand) -> str | None:
     n = cand.tile_dict["n"]
     if chunk and n % chunk:
         return f"{n}-column tiles writing moments in pieces of {chunk} columns"
+    if match.paired and 2 * n > 256:  # one wgmma's columns, one TMA box's rows
+        return f"gate and up of {n} columns each: a product of {2 * n} columns"
     return template.gemm_legality(spec, cand, accumulators=len(match.segments[0].products))
 
 
