@@ -434,7 +434,7 @@ class _Rewriter:
             return joined_match, [], {joined.name: (joined.shape, joined.dtype)}
         from tvm import te, topi
 
-        def concatenate():
+        def joined_func():
             parts = [te.placeholder(self._shape(t)[0], joined.dtype, name=f"w{i}")
                      for i, t in enumerate(joined.parts)]
             if not joined.interleaved:
@@ -451,7 +451,7 @@ class _Rewriter:
         kind = "pair" if joined.interleaved else "join"
         key = f"{kind}_{joined.dtype}_{joined.axis}_" + "_".join(
             "x".join(map(str, self._shape(t)[0])) for t in joined.parts)
-        binding = self._bind(joined.name, key, concatenate, joined.parts, joined.shape,
+        binding = self._bind(joined.name, key, joined_func, joined.parts, joined.shape,
                              joined.dtype)
         logger.info("%s: weights %s %s into one %s tensor", match.describe(),
                     ", ".join(joined.parts), how, "x".join(map(str, joined.shape)))

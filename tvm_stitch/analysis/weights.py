@@ -102,6 +102,25 @@ def weight_axis(view: Strided, k: int, n: int) -> int | None:
     return None
 
 
+def _weights_axis(views, widths, k: int, weights, what: str) -> int | str:
+    """The column axis (:func:`weight_axis`) of the distinct weights ``views`` read whole, each
+    ``widths[i]`` columns by ``k``, of one dtype and layout; or why not (``what``: whose B)."""
+    names = [v.tensor for v in views]
+    if len(set(names)) != len(names) or not all(t in weights for t in names):
+        return f"the {what} B are not distinct weights"
+    if len({v.dtype for v in views}) != 1:
+        return "the weights' dtypes differ"
+    axis = None
+    for view, n in zip(views, widths):
+        here = weight_axis(view, k, n)
+        if here is None:
+            return f"{view.tensor} is not a {n}x{k} weight read whole along one column axis"
+        if axis not in (None, here):
+            return "the weights' layouts differ"
+        axis = here
+    return axis
+
+
 def join_weights(match, weights) -> tuple:
     """``(match', JoinedWeights)``: ``match`` reading its bands' ``B`` from one concatenated
     tensor, or ``(None, why)`` when the bands' ``B`` cannot be joined.
@@ -124,20 +143,10 @@ def join_weights(match, weights) -> tuple:
     k = match.frame.extents["k"]
     views = [match.views[f"b{si}.0"] for si in range(len(segments))]
     names = [v.tensor for v in views]
-    if len(set(names)) != len(names) or not all(t in weights for t in names):
-        return None, "the bands' B are not distinct weights"
-    if len({v.dtype for v in views}) != 1:
-        return None, "the weights' dtypes differ"
-    axis = None
-    for seg, view in zip(segments, views):
-        # (n, k): a Linear weight, bands stacked along rows; (k, n): bands side by side
-        here = weight_axis(view, k, seg.n)
-        if here is None:
-            return None, (f"{view.tensor} is not a {seg.n}x{k} weight read whole along one "
-                          "column axis")
-        if axis not in (None, here):
-            return None, "the weights' layouts differ"
-        axis = here
+    # (n, k): a Linear weight, bands stacked along rows; (k, n): bands side by side
+    axis = _weights_axis(views, [seg.n for seg in segments], k, weights, "bands'")
+    if isinstance(axis, str):
+        return None, axis
     width = sum(seg.n for seg in segments)
     shape = (width, k) if axis == 0 else (k, width)
     joined = JoinedWeights(f"{names[0]}__joined", tuple(names), axis, shape, views[0].dtype)
@@ -179,14 +188,9 @@ def pair_weights(match, weights) -> tuple:
     k, n = match.frame.extents["k"], segments[0].n
     views = [match.views["b0.0"], match.views["b0.1"]]
     names = [v.tensor for v in views]
-    if names[0] == names[1] or not all(t in weights for t in names):
-        return None, "the products' B are not two distinct weights"
-    if views[0].dtype != views[1].dtype:
-        return None, "the weights' dtypes differ"
-    axes = {weight_axis(v, k, n) for v in views}
-    if len(axes) != 1 or None in axes:
-        return None, f"the weights are not two {n}x{k} weights of one layout read whole"
-    axis = axes.pop()
+    axis = _weights_axis(views, [n, n], k, weights, "products'")
+    if isinstance(axis, str):
+        return None, axis
     shape = (2 * n, k) if axis == 0 else (k, 2 * n)
     joined = JoinedWeights(f"{names[0]}__paired", tuple(names), axis, shape, views[0].dtype,
                            interleaved=True)

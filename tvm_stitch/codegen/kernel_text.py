@@ -53,6 +53,11 @@ def literal(value: float) -> str:
     return repr(float(value)) if math.isfinite(value) else f'float("{value}")'
 
 
+def plus(c: int) -> str:
+    """`` + c`` or `` - |c|``: an integer added to the term before it in printed code."""
+    return f" - {-c}" if c < 0 else f" + {c}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Descriptor:
     """A TMA descriptor argument of a generated kernel, made on the host (by TVM's host code in

@@ -400,8 +400,11 @@ def _generated_runner(match, source, shapes, constants, hw, template):
             local.append(generated_runner(match, source, shapes, constants, hw))
         return local[0]
 
+    def config_of(cand, launch):
+        return {**template(cand), **launch}
+
     def make(cand, launch):
-        config = {**template(cand), **launch}
+        config = config_of(cand, launch)
         if device is not None:  # built here when first run
             def lazy():
                 return runner()(config)()
@@ -409,13 +412,13 @@ def _generated_runner(match, source, shapes, constants, hw, template):
             return lazy
         return runner()(config)
 
-    make.prepare = lambda pairs: runner().prepare([{**template(c), **la} for c, la in pairs])
+    make.prepare = lambda pairs: runner().prepare([config_of(*pair) for pair in pairs])
     if device is None:
         return make
     timed = {}
 
     def batch(pairs):
-        configs = [{**template(c), **la} for c, la in pairs]
+        configs = [config_of(*pair) for pair in pairs]
         out = device.time(match, source, shapes, constants, hw, configs)
         return {(c, launch_key(la)): t for (c, la), t in zip(pairs, out)}
 

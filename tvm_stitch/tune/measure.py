@@ -80,6 +80,12 @@ def timing_on(device):
         _DEVICE.device = previous
 
 
+def time_candidate(fn) -> float:
+    """Seconds a call of a search's candidate ``fn`` (no arguments) takes on this GPU: how a
+    search times, here and on a tuning server (:mod:`~tvm_stitch.tune.remote`)."""
+    return time_torch(fn, [], "cuda", budget_ms=30) * 1e-6
+
+
 def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = True) -> float:
     """Median microseconds per call; CUDA-graph replays on the GPU (``graph``; else one call at a
     time between CUDA events, for code that cannot be captured), wall time on the CPU."""
@@ -272,7 +278,7 @@ def measured_search(
         try:
             if timer is not None:  # timed elsewhere (a tuning server, :mod:`.remote`)
                 return timer(cand, launch)
-            return time_torch(make_fn(cand, launch), [], "cuda", budget_ms=30) * 1e-6
+            return time_candidate(make_fn(cand, launch))
         finally:
             phases["time"] += time.perf_counter() - start
             phases["timed"] += 1

@@ -48,6 +48,7 @@ from tvm_stitch.codegen.kernel_text import (
     gluon_line,
     gluon_version,
     hoisted,
+    plus,
     pointer_args,
     pow2,
 )
@@ -422,7 +423,7 @@ def attention_ws_source(match, name: str) -> str:
         pre += pre_v
         edges = [*([f"n0 + BLOCK_N - 1 > m0 + {match.causal}"] if match.causal is not None
                    else []),
-                 *([f"n0 < m0{_plus(63 + match.window)}"] if match.window is not None
+                 *([f"n0 < m0{plus(63 + match.window)}"] if match.window is not None
                    else [])]
         body = [f"if {' or '.join(edges)}:", *["    " + x for x in body],
                 "else:", *["    " + x for x in body_v]]
@@ -451,7 +452,7 @@ def attention_ws_source(match, name: str) -> str:
     else:
         pid_m, blocks = f"t % {tiles_m}", f"gl.cdiv({n}, BLOCK_N)"
     if match.window is not None:  # and the blocks before the block's first row's window
-        first = f"gl.maximum(pid_m * 128{_plus(match.window)}, 0) // BLOCK_N"
+        first = f"gl.maximum(pid_m * 128{plus(match.window)}, 0) // BLOCK_N"
         blocks = f"{blocks} - first"
     tile = [f"bh = t // {tiles_m}", f"b = bh // {heads}", f"h = bh % {heads}",
             f"hk = h // {match.group}" if match.group > 1 else "hk = h",
@@ -477,11 +478,6 @@ def attention_ws_source(match, name: str) -> str:
         tile=_indent(tile), coords=_indent(coords),
         consumer_regs=WS_CONSUMER_REGS, load_regs=WS_LOAD_REGS, tiles=tiles,
     )
-
-
-def _plus(c: int) -> str:
-    """`` + c`` or `` - |c|``, to follow a term."""
-    return f" - {-c}" if c < 0 else f" + {c}"
 
 
 ws_source = attention_ws_source  # the family's warp-specialized form (:mod:`tvm_stitch.families`)

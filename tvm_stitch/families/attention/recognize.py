@@ -461,10 +461,7 @@ def _bands_to_indices(graph, match) -> None:
             continue
         values = np.unique(grid)
         if len(values) == 1:  # the same value everywhere (a mask hiding nothing): that value
-            key, value = leaf.key(), Const(values[0].item(), leaf.dtype)
-            match.score = replace(match.score, lambda e, key=key, value=value:
-                                  value if isinstance(e, Leaf) and e.key() == key else None)
-            match.views.pop(("x", key), None)
+            _read_as(match, leaf, Const(values[0].item(), leaf.dtype))
             continue
         if len(values) != 2:
             continue
@@ -475,13 +472,18 @@ def _bands_to_indices(graph, match) -> None:
             band = _band(grid == inside, rows, cols)
             if band is None or band == (None, None):
                 continue
-            value = Op("select", (_outside(frame, *band), Const(outside.item(), leaf.dtype),
-                                  Const(inside.item(), leaf.dtype)), leaf.dtype)
-            key = leaf.key()
-            match.score = replace(match.score, lambda e, key=key, value=value:
-                                  value if isinstance(e, Leaf) and e.key() == key else None)
-            match.views.pop(("x", key), None)
+            _read_as(match, leaf, Op("select", (_outside(frame, *band), Const(
+                outside.item(), leaf.dtype), Const(inside.item(), leaf.dtype)), leaf.dtype))
             break
+
+
+def _read_as(match, leaf, value) -> None:
+    """``match``'s logits with ``value`` in place of the constant ``leaf`` reads (no longer
+    read: its view goes)."""
+    key = leaf.key()
+    match.score = replace(match.score, lambda e: value if isinstance(e, Leaf)
+                          and e.key() == key else None)
+    match.views.pop(("x", key), None)
 
 
 def mask_band(graph, match) -> tuple[int | None, int | None]:

@@ -16,6 +16,7 @@ from tvm_stitch.codegen.kernel_text import (
     extra_views,
     function,
     literal,
+    plus,
     pointer_args,
     pow2,
     smaller,
@@ -300,41 +301,34 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
         ]
         return [f"for n0 in range({start}, {stop}, BLOCK_N):", *["    " + x for x in body]]
 
-    if match.causal is not None and match.window is None:
-        # keys past the diagonal of every row of this block are masked: skip their blocks
-        lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {match.causal})")
-        if visible is not None:
-            # blocks of keys every row of the block sees: no mask to evaluate
-            lines.append(
-                f"lo = tl.minimum(hi, (pid_m * BLOCK_M + {match.causal + 1}) // BLOCK_N * BLOCK_N)"
-            )
-            lines += loop(visible, 0, "lo")
-            lines += loop(logits, "lo", "hi")
-        else:
-            lines += loop(logits, 0, "hi")
-    elif match.window is not None:
-        # a sliding window: keys before it (and past the diagonal, causal) of every row of
-        # this block are masked: skip their blocks; the blocks between, which every row sees
-        # whole, without the mask
+    if match.causal is not None or match.window is not None:
+        # keys outside the band (past the diagonal, before a sliding window) of every row of
+        # this block are masked: skip their blocks; the blocks every row sees whole go
+        # without the mask
         causal, window = match.causal, match.window
-        lines += [
-            f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {causal})" if causal is not None
-            else f"hi = {n}",
-            f"start = tl.maximum(pid_m * BLOCK_M - {-window}, 0) // BLOCK_N * BLOCK_N"
-            if window < 0 else f"start = (pid_m * BLOCK_M + {window}) // BLOCK_N * BLOCK_N",
-        ]
-        if visible is not None:
-            lines.append(  # the first block whose keys the block's last row sees
-                f"full = tl.minimum(hi, tl.maximum(pid_m * BLOCK_M + BLOCK_M + BLOCK_N "
-                f"{'-' if window < 2 else '+'} {abs(window - 2)}, 0) // BLOCK_N * BLOCK_N)")
-            lines.append(  # ... and the block past the last one its first row sees whole
-                f"lo = tl.maximum(full, tl.minimum(hi, (pid_m * BLOCK_M + {causal + 1}) // "
-                "BLOCK_N * BLOCK_N))" if causal is not None else "lo = hi")
-            lines += loop(logits, "start", "full")
-            lines += loop(visible, "full", "lo")
-            lines += loop(logits, "lo", "hi")
+        lines.append(f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M + {causal})"
+                     if causal is not None else f"hi = {n}")
+        start = full = 0
+        if window is not None:
+            lines.append(f"start = tl.maximum(pid_m * BLOCK_M{plus(window)}, 0) // BLOCK_N "
+                         "* BLOCK_N")
+            start = "start"
+        if visible is None:
+            lines += loop(logits, start, "hi")
         else:
-            lines += loop(logits, "start", "hi")
+            if window is not None:  # the first block whose keys the block's last row sees
+                lines.append(f"full = tl.minimum(hi, tl.maximum(pid_m * BLOCK_M + BLOCK_M + "
+                             f"BLOCK_N{plus(window - 2)}, 0) // BLOCK_N * BLOCK_N)")
+                full = "full"
+            # ... and the block past the last one its first row sees whole
+            lo = "hi" if causal is None else (
+                f"tl.minimum(hi, (pid_m * BLOCK_M + {causal + 1}) // BLOCK_N * BLOCK_N)")
+            lines.append(f"lo = tl.maximum(full, {lo})" if window is not None and causal
+                         is not None else f"lo = {lo}")
+            if window is not None:
+                lines += loop(logits, start, full)
+            lines += loop(visible, full, "lo")
+            lines += loop(logits, "lo", "hi")
     else:
         end = n
         if key_masked(match):  # padding read at run time: the keys past the last shown

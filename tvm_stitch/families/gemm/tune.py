@@ -153,7 +153,6 @@ def ws_launch_legality(match, config: dict) -> str | None:
     partition (``EW``, ``PTR_STORE``) it has registers for."""
     from tvm_stitch.families.gemm.gluon_launch import (
         WS_GEMM_EPILOGUE_REGS,
-        WS_GEMM_MAX_N,
         WS_GEMM_REGS,
         WS_GEMM_ROWS,
     )
@@ -163,8 +162,6 @@ def ws_launch_legality(match, config: dict) -> str | None:
         return f"{ws} consumer warpgroups of {config.get('BLOCK_M')} rows"
     if (ew and (ws, ew) not in WS_GEMM_EPILOGUE_REGS) or (config.get("PTR_STORE") and not ew):
         return f"an epilogue partition of {ew} warps (PTR_STORE {config.get('PTR_STORE')})"
-    if match.paired and 2 * config.get("BLOCK_N", 0) > WS_GEMM_MAX_N:
-        return f"gate and up of {config.get('BLOCK_N')} columns each (one wgmma's 256 at most)"
     return None
 
 
