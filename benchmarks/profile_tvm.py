@@ -39,6 +39,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--ncu", action="store_true", help="run it and the PyTorch baseline twice, for ncu"
     )
+    parser.add_argument(
+        "--baseline", action="store_true",
+        help="with --cupti: torch.compile's kernels too (the workload's SDPA form where it has one)"
+    )
     args = parser.parse_args(argv)
     params = {k: int(v) for k, v in (p.split("=") for p in args.param)}
     cuda = args.target == "cuda"
@@ -61,7 +65,8 @@ def main(argv=None) -> int:
     vm_args = device_args(vm, inst, dev)
     vm[inst.func](*vm_args)  # warm up (and tune/compile nothing more)
     if args.cupti:
-        return _cupti(vm, inst, vm_args, dev, args.top)
+        _cupti(vm, inst, vm_args, dev, args.top)
+        return _compiled_cupti(inst, dtype, args.top) if args.baseline else 0
     if args.ncu:
         return _ncu_runs(vm, inst, vm_args, dev)
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
@@ -121,14 +126,36 @@ def _busy(spans: list, runs: int) -> tuple:
 
 def _cupti(vm, inst, vm_args, dev, top: int, runs: int = 5) -> int:
     """Kernel times as CUPTI sees them (TVM's and Triton's kernels alike), per run."""
-    totals, (busy, span) = cupti_kernels(lambda: vm[inst.func](*vm_args), dev.sync, runs)
+    _print_kernels(inst.name, cupti_kernels(lambda: vm[inst.func](*vm_args), dev.sync, runs),
+                   top, runs)
+    return 0
+
+
+def _compiled_cupti(inst, dtype: str, top: int, runs: int = 5) -> int:
+    """:func:`_cupti` of the workload's PyTorch form under ``torch.compile``, for a kernel by
+    kernel comparison with the same run's TVM figures."""
+    import torch
+
+    fn = torch.compile(inst.torch_fns.get("sdpa", inst.torch_fns["eager"])(
+        "cuda", getattr(torch, dtype)))
+    args = inst.torch_args("cuda", getattr(torch, dtype))
+    with torch.no_grad():
+        for _ in range(3):  # compiled, autotuned and warm
+            fn(*args)
+        torch.cuda.synchronize()
+        found = cupti_kernels(lambda: fn(*args), torch.cuda.synchronize, runs)
+    _print_kernels(f"{inst.name} torch.compile", found, top, runs)
+    return 0
+
+
+def _print_kernels(name: str, found, top: int, runs: int) -> None:
+    totals, (busy, span) = found
     total = sum(t for t, _ in totals.values())
     calls = sum(n for _, n in totals.values()) // runs
-    print(f"{inst.name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI); the GPU "
+    print(f"{name}: {total:.1f} us of kernels in {calls} launches per run (CUPTI); the GPU "
           f"busy {busy:.1f} us of {span:.1f} from first start to last end")
-    for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n // runs:4d} calls  {name[:90]}")
-    return 0
+    for kernel, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{us:10.1f} us {100 * us / total:5.1f}%  {n // runs:4d} calls  {kernel[:90]}")
 
 
 def _ncu_runs(vm, inst, vm_args, dev, runs: int = 2) -> int:

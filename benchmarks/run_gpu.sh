@@ -16,7 +16,8 @@
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
-# OPTION=fold_norms=true: profile steps compile with that option. DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
+# OPTION=fold_norms=true: profile steps compile with that option (BASELINE=1: and list torch.compile's
+# kernels too). DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
 # profile N calls back to back.
 # Needs .gpu/ (../shared/gpu/pack --compiler) carried with the working tree.
 set -uo pipefail
@@ -116,7 +117,7 @@ for step in "$@"; do
             workload_spec "$step"
             python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --cupti --top 20 \
                 ${DTYPE:+--dtype "$DTYPE"} \
-                ${OPTION:+--option "$OPTION"} \
+                ${OPTION:+--option "$OPTION"} ${BASELINE:+--baseline} \
                 2>&1 | tee -a "$out/profile.log" || status=1
             ;;
         timeline:*)  # what each kernel adds to a CUDA-graph replay, one build per VARIANT

@@ -5,7 +5,7 @@ module.  ``tvm_stitch.pipeline()`` places them around TVM's own passes.
 """
 
 from .analyze import AnalyzeTensorGraph, ReportFusion
-from .canonicalize import BoundSymbolicShapes, FoldStaticShapes
+from .canonicalize import BoundSymbolicShapes, FoldStaticShapes, finite_fills
 from .check import CheckKernels, RecordKernels
 from .graphs import StageInputs
 from .launch import LaunchDependently
@@ -31,4 +31,5 @@ __all__ = [
     "StageInputs",
     "StitchFusion",
     "StitchSchedule",
+    "finite_fills",
 ]

@@ -419,6 +419,39 @@ def _is_zero(expr) -> bool:
     return isinstance(expr, tvm.ir.expr.Constant) and not expr.value.numpy().any()
 
 
+def _infinite_fills(func):
+    """``func`` with every ``full`` of an infinity or NaN a ``broadcast_to`` of the value (TVM
+    0.27's ``full`` legalization refuses them: it tests ``"float" in dtype`` on a type)."""
+    shape, value = wildcard(), wildcard()
+
+    def full(expr, matches):
+        fill = matches[value]
+        if not isinstance(fill, tvm.ir.expr.Constant) or fill.ty.shape.values:
+            return expr
+        number = fill.value.numpy().item()
+        if not isinstance(number, float) or math.isfinite(number):
+            return expr
+        return relax.op.broadcast_to(relax.const(number, str(expr.ty.dtype)), matches[shape])
+
+    return _rewrite_calls(is_op("relax.full")(shape, value), full, func)
+
+
+def finite_fills(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with ``full`` of an infinity or NaN written as a ``broadcast_to`` in every Relax
+    function: what an imported ``torch.full(..., float("-inf"))`` becomes, so that TVM's own
+    pipeline (which cannot legalize such a ``full``) builds the module too.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+
+    Returns
+    -------
+    tvm.IRModule
+    """
+    return _each_function(mod, lambda _name, func: _infinite_fills(func), "finite_fills")
+
+
 def _rewrite_calls(pattern, rewriter, func):
     """``rewrite_call`` whose ``rewriter`` sees calls only: the matcher also hands it a
     variable bound to a matching call (``gv = lv1``), which is left as it is."""
@@ -454,16 +487,6 @@ def _rewrites(func):
         if not (_is_bool(a) and _is_bool(b)):
             return expr
         return relax.Call(expr.op, [relax.op.astype(a, "int8"), relax.op.astype(b, "int8")])
-
-    def full(expr, matches):
-        value = matches[y]
-        if not isinstance(value, tvm.ir.expr.Constant) or value.ty.shape.values:
-            return expr
-        number = value.value.numpy().item()
-        if not isinstance(number, float) or math.isfinite(number):
-            return expr
-        dtype = str(expr.ty.dtype)
-        return relax.op.broadcast_to(relax.const(number, dtype), matches[x])
 
     def power(expr, matches):
         value = matches[y]
@@ -540,7 +563,7 @@ def _rewrites(func):
     func = _rewrite_calls(is_op("relax.take")(x, y), gather_first, func)
     var2val = relax.analysis.get_var2val(func)
     func = _rewrite_calls(is_op("relax.reshape")(x, y), unflattened, func)
-    func = _rewrite_calls(is_op("relax.full")(x, y), full, func)
+    func = _infinite_fills(func)
     func = _rewrite_calls(is_op("relax.power")(x, y), power, func)
     for name in _COMPARISONS:
         func = _rewrite_calls(is_op(name)(x, y), compare, func)

@@ -107,6 +107,47 @@ def test_empty_parts_are_left_out_of_a_concat():
     tvm.compile(_rotary_join(True), cuda, relax_pipeline=tvm_stitch.pipeline(cuda))
 
 
+def test_infinite_fills_are_broadcasts_and_build_by_default():
+    """``full`` of -inf (an imported ``torch.full`` mask) is a ``broadcast_to`` of the value, a
+    finite fill is left alone; TVM's own pipeline, which refuses to legalize the infinite
+    ``full``, then builds the imported module and computes what PyTorch does."""
+    import torch
+
+    from tvm_stitch.frontend import import_torch
+
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((3, 5), "float16")):
+            a = R.full(R.shape([3, 5]), R.const(float("-inf"), "float16"), "float16")
+            b = R.full(R.shape([3, 5]), R.const(0.5, "float16"), "float16")
+            return R.add(R.add(x, a), b)
+
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((3, 5), "float16")):
+            a = R.broadcast_to(R.const(float("-inf"), "float16"), R.shape([3, 5]))
+            b = R.full(R.shape([3, 5]), R.const(0.5, "float16"), "float16")
+            return R.add(R.add(x, a), b)
+
+    tvm.ir.assert_structural_equal(tvm_stitch.passes.finite_fills(Before), Expected)
+
+    class Banded(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[-1]
+            inf = torch.full((n, n), float("-inf"), dtype=x.dtype)
+            i = torch.arange(n)
+            far = (i[None, :] - i[:, None]).abs() > 1
+            return torch.softmax(x + torch.where(far, inf, torch.zeros_like(inf)), dim=-1)
+
+    x = torch.randn(2, 7, 7)
+    imported = import_torch(Banded(), (x,), "float32")
+    ex = tvm.compile(imported.mod, "llvm")  # TVM's default pipeline
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(got, Banded()(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_negative_indices_count_from_the_end():
     """``x[..., [-2], :]`` (Falcon picks its K and V heads so from the fused Q/K/V): imported as
     a gather of the constant index -2, which TVM's ``take`` reads outside the tensor; counted

@@ -425,6 +425,26 @@ def test_only_whole_tiles_round_in_pairs():
     assert "_cvt_" not in printed(False)
 
 
+def test_a_cast_constant_is_folded():
+    """A mask folded to one value (DeBERTa-v2's relative-position attention at 37 tokens: a
+    comparison every element of which is False), cast, is the cast value: Triton has no
+    ``False.to(tl.int64)`` (the attention compiled nowhere and was left to TVM)."""
+    from tvm_stitch.analysis.elem import Const, Leaf, Op
+    from tvm_stitch.analysis.indexing import Strided
+    from tvm_stitch.codegen.elem_printer import ElemPrinter
+
+    x = Leaf("x", ("n",), "float16")
+    view = Strided("x", (64,), "float16", 0, (("n", 1),))
+    p = ElemPrinter({"n": "rn"}, {}, {"x": "X"}, {x.key(): view}, {})
+    shift = Op("cast", (Const(False, "bool"),), "int64")
+    one = Op("cast", (Const(True, "bool"),), "float16")
+    text = p.expr(Op("add", (Op("mul", (x, one), "float16"),
+                             Op("cast", (shift,), "float16")), "float16"))
+    printed = "\n".join([*p.lines, text])
+    assert ".to(" not in printed and "False" not in printed, printed
+    assert " = 1.0\n" in printed and " = 0.0\n" in printed, printed
+
+
 def test_template_legality():
     spec = ChainSpec.gemm_chain(1, 512, 512, 256, 256)
     tiles = {"m": 64, "n": 64, "k": 64, "h": 64}

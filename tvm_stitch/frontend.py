@@ -145,7 +145,11 @@ def import_torch(
                 f"({type(err).__name__}: {error_line(err, 'no message')}); a model TVM "
                 "cannot import is not compiled by tvm-stitch either"
             ) from err
-    mod, params = detach_params(mod)
+    from tvm_stitch.passes import finite_fills
+
+    # a torch.full of -inf (a mask) imported as it is fails TVM's own legalization: both
+    # pipelines, and the fallback to TVM's, take it as a broadcast
+    mod, params = detach_params(finite_fills(mod))
     unbounded = mod
     if dynamic_shapes is not None:  # shapes under the dims' ranges, before any retyping
         from tvm_stitch.passes import BoundSymbolicShapes

@@ -147,6 +147,9 @@ class ElemPrinter:
         erf = offset_erf(e)
         if erf is not None:  # the sum needs the erf's absolute accuracy only
             e = replace(e, lambda x: Op("erf_abs", x.args, x.dtype) if x is erf else None)
+        folded = _constant(e)
+        if folded is not None:  # a folded mask's False, cast: Triton has no False.to()
+            return self._print(folded)
         args = [self.expr(a) for a in e.args]
         op = e.op
         if op in _INFIX:
@@ -327,3 +330,16 @@ def write_output(match, pointers, tiles, masks, accumulator: str) -> list[str]:
     printer = ElemPrinter(tiles, masks, pointers, extra_views(match), acc, prefix="y")
     value = printer.expr(out.elem)
     return [*printer.lines, store(printer, value, match.views["out0"])]
+
+
+def _constant(e: Elem) -> Const | None:
+    """``e`` as one constant where it is a constant cast (any number of times), else None."""
+    if not (isinstance(e, Op) and e.op == "cast"):
+        return None
+    inner = e.args[0] if isinstance(e.args[0], Const) else _constant(e.args[0])
+    if inner is None:
+        return None
+    value = inner.value
+    if e.dtype == "bool":
+        return Const(bool(value), e.dtype)
+    return Const(float(value) if "float" in e.dtype else int(value), e.dtype)
