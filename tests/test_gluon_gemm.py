@@ -18,6 +18,7 @@ from tvm_stitch.codegen import embed
 from tvm_stitch.codegen.kernel_text import gluon_version
 from tvm_stitch.families.gemm.gluon import staging_legality, ws_legality
 from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_TILES, default_registers, ws_config
+from tvm_stitch.families.gemm.tune import ws_seeds
 from tvm_stitch.workloads import get_workload
 
 pytestmark = pytest.mark.skipif(gluon_version() is not None, reason=str(gluon_version()))
@@ -209,7 +210,6 @@ def test_a_refused_staging_leaves_the_consumers_epilogue(monkeypatch):
     and the search does not seed ``EW``; ``ws_config`` refuses an epilogue partition of 8
     warps with three consumers (their registers do not fit)."""
     from tvm_stitch.families.gemm import gluon as gluon_gemm
-    from tvm_stitch.families.gemm.tune import ws_seeds
 
     match, source, shapes, _ = _by_shape(_gemms("bert-base", batch=1, seq=200), "200x3072x768")
     monkeypatch.setattr(gluon_gemm, "staging_legality", lambda m: "a test's reason")
@@ -487,12 +487,11 @@ def test_warp_specialized_gemm_numerics(name, params):
         ran, staged = 0, 0
         # a program per tile, and 3 programs walking many tiles each (ring phases, the staging
         # tiles and bands carried from one tile to the next)
-        for tiles, sms in itertools.product(WS_GEMM_TILES, (132, 3)):
-            if len(tiles) > 4 and staging_legality(match):  # as the search: not seeded
-                continue
-            config = {**_ws(*tiles), "NUM_SMS": sms}
-            if match.paired:  # as the search seeds it: the same product tile, half the output
-                config["BLOCK_N"] //= 2
+        # every seed of the search (a pair: the same product tile, half the output columns)
+        seeds = ws_seeds(staging=staging_legality(match) is None, paired=match.paired)
+        for seed, sms in itertools.product(seeds, (132, 3)):
+            config = {"BLOCK_M": seed["m"], "BLOCK_N": seed["n"], "BLOCK_K": seed["k"],
+                      **seed["launch"], "NUM_SMS": sms}
             fn = load(source, config)
             consts = launch_constexprs(source, match, config, fn.arg_names)
             outs = [torch.full(tuple(shapes[t][0]), float("nan"),
@@ -515,7 +514,7 @@ def test_warp_specialized_gemm_numerics(name, params):
                     r, g = r.sum(axis=1), g.sum(axis=1)
                 err = float(np.abs(g - r).max())
                 assert np.isfinite(g).all() and err <= 2e-2 * max(1.0, float(np.abs(r).max())), (
-                    f"{match.describe()} {tiles} on {sms} programs: max error {err}")
+                    f"{match.describe()} {seed} on {sms} programs: max error {err}")
         assert ran, f"{match.describe()}: no tiling fits"
         # the epilogue partition's tilings ran (not all skipped for their resources)
         assert staged or staging_legality(match), f"{match.describe()}: no EW tiling ran"
