@@ -220,7 +220,7 @@ class _Rewriter:
                           runtime=bool(graph.point))
         if not self.mask_blocks:  # every key block read, the mask applied on each
             for m in found.matches:
-                m.causal = m.window = None
+                m.causal = m.window = m.runtime_band = None
         self.tuner.prefetch(r for m in found.matches for r in self._requests(graph, m))
         kernels = [(m, k) for m in _progress(found.matches, name)
                    if (k := self._try_kernel(graph, m))]

@@ -243,3 +243,69 @@ def test_a_padding_mask_read_at_run_time_bounds_the_key_loop(name, params, lengt
     assert key_masked(match) == lengths
     text = triton_gen.kernel_source(match).text
     assert ("hi = tl.where(shown == 0," in text) == lengths
+
+
+@pytest.mark.parametrize(("name", "params", "band"), [
+    ("torch-attention", {"causal": 1, "mask": 1}, (None, 0)),  # PyTorch's boolean mask
+    ("torch-attention", {"causal": 1, "mask": 2}, (None, 0)),  # finfo.min filled
+    ("torch-attention", {"causal": 0, "mask": 1}, None),  # padding only: no band
+    ("llama", {}, (None, 0)),  # Hugging Face's mask, materialized by another kernel
+    ("gpt2", {}, (None, 0)),
+    ("mistral-window", {}, (-15, 0)),
+    ("roberta", {}, None),  # an encoder's padding
+])
+def test_a_band_under_a_mask_read_at_run_time_is_found(name, params, band):
+    """A causal mask (or sliding window) combined with a padding mask given at run time —
+    PyTorch's boolean or filled masks, Hugging Face's ``attention_mask`` turned into a 4-D
+    mask by another kernel — hides every key outside the band whatever the padding is: found
+    by evaluating the logits for each way the run-time mask can decide its comparisons."""
+    from tvm_stitch.benchmarks.hf_families import build
+
+    from tvm_stitch.codegen import triton_gen
+
+    if name == "torch-attention":
+        mod = get_workload(name).instance("float16", batch=2, heads=2, seq=40, dim=32,
+                                          **params).mod
+    else:
+        module, inputs = build(name, None, mask=True)
+        mod = import_torch(module, tuple(inputs), "float16").mod
+    graph = build_graph(run_until(mod, CUDA, "StitchFuseMBCI"), legalize=False)
+    matches = [m for m in recognize(graph).matches if m.family == "attention"]
+    assert matches and all(m.runtime_band == band for m in matches)
+    assert all((m.causal, m.window) == (None, None) for m in matches)  # the mask is still read
+    text = triton_gen.kernel_source(matches[0]).text
+    assert ("if tl.min(" in text) == (band is not None)
+
+
+def test_a_mask_read_at_run_time_that_varies_along_the_queries_gives_no_band():
+    """A 4-D boolean mask given as an input may hide anything: no band, every block read."""
+    import torch.nn.functional as F
+
+    class Given(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q = torch.randn(2, 2, 24, 16)
+    mask = torch.ones(2, 1, 24, 24, dtype=torch.bool).tril()
+    mod = import_torch(Given(), (q, q, q, mask), "float16").mod
+    assert _attention(mod).runtime_band is None
+
+
+def test_a_band_under_a_run_time_mask_skips_blocks_under_the_interpreter():
+    """Causal (and sliding-window) and padding masks in one, under Triton's interpreter:
+    sequences whole, right padded, left padded and all padding give PyTorch's numbers (a
+    block with a row that sees no key is computed over every key, as the dense kernel is);
+    with K and V NaN past the first query block's diagonal, its rows in the first two
+    sequences stay finite (skipped), and with the first key block NaN, so do the rows whose
+    window starts past it."""
+    pytest.importorskip("triton")
+    script = Path(__file__).with_name("window_interpret_cases.py")
+    cases = ["runtime:40,16,16,1", "runtime:70,32,16,2", "runtime:64,16,32,2",
+             "runtime:70,16,16,2,20", "runtime:64,32,16,1,9"]
+    res = subprocess.run([sys.executable, str(script), *cases], capture_output=True,
+                         text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, check=False,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    assert len(records) == 2 * len(cases) + 2  # the windows: their first keys NaN too
+    assert all(r["ok"] for r in records), [r for r in records if not r["ok"]]

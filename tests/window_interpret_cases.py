@@ -137,9 +137,61 @@ def padded(seq: int, bm: int, bn: int) -> None:
               flush=True)
 
 
+def runtime(seq: int, bm: int, bn: int, fill: int, window: int = 0) -> None:
+    """A causal mask (with a sliding ``window`` too) and a padding mask read at run time in
+    one (``torch-attention`` with ``mask=fill``: 1, PyTorch's boolean mask; 2, a ``finfo.min``
+    fill): sequences whole, right padded, left padded (its first rows see no key) and all
+    padding give PyTorch's numbers; with K and V NaN past the first query block's diagonal
+    block, that block's rows of the first two sequences still do (they skip it), and with the
+    first key block NaN, so do the first sequence's rows whose window starts past it, where
+    the others are computed over every key as written."""
+    inst = get_workload("torch-attention").instance(
+        "float32", batch=4, heads=2, seq=seq, dim=32, causal=1, mask=fill, window=window)
+    graph = build_graph(run_until(inst.mod, CUDA, "StitchFuseMBCI"), legalize=False)
+    (match,) = [m for m in recognize(graph).matches if m.family == "attention"]
+    lo = 1 - window if window else None
+    assert match.runtime_band == (lo, 0), match.runtime_band
+    source = triton_gen.kernel_source(match)
+    fn = triton_gen.load(source)
+    keys = np.ones((4, seq), bool)
+    keys[1, seq - seq // 3:] = False  # right padding
+    keys[2, :seq // 3] = False  # left padding: its first rows see no key
+    keys[3] = False
+    q, k, v = (torch.from_numpy(np.ascontiguousarray(a)) for a in inst.args[:3])
+    mask = torch.from_numpy(keys)
+    with torch.no_grad():
+        want = inst.torch_fns["eager"]("cpu", torch.float32)(q, k, v, mask)
+    operands = {match.views[r].tensor: r for r in ("q", "k", "v")}
+    poison = -(-bm // bn) * bn  # the first query block's loop ends at this key
+    late = [r for r in range(seq) if lo is not None and (r // bm * bm + lo) // bn >= 1]
+    checks = [("", slice(None), None), (" NaN keys", (slice(0, 2), slice(None), slice(0, bm)),
+                                        slice(poison, None))]
+    if late:
+        checks.append((" NaN first keys", (0, slice(None), late), slice(0, bn)))
+    for label, rows, poisoned in checks:
+        tensors = {"q": q, "k": k.clone(), "v": v.clone()}
+        if poisoned is not None:
+            for t in ("k", "v"):
+                tensors[t][..., poisoned, :] = float("nan")
+        args = [tensors[operands[t]] if t in operands else mask.to(
+            getattr(torch, str(graph.tensors[t].dtype))) for t in source.inputs]
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, **source.constexprs, "DOT_PREC": "ieee",
+                  "TMA": False}
+        consts = {n: c for n, c in consts.items() if n in fn.arg_names}
+        got = torch.zeros(want.shape, dtype=torch.float32)
+        fn[source.grid(consts, match)](*args, got, **consts)
+        err = float((got[rows] - want[rows]).abs().max())
+        print(json.dumps({"case": f"{match.describe()} fill {fill} {bm}x{bn}{label}",
+                          "max_err": err, "ok": bool(err <= 1e-4
+                                                     and torch.isfinite(got[rows]).all())}),
+              flush=True)
+
+
 if __name__ == "__main__":
     for spec in sys.argv[1:]:
         if spec.startswith("padded:"):
             padded(*map(int, spec[len("padded:"):].split(",")))
+        elif spec.startswith("runtime:"):
+            runtime(*map(int, spec[len("runtime:"):].split(",")))
         else:
             case(*map(int, spec.split(",")))

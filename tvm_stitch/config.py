@@ -82,7 +82,9 @@ class PipelineOptions:
     mask_blocks : bool
         Attention skips the key blocks a mask folded at compile time hides from every query of
         a block (causal, sliding windows), and applies the mask only on the blocks its edges
-        cross; False: the mask on every block (the dense-mask kernel, for comparison).
+        cross; with a padding mask read at run time too, the blocks outside the band are
+        skipped unless a row of the block sees no key. False: the mask on every block (the
+        dense-mask kernel, for comparison).
     """
 
     fold: bool = True

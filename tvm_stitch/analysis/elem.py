@@ -546,22 +546,7 @@ def evaluate(elem: Elem, coords: dict, read: Callable[[Leaf], object]):
     import numpy as np
 
     def index(expr):
-        if isinstance(expr, ir.expr.Var):
-            return coords[expr.name]
-        if isinstance(expr, P.IntImm):
-            return int(expr.value)
-        ops = {P.Add: np.add, P.Sub: np.subtract, P.Mul: np.multiply, P.FloorDiv: np.floor_divide,
-               P.FloorMod: np.mod, P.Min: np.minimum, P.Max: np.maximum, P.EQ: np.equal,
-               P.NE: np.not_equal, P.LT: np.less, P.LE: np.less_equal, P.GT: np.greater,
-               P.GE: np.greater_equal, P.And: np.logical_and, P.Or: np.logical_or}
-        for cls, fn in ops.items():
-            if isinstance(expr, cls):
-                return fn(index(expr.a), index(expr.b))
-        if isinstance(expr, P.Cast):
-            return index(expr.value)
-        if isinstance(expr, P.Select):
-            return np.where(index(expr.condition), index(expr.true_value), index(expr.false_value))
-        raise CompositionError(f"cannot evaluate {type(expr).__name__}")
+        return evaluate_index(expr, coords)
 
     def value(e):
         if isinstance(e, Const):
@@ -589,6 +574,31 @@ def evaluate(elem: Elem, coords: dict, read: Callable[[Leaf], object]):
         raise CompositionError(f"cannot evaluate {e.op}")
 
     return value(elem)
+
+
+def evaluate_index(expr, coords: dict):
+    """An integer (or boolean) index expression evaluated with numpy, ``coords`` as in
+    :func:`evaluate`."""
+    import numpy as np
+
+    if isinstance(expr, ir.expr.Var):
+        return coords[expr.name]
+    if isinstance(expr, P.IntImm):
+        return int(expr.value)
+    ops = {P.Add: np.add, P.Sub: np.subtract, P.Mul: np.multiply, P.FloorDiv: np.floor_divide,
+           P.FloorMod: np.mod, P.Min: np.minimum, P.Max: np.maximum, P.EQ: np.equal,
+           P.NE: np.not_equal, P.LT: np.less, P.LE: np.less_equal, P.GT: np.greater,
+           P.GE: np.greater_equal, P.And: np.logical_and, P.Or: np.logical_or}
+    for cls, fn in ops.items():
+        if isinstance(expr, cls):
+            return fn(evaluate_index(expr.a, coords), evaluate_index(expr.b, coords))
+    if isinstance(expr, P.Cast):
+        return evaluate_index(expr.value, coords)
+    if isinstance(expr, P.Select):
+        return np.where(evaluate_index(expr.condition, coords),
+                        evaluate_index(expr.true_value, coords),
+                        evaluate_index(expr.false_value, coords))
+    raise CompositionError(f"cannot evaluate {type(expr).__name__}")
 
 
 def _np_dtype(dtype: str):

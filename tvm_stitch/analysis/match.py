@@ -246,6 +246,11 @@ class Match:
         window's lower limit); with ``causal``, exactly outside ``window <= key - query <=
         causal`` (:func:`~tvm_stitch.families.attention.recognize.mask_band`), so key blocks
         before the window are skipped too.
+    runtime_band : tuple of (int or None) or None
+        ``attention``: ``(lo, hi)`` outside which the logits are masked whatever a mask read
+        at run time holds (a causal mask and a padding mask in one,
+        :func:`~tvm_stitch.families.attention.recognize.runtime_band`): the key blocks outside
+        are skipped unless a row of the block sees no key at run time.
     prologue : Elem or None
         ``gemm``: ``A``'s element over (b, m, k) when the kernel computes ``A`` instead of
         reading it — a normalization folded into its consumer (SOUFFLE's schedule propagation):
@@ -281,6 +286,7 @@ class Match:
     group: int = 1
     causal: int | None = None
     window: int | None = None
+    runtime_band: tuple | None = None
     views: dict = dataclasses.field(default_factory=dict)
     extras: dict = dataclasses.field(default_factory=dict)  # leaf key -> Strided
     prologue: Elem | None = None
@@ -350,6 +356,10 @@ def pair_description(match: Match) -> str:
         text += f", keys from query{match.window:+d}"
     if match.causal is not None:
         text += ", causal" + (f"{match.causal:+d}" if match.causal else "")
+    if match.runtime_band is not None:
+        lo, hi = match.runtime_band
+        text += ", run-time mask, keys" + (f" from query{lo:+d}" if lo is not None else "") + (
+            f" to query{hi:+d}" if hi is not None else "")
     return text
 
 

@@ -297,7 +297,8 @@ def _ws_legality(match, config: dict) -> str | None:
 def generated_runner(match, source, shapes, constants=None, hw=None):
     """``run(config) -> fn``: ``fn()`` launches the generated kernel with ``config`` (template
     parameters and launch options) on device tensors of the right shapes (constants with their
-    values, random data for the rest: ``run.inputs``, written to ``run.outputs``)."""
+    values, random floats and integer or boolean ones for the rest: ``run.inputs``, written to
+    ``run.outputs``)."""
     import torch
 
     from tvm_stitch.codegen.embed import launch_options
@@ -316,8 +317,9 @@ def generated_runner(match, source, shapes, constants=None, hw=None):
             inputs.append(torch.from_numpy(constants[t]).to("cuda"))
         elif "float" in dtype:
             inputs.append(randn(tuple(shape), dtype, 0.5))
-        else:
-            inputs.append(torch.zeros(tuple(shape), dtype=getattr(torch, dtype), device="cuda"))
+        else:  # ones: a mask showing every key (1 or True keeps a key in PyTorch's and
+            # Hugging Face's conventions), the case a kernel skipping masked blocks is timed in
+            inputs.append(torch.ones(tuple(shape), dtype=getattr(torch, dtype), device="cuda"))
     outputs = [
         torch.empty(tuple(shapes[t][0]), dtype=getattr(torch, shapes[t][1]), device="cuda")
         for t in source.outputs

@@ -362,35 +362,41 @@ def flex_baseline(seq: int, causal: bool, window: int):
     return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
 
-def masked_attention(causal: bool):
+def masked_attention(causal: bool, window: int = 0):
     """``scaled_dot_product_attention`` with a boolean key mask ``[batch, keys]`` (and a causal
-    one): a sequence with no key visible gives zeros, as PyTorch's safe softmax does."""
+    one, or a window of :func:`hidden_keys`): a sequence with no key visible gives zeros, as
+    PyTorch's safe softmax does."""
     import torch
     import torch.nn.functional as F
 
     class MaskedAttention(torch.nn.Module):
         def forward(self, q, k, v, mask):
             visible = mask[:, None, None, :]
-            if causal:
-                n = q.shape[-2]
+            n = q.shape[-2]
+            if window:
+                visible = visible & ~hidden_keys(n, causal, window, q.device)
+            elif causal:
                 visible = visible & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
 
     return MaskedAttention()
 
 
-def filled_attention(causal: bool):
+def filled_attention(causal: bool, window: int = 0):
     """Attention as Hugging Face's eager implementations write it: a boolean key mask
-    ``[batch, keys]`` (and a causal one) fills the hidden logits with ``finfo(dtype).min``
-    before the softmax; a row with no key visible averages V (a softmax of equal logits)."""
+    ``[batch, keys]`` (and a causal one, or a window of :func:`hidden_keys`) fills the hidden
+    logits with ``finfo(dtype).min`` before the softmax; a row with no key visible averages V
+    (a softmax of equal logits)."""
     import torch
 
     class FilledAttention(torch.nn.Module):
         def forward(self, q, k, v, mask):
             scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
             visible = mask[:, None, None, :]
-            if causal:
-                n = q.shape[-2]
+            n = q.shape[-2]
+            if window:
+                visible = visible & ~hidden_keys(n, causal, window, q.device)
+            elif causal:
                 visible = visible & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             scores = torch.where(visible, scores, torch.finfo(scores.dtype).min)
             return torch.softmax(scores, dim=-1) @ v
@@ -427,13 +433,11 @@ def plain_attention_workload() -> Workload:
         makers = {0: plain_attention, 1: masked_attention, 2: filled_attention}
         if mask not in makers:
             raise ValueError(f"torch-attention's mask takes 0, 1 or 2, got {mask}")
-        if window and mask:
-            raise ValueError("torch-attention's window goes with mask=0 only")
         if window < 0:
             raise ValueError(f"torch-attention's window is a key count, got {window}")
         group = heads // kv_heads
-        module = (plain_attention(bool(causal), window, group) if window or group > 1
-                  else makers[mask](bool(causal)))
+        module = (plain_attention(bool(causal), window, group) if (window or group > 1)
+                  and not mask else makers[mask](bool(causal), window))
         inputs = qkv + ([key_mask(batch, seq)] if mask else [])
         # exported in the compute dtype, as written; a finfo.min fill (mask=2) as from_torch
         # compiles Hugging Face's models: exported in float32 and converted (the fill saturates)
@@ -460,7 +464,7 @@ def plain_attention_workload() -> Workload:
                                                                   **gqa)
 
         baselines = {"eager": eager, "sdpa": sdpa}
-        if window:
+        if window and not mask:  # (FlexAttention's block mask knows no padding)
             baselines["flex"] = lambda device, tdtype: flex_baseline(seq, bool(causal), window)
         # the products' work over the keys each query sees
         seen = int((~hidden_keys(seq, bool(causal), window)).sum()) if window else (

@@ -9,11 +9,13 @@ groups of query heads, and a causal mask or sliding window recognized by its val
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tvm import ir, tirx
 from tvm.ir.prim import expr as P
 
 from tvm_stitch.analysis.elem import (
+    Composer,
     CompositionError,
     Const,
     Elem,
@@ -25,6 +27,7 @@ from tvm_stitch.analysis.elem import (
     data_movement,
     elementwise,
     evaluate,
+    evaluate_index,
     format_elem,
     leaves,
     replace,
@@ -354,8 +357,7 @@ def _attention_finalize(graph, match: Match) -> None:
     need it, and K/V may be shared by groups of query heads."""
     try:
         _attention_views(graph, match)
-        _bands_to_indices(graph, match)
-        match.window, match.causal = mask_band(graph, match)
+        _mask_bands(graph, match)
         return
     except NotRecognizedError as err:
         first = err
@@ -383,10 +385,18 @@ def _attention_finalize(graph, match: Match) -> None:
             continue
         apply(match, trial)
         match.frame, match.views, match.group = trial.frame, trial.views, trial.group
-        _bands_to_indices(graph, match)
-        match.window, match.causal = mask_band(graph, match)
+        _mask_bands(graph, match)
         return
     raise first
+
+
+def _mask_bands(graph, match: Match) -> None:
+    """The band of a folded mask (:func:`mask_band`), else of a mask read at run time
+    (:func:`runtime_band`)."""
+    _bands_to_indices(graph, match)
+    match.window, match.causal = mask_band(graph, match)
+    if match.window is None and match.causal is None:
+        match.runtime_band = runtime_band(graph, match)
 
 
 #: logits at or below this (or -inf) add nothing to a softmax: float16's lowest finite value,
@@ -527,6 +537,140 @@ def mask_band(graph, match) -> tuple[int | None, int | None]:
     if not masked.any() or masked.all(axis=1).any():
         return none
     return _band(~masked, rows, cols) or none
+
+
+#: the most value combinations of a mask's run-time inputs :func:`runtime_band` evaluates, and
+#: the logits it evaluates at once (query rows by keys)
+RUNTIME_COMBINATIONS = 64
+RUNTIME_GRID = 1 << 22
+_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def runtime_band(graph, match) -> tuple[int | None, int | None] | None:
+    """``(lo, hi)`` where the logits are masked outside ``lo <= key - query <= hi`` whatever
+    values the mask's run-time inputs hold (a causal mask combined with a padding mask, as
+    Hugging Face's models build it: ``causal & attention_mask[b, key]``), else None.
+
+    The logits' reads besides ``Q·Kᵀ`` are composed through the elementwise ops that made
+    them (a mask materialized by another kernel included, which the kernel still reads);
+    what they read at run time must depend on the sequence and the key only, and be
+    booleans or enter only through comparisons with constants (a cast to bool is one): the
+    logits then take finitely many forms, each evaluated with the product at 0 over (query,
+    key). Unlike :func:`mask_band`'s, rows may see no key at run time (a sequence's left
+    padding): the kernel then computes the skipped blocks too, so the result is the dense one.
+    """
+    import itertools
+
+    import numpy as np
+
+    ext, names = match.frame.extents, {a: v.name for a, v in match.frame.vars.items()}
+    if "m" not in ext or "n" not in ext:
+        return None
+    square = {names["m"], names["n"]}
+    composer = Composer(graph, match.frame.analyzer)
+    policy = Policy(inline=lambda node: elementwise(node) or data_movement(node))
+    expanded, inputs = {}, {}
+    for leaf in leaves(match.score):
+        if leaf.tensor == match.score_tensor or _constant(graph, leaf.tensor):
+            continue
+        try:
+            expanded[leaf.key()] = e = composer.element(leaf.tensor, leaf.index, policy)
+        except CompositionError:
+            return None
+        for x in leaves(e):
+            if not _constant(graph, x.tensor):
+                inputs[x.key()] = x
+    if not inputs:
+        return None
+    allowed = {names[a] for a in ("b", "n") if a in names}
+    values = {}
+    for key, x in inputs.items():
+        if not {v.name for i in x.index for v in vars_in(i)} <= allowed:
+            return None  # it varies along the queries or the heads
+        values[key] = _representatives(x, [match.score, *expanded.values()])
+        if values[key] is None:
+            return None
+    for e in [match.score, *expanded.values()]:  # the rest varies along (query, key) only
+        for x in walk(e):
+            used = (vars_in(x.expr) if isinstance(x, Iter) else [v for i in x.index
+                    for v in vars_in(i)] if isinstance(x, Leaf) and _constant(graph, x.tensor)
+                    else [])
+            if {v.name for v in used} - square:
+                return None
+    if math.prod(len(v) for v in values.values()) > RUNTIME_COMBINATIONS:
+        return None
+    m, n = ext["m"], ext["n"]
+    always = np.ones((m, n), bool)
+    step = max(1, RUNTIME_GRID // n)  # query rows evaluated at once
+    for r0, combo in itertools.product(range(0, m, step), itertools.product(*values.values())):
+        rows = np.arange(r0, min(m, r0 + step))[:, None]
+        coords = {v: 0 for v in names.values()}
+        coords.update({names["m"]: rows, names["n"]: np.arange(n)[None, :]})
+        read = _reader(graph, match, expanded, dict(zip(values, combo)), coords, (len(rows), n))
+        try:
+            logits = np.broadcast_to(evaluate(match.score, coords, read), (len(rows), n))
+        except (CompositionError, IndexError, KeyError, ValueError, TypeError):
+            return None
+        logits = logits.astype("float64")
+        always[r0:r0 + len(rows)] &= np.isneginf(logits) | (logits <= MASKED)
+    if not always.any():
+        return None
+    rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
+    band = _band(~always, rows, cols)
+    return None if band is None or band == (None, None) else band
+
+
+def _reader(graph, match, expanded: dict, given: dict, coords: dict, shape: tuple):
+    """``read(leaf)`` for :func:`~tvm_stitch.analysis.elem.evaluate` of the logits with the
+    product at 0: run-time inputs take their ``given`` values, tensors made of them their
+    ``expanded`` elements, constants their values at ``coords``."""
+    import numpy as np
+
+    def read(leaf):
+        if leaf.tensor == match.score_tensor:
+            return np.zeros(shape, "float32")
+        if leaf.key() in given:
+            return given[leaf.key()]
+        if leaf.key() in expanded:
+            return evaluate(expanded[leaf.key()], coords, read)
+        data = np.asarray(graph.values[leaf.tensor].value.numpy())
+        return data[tuple(evaluate_index(i, coords) for i in leaf.index)]
+
+    return read
+
+
+def _constant(graph, tensor: str) -> bool:
+    return isinstance(graph.values.get(tensor), ir.expr.Constant)
+
+
+def _representatives(leaf: Leaf, exprs) -> list | None:
+    """Values of a run-time input, one for each way it can decide the comparisons it enters
+    (booleans: both), or None where it enters anything but comparisons with constants and
+    casts to bool."""
+    if leaf.dtype == "bool":
+        return [False, True]
+    key, cuts = leaf.key(), set()
+    for e in exprs:
+        for x in walk(e):
+            if not isinstance(x, Op):
+                continue
+            args = [a for a in x.args if isinstance(a, Leaf) and a.key() == key]
+            if not args:
+                continue
+            if x.op == "cast" and x.dtype == "bool":
+                cuts.add(0.0)  # bool(v) is v != 0
+            elif x.op in _COMPARISONS and len(x.args) == 2 and any(
+                    isinstance(a, Const) for a in x.args):
+                cuts.add(float(next(a for a in x.args if isinstance(a, Const)).value))
+            else:
+                return None
+    if not cuts:
+        return None
+    import itertools
+
+    cuts = sorted(cuts)
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(cuts)]
+    return [cuts[0] - 1.0, *cuts, *mids, cuts[-1] + 1.0]
 
 
 def key_masked(match) -> bool:

@@ -329,6 +329,8 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
                 lines += loop(logits, start, full)
             lines += loop(visible, full, "lo")
             lines += loop(logits, "lo", "hi")
+    elif match.runtime_band is not None:
+        lines += _runtime_band_loops(match, n, bound.get("m"), loop, logits)
     else:
         end = n
         if key_masked(match):  # padding read at run time: the keys past the last shown
@@ -351,6 +353,28 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
         name, text, inputs, outputs, {"BLOCK_K": pow2(dk), "BLOCK_H": pow2(dh)}, "attention",
         tma=tma,
     )
+
+
+def _runtime_band_loops(match, n, valid_rows, loop, logits) -> list[str]:
+    """The key loop of a mask read at run time that hides every key outside a band whatever
+    it holds (:func:`~tvm_stitch.families.attention.recognize.runtime_band`): the blocks the
+    band crosses, the mask applied on each; then, where a row of the block saw no key (its
+    maximum at or below :data:`~tvm_stitch.families.attention.recognize.MASKED`: a sequence's
+    padding hid every key it may see, and a softmax of masked logits alike is over every
+    key), the blocks outside too, so every row is what the dense kernel computes."""
+    lo, hi = match.runtime_band
+    lines = [f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M{plus(hi)})" if hi is not None
+             else f"hi = {n}"]
+    start = 0
+    if lo is not None:
+        lines.append(f"start = tl.maximum(pid_m * BLOCK_M{plus(lo)}, 0) // BLOCK_N * BLOCK_N")
+        start = "start"
+    lines += loop(logits, start, "hi")
+    seen = f"tl.where({valid_rows}, m_i, 0.0)" if valid_rows else "m_i"
+    rest = ["hi_block = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N", *loop(logits, "hi_block", n)]
+    if lo is not None:
+        rest = [*loop(logits, 0, "start"), *rest]
+    return [*lines, f"if tl.min({seen}, 0) <= {MASKED}:", *["    " + x for x in rest]]
 
 
 def _shown_keys(match, n, cols, pointers, extras) -> list[str]:
