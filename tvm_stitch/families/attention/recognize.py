@@ -9,6 +9,7 @@ groups of query heads, and a causal mask or sliding window recognized by its val
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 from tvm import ir, tirx
@@ -63,7 +64,10 @@ from tvm_stitch.analysis.regions import (
     strip_casts,
     uses,
 )
+from tvm_stitch.errors import error_line
 from tvm_stitch.graph.access import vars_in
+
+logger = logging.getLogger("tvm_stitch.recognize")
 
 #: the contractions an attention kernel holds (see :mod:`tvm_stitch.families`)
 PRODUCTS = 2
@@ -396,7 +400,11 @@ def _mask_bands(graph, match: Match) -> None:
     _bands_to_indices(graph, match)
     match.window, match.causal = mask_band(graph, match)
     if match.window is None and match.causal is None:
-        match.runtime_band = runtime_band(graph, match)
+        try:
+            match.runtime_band = runtime_band(graph, match)
+        except Exception as err:  # noqa: BLE001 - it only skips work: the kernel reads all
+            logger.warning("%s: every key block read (the band under its run-time mask not "
+                           "found: %s)", match.describe(), error_line(err, type(err).__name__))
 
 
 #: logits at or below this (or -inf) add nothing to a softmax: float16's lowest finite value,
