@@ -411,6 +411,9 @@ def _mask_bands(graph, match: Match) -> None:
 #: what float16 models mask with (``finfo(float16).min``; float32 ones use float32's, far below);
 #: ``exp(-65504 - max)`` underflows to 0 exactly in every float format
 MASKED = -65504.0
+#: a row whose largest logit is at or below this saw no key: an additive fill rounded with
+#: its logit (float16's -65504 + 40 is -65472) stays far below it, a logit seen far above
+UNSEEN = MASKED / 2
 
 
 def _constant_grid(graph, match, leaf):

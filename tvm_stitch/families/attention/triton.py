@@ -22,7 +22,12 @@ from tvm_stitch.codegen.kernel_text import (
     smaller,
     tma_unreadable,
 )
-from tvm_stitch.families.attention.recognize import MASKED, key_masked, visible_logits
+from tvm_stitch.families.attention.recognize import (
+    MASKED,
+    UNSEEN,
+    key_masked,
+    visible_logits,
+)
 from tvm_stitch.families.attention.template import ATTENTION_MAX_TILE
 
 LOG2E = 1.4426950408889634
@@ -359,7 +364,7 @@ def _runtime_band_loops(match, n, valid_rows, loop, logits) -> list[str]:
     """The key loop of a mask read at run time that hides every key outside a band whatever
     it holds (:func:`~tvm_stitch.families.attention.recognize.runtime_band`): the blocks the
     band crosses, the mask applied on each; then, where a row of the block saw no key (its
-    maximum at or below :data:`~tvm_stitch.families.attention.recognize.MASKED`: a sequence's
+    maximum at or below :data:`~tvm_stitch.families.attention.recognize.UNSEEN`: a sequence's
     padding hid every key it may see, and a softmax of masked logits alike is over every
     key), the blocks outside too, so every row is what the dense kernel computes."""
     lo, hi = match.runtime_band
@@ -374,7 +379,7 @@ def _runtime_band_loops(match, n, valid_rows, loop, logits) -> list[str]:
     rest = ["hi_block = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N", *loop(logits, "hi_block", n)]
     if lo is not None:
         rest = [*loop(logits, 0, "start"), *rest]
-    return [*lines, f"if tl.min({seen}, 0) <= {MASKED}:", *["    " + x for x in rest]]
+    return [*lines, f"if tl.min({seen}, 0) <= {UNSEEN}:", *["    " + x for x in rest]]
 
 
 def _shown_keys(match, n, cols, pointers, extras) -> list[str]:
