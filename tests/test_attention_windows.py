@@ -297,15 +297,47 @@ def test_a_band_under_a_run_time_mask_skips_blocks_under_the_interpreter():
     block with a row that sees no key is computed over every key, as the dense kernel is);
     with K and V NaN past the first query block's diagonal, its rows in the first two
     sequences stay finite (skipped), and with the first key block NaN, so do the rows whose
-    window starts past it."""
+    window starts past it. At the edges: logits scaled before a float16 fill (the test of a
+    row that saw no key is in scores), and bands before or after whole query blocks (no read
+    outside K and V)."""
     pytest.importorskip("triton")
     script = Path(__file__).with_name("window_interpret_cases.py")
     cases = ["runtime:40,16,16,1", "runtime:70,32,16,2", "runtime:64,16,32,2",
              "runtime:70,16,16,2,20", "runtime:64,32,16,1,9"]
-    res = subprocess.run([sys.executable, str(script), *cases], capture_output=True,
+    edges = ["edges:scaled,40,16,16", "edges:before,100,16,16", "edges:after,128,16,16"]
+    res = subprocess.run([sys.executable, str(script), *cases, *edges], capture_output=True,
                          text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, check=False,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     records = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
-    assert len(records) == 2 * len(cases) + 2  # the windows: their first keys NaN too
+    # the windows: their first keys NaN too; at the edges (a scaled fill, bands before and
+    # after the rows), one run each
+    assert len(records) == 2 * len(cases) + 2 + len(edges)
     assert all(r["ok"] for r in records), [r for r in records if not r["ok"]]
+
+
+def test_the_values_a_run_time_input_is_tried_at_decide_each_comparison_as_any_value_can():
+    """Cuts at -inf and 0: ``(v > -inf) & (v < 0)`` is true for a finite negative ``v``,
+    which must be among the values tried; an input used in arithmetic gives none."""
+    from tvm_stitch.analysis.elem import Const, Leaf
+    from tvm_stitch.families.attention.recognize import _representatives
+
+    v = Leaf("mask", (), "float32")
+    both = Op("and", (Op("gt", (v, Const(float("-inf"), "float32")), "bool"),
+                      Op("lt", (v, Const(0.0, "float32")), "bool")), "bool")
+    values = np.array(_representatives(v, both))
+    seen = {(bool(x > -np.inf), bool(x < 0)) for x in values}
+    assert seen == {(False, True), (True, True), (True, False)}
+    assert _representatives(v, Op("add", (v, Const(1.0, "float32")), "float32")) is None
+    assert _representatives(v, v) is None
+
+
+def test_index_variables_are_found_inside_selects():
+    """``vars_in`` reads a select's condition and branches: an index that depends on the head
+    only through a select still counts as depending on it."""
+    from tvm.ir.prim import expr as P
+
+    from tvm_stitch.graph.access import vars_in
+
+    h, m, n = (tvm.tirx.Var(x, "int64") for x in "hmn")
+    assert {v.name for v in vars_in(P.Select(h < 1, m - n, n - m))} == {"h", "m", "n"}

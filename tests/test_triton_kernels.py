@@ -443,6 +443,16 @@ def test_a_cast_constant_is_folded():
     printed = "\n".join([*p.lines, text])
     assert ".to(" not in printed and "False" not in printed, printed
     assert " = 1.0\n" in printed and " = 0.0\n" in printed, printed
+    # as the kernel would cast: wrapped, rounded
+    import numpy as np
+
+    p = ElemPrinter({}, {}, {}, {}, {})
+    casts = [Op("cast", (Const(300, "int32"),), "int8"),
+             Op("cast", (Const(0.1, "float32"),), "float16")]  # alive while printed
+    for cast in casts:
+        p.expr(cast)
+    assert [line.split(" = ")[1] for line in p.lines] == [
+        "44", repr(float(np.float16(np.float32(0.1))))]
 
 
 def test_template_legality():

@@ -187,10 +187,67 @@ def runtime(seq: int, bm: int, bn: int, fill: int, window: int = 0) -> None:
               flush=True)
 
 
+def edges(kind: str, seq: int, bm: int, bn: int) -> None:
+    """Bands under a run-time mask at their limits (found in review): ``scaled``, logits
+    scaled by 4 before a -65504 fill with left padding (the kernel's logits are not the
+    scores: its test of a row that saw no key is in scores); ``before``, ``tril(-64)``, and
+    ``after``, ``triu(40)``, bands that leave whole query blocks with no key (the loops stay
+    inside the keys: K and V lie between NaN, which any read outside would bring in)."""
+    import torch.nn.functional as F
+
+    from tvm_stitch.frontend import import_torch
+
+    class Edge(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            n = q.shape[-2]
+            ones = torch.ones(n, n, dtype=torch.bool)
+            if kind == "scaled":
+                scores = (q @ k.transpose(-1, -2)) * 4.0
+                scores = torch.where(mask[:, None, None, :] & ones.tril(), scores, -65504.0)
+                return torch.softmax(scores, dim=-1) @ v
+            band = ones.tril(-64) if kind == "before" else ones.triu(40)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :]
+                                                  & band)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, seq, 16) for _ in range(3))
+    keys = torch.ones(2, seq, dtype=torch.bool)
+    keys[1, :seq // 2] = False  # left padding
+    graph = build_graph(run_until(import_torch(Edge(), (q, k, v, keys), "float32").mod, CUDA,
+                                  "StitchFuseMBCI"), legalize=False)
+    (match,) = [m for m in recognize(graph).matches if m.family == "attention"]
+    source = triton_gen.kernel_source(match)
+    fn = triton_gen.load(source)
+
+    def between_nan(x):
+        room = torch.full((x.numel() + 8192,), float("nan"))
+        room[4096:4096 + x.numel()] = x.reshape(-1)
+        return room[4096:4096 + x.numel()].view(x.shape)
+
+    tensors = {"q": q, "k": between_nan(k), "v": between_nan(v)}
+    operands = {match.views[r].tensor: r for r in ("q", "k", "v")}
+    args = [tensors[operands[t]] if t in operands else keys.to(
+        getattr(torch, str(graph.tensors[t].dtype))) for t in source.inputs]
+    consts = {"BLOCK_M": bm, "BLOCK_N": bn, **source.constexprs, "DOT_PREC": "ieee",
+              "TMA": False}
+    consts = {n: c for n, c in consts.items() if n in fn.arg_names}
+    got = torch.zeros(2, 2, seq, 16)
+    fn[source.grid(consts, match)](*args, got, **consts)
+    with torch.no_grad():
+        want = Edge()(q, k, v, keys)
+    err = float((got - want).abs().max())
+    print(json.dumps({"case": f"{match.describe()} {kind} {bm}x{bn}", "band":
+                      match.runtime_band, "max_err": err,
+                      "ok": bool(err <= 1e-4 and torch.isfinite(got).all())}), flush=True)
+
+
 if __name__ == "__main__":
     for spec in sys.argv[1:]:
         if spec.startswith("padded:"):
             padded(*map(int, spec[len("padded:"):].split(",")))
+        elif spec.startswith("edges:"):
+            kind, *sizes = spec[len("edges:"):].split(",")
+            edges(kind, *map(int, sizes))
         elif spec.startswith("runtime:"):
             runtime(*map(int, spec[len("runtime:"):].split(",")))
         else:

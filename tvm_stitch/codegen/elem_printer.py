@@ -339,7 +339,12 @@ def _constant(e: Elem) -> Const | None:
     inner = e.args[0] if isinstance(e.args[0], Const) else _constant(e.args[0])
     if inner is None:
         return None
-    value = inner.value
-    if e.dtype == "bool":
-        return Const(bool(value), e.dtype)
-    return Const(float(value) if "float" in e.dtype else int(value), e.dtype)
+    import numpy as np
+
+    with np.errstate(all="ignore"):  # the cast as the kernel makes it (rounded, wrapped)
+        value = np.asarray(inner.value, _np(inner.dtype)).astype(_np(e.dtype)).item()
+    return Const(value, e.dtype)
+
+
+def _np(dtype: str) -> str:
+    return "bool" if dtype == "bool" else dtype

@@ -192,7 +192,7 @@ def vars_in(expr) -> list:
         elif isinstance(node, ir.expr.Call):
             stack.extend(node.args)
         else:
-            for field in ("a", "b", "value"):
+            for field in ("a", "b", "value", "condition", "true_value", "false_value"):
                 child = getattr(node, field, None)
                 if isinstance(child, ir.expr.Expr):
                     stack.append(child)

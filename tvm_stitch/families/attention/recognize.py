@@ -594,11 +594,14 @@ def runtime_band(graph, match) -> tuple[int | None, int | None] | None:
     if not inputs:
         return None
     allowed = {names[a] for a in ("b", "n") if a in names}
+    # the logits with what they read composed in: each input where it enters them
+    whole = replace(match.score, lambda e: expanded.get(e.key()) if isinstance(e, Leaf)
+                    else None)
     values = {}
     for key, x in inputs.items():
         if not {v.name for i in x.index for v in vars_in(i)} <= allowed:
             return None  # it varies along the queries or the heads
-        values[key] = _representatives(x, [match.score, *expanded.values()])
+        values[key] = _representatives(x, whole)
         if values[key] is None:
             return None
     for e in [match.score, *expanded.values()]:  # the rest varies along (query, key) only
@@ -654,34 +657,38 @@ def _constant(graph, tensor: str) -> bool:
     return isinstance(graph.values.get(tensor), ir.expr.Constant)
 
 
-def _representatives(leaf: Leaf, exprs) -> list | None:
-    """Values of a run-time input, one for each way it can decide the comparisons it enters
-    (booleans: both), or None where it enters anything but comparisons with constants and
-    casts to bool."""
+def _representatives(leaf: Leaf, logits: Elem) -> list | None:
+    """Values of a run-time input, one for each way it can decide the comparisons it enters in
+    ``logits`` (booleans: both), or None where it enters anything but comparisons with
+    constants and casts to bool."""
     if leaf.dtype == "bool":
         return [False, True]
     key, cuts = leaf.key(), set()
-    for e in exprs:
-        for x in walk(e):
-            if not isinstance(x, Op):
-                continue
-            args = [a for a in x.args if isinstance(a, Leaf) and a.key() == key]
-            if not args:
-                continue
-            if x.op == "cast" and x.dtype == "bool":
-                cuts.add(0.0)  # bool(v) is v != 0
-            elif x.op in _COMPARISONS and len(x.args) == 2 and any(
-                    isinstance(a, Const) for a in x.args):
-                cuts.add(float(next(a for a in x.args if isinstance(a, Const)).value))
-            else:
-                return None
+    if isinstance(logits, Leaf) and logits.key() == key:
+        return None  # the logits are the input itself
+    for x in walk(logits):
+        if not isinstance(x, Op):
+            continue
+        args = [a for a in x.args if isinstance(a, Leaf) and a.key() == key]
+        if not args:
+            continue
+        if x.op == "cast" and x.dtype == "bool":
+            cuts.add(0.0)  # bool(v) is v != 0
+        elif x.op in _COMPARISONS and len(x.args) == 2 and any(
+                isinstance(a, Const) for a in x.args):
+            cuts.add(float(next(a for a in x.args if isinstance(a, Const)).value))
+        else:
+            return None
     if not cuts:
         return None
     import itertools
 
-    cuts = sorted(cuts)
-    mids = [(a + b) / 2 for a, b in itertools.pairwise(cuts)]
-    return [cuts[0] - 1.0, *cuts, *mids, cuts[-1] + 1.0]
+    finite = sorted(c for c in cuts if math.isfinite(c))  # (±inf are representatives anyway)
+
+    big = 1.7976931348623157e308  # beyond every finite cut, short of the infinities
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(finite)]
+    return [-math.inf, -big, *([finite[0] - 1.0, *finite, *mids, finite[-1] + 1.0]
+                               if finite else []), big, math.inf]
 
 
 def key_masked(match) -> bool:

@@ -335,7 +335,7 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
             lines += loop(visible, full, "lo")
             lines += loop(logits, "lo", "hi")
     elif match.runtime_band is not None:
-        lines += _runtime_band_loops(match, n, bound.get("m"), loop, logits)
+        lines += _runtime_band_loops(match, n, bound.get("m"), loop, logits, scale)
     else:
         end = n
         if key_masked(match):  # padding read at run time: the keys past the last shown
@@ -360,26 +360,31 @@ def attention_source(match, name: str, paired: bool = True) -> KernelSource:
     )
 
 
-def _runtime_band_loops(match, n, valid_rows, loop, logits) -> list[str]:
+def _runtime_band_loops(match, n, valid_rows, loop, logits, scale: float) -> list[str]:
     """The key loop of a mask read at run time that hides every key outside a band whatever
     it holds (:func:`~tvm_stitch.families.attention.recognize.runtime_band`): the blocks the
     band crosses, the mask applied on each; then, where a row of the block saw no key (its
-    maximum at or below :data:`~tvm_stitch.families.attention.recognize.UNSEEN`: a sequence's
-    padding hid every key it may see, and a softmax of masked logits alike is over every
-    key), the blocks outside too, so every row is what the dense kernel computes."""
+    largest score at or below :data:`~tvm_stitch.families.attention.recognize.UNSEEN`; the
+    logits are the scores times ``LOG2E / scale``, :func:`scaled_logits`: a sequence's padding
+    hid every key it may see, and a softmax of masked logits alike is over every key), the
+    blocks outside too, so every row is what the dense kernel computes. A band outside the
+    keys (no row of the block sees one) leaves every block to the second part."""
     lo, hi = match.runtime_band
-    lines = [f"hi = tl.minimum({n}, (pid_m + 1) * BLOCK_M{plus(hi)})" if hi is not None
-             else f"hi = {n}"]
+    lines = []
     start = 0
-    if lo is not None:
-        lines.append(f"start = tl.maximum(pid_m * BLOCK_M{plus(lo)}, 0) // BLOCK_N * BLOCK_N")
+    if lo is not None:  # (at most the keys, so the blocks before it are keys' blocks)
+        lines.append(f"start = tl.minimum(tl.maximum(pid_m * BLOCK_M{plus(lo)}, 0), {n}) "
+                     "// BLOCK_N * BLOCK_N")
         start = "start"
+    end = f"tl.minimum({n}, (pid_m + 1) * BLOCK_M{plus(hi)})" if hi is not None else f"{n}"
+    lines.append(f"hi = tl.maximum({end}, {start})")  # (no key before the band's start)
     lines += loop(logits, start, "hi")
     seen = f"tl.where({valid_rows}, m_i, 0.0)" if valid_rows else "m_i"
     rest = ["hi_block = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N", *loop(logits, "hi_block", n)]
     if lo is not None:
         rest = [*loop(logits, 0, "start"), *rest]
-    return [*lines, f"if tl.min({seen}, 0) <= {UNSEEN}:", *["    " + x for x in rest]]
+    unseen = literal(UNSEEN * LOG2E / scale)
+    return [*lines, f"if tl.min({seen}, 0) <= {unseen}:", *["    " + x for x in rest]]
 
 
 def _shown_keys(match, n, cols, pointers, extras) -> list[str]:
