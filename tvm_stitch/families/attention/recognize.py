@@ -9,6 +9,7 @@ groups of query heads, and a causal mask or sliding window recognized by its val
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 
@@ -420,8 +421,6 @@ def _constant_grid(graph, match, leaf):
     """The values of a constant read by the logits over (query, key), or None: a constant
     that also varies along the batch or the heads must hold the same grid for each (a mask
     materialized per sequence, ``[batch, 1, query, key]``)."""
-    import itertools
-
     import numpy as np
 
     value = graph.values.get(leaf.tensor)
@@ -544,7 +543,7 @@ def mask_band(graph, match) -> tuple[int | None, int | None]:
         logits = np.broadcast_to(evaluate(match.score, coords, read), (m, n)).astype("float64")
     except (CompositionError, IndexError, ValueError, TypeError):
         return none
-    masked = np.isneginf(logits) | (logits <= MASKED)
+    masked = _hidden(logits)
     if not masked.any() or masked.all(axis=1).any():
         return none
     return _band(~masked, rows, cols) or none
@@ -570,8 +569,6 @@ def runtime_band(graph, match) -> tuple[int | None, int | None] | None:
     key). Unlike :func:`mask_band`'s, rows may see no key at run time (a sequence's left
     padding): the kernel then computes the skipped blocks too, so the result is the dense one.
     """
-    import itertools
-
     import numpy as np
 
     ext, names = match.frame.extents, {a: v.name for a, v in match.frame.vars.items()}
@@ -606,9 +603,12 @@ def runtime_band(graph, match) -> tuple[int | None, int | None] | None:
             return None
     for e in [match.score, *expanded.values()]:  # the rest varies along (query, key) only
         for x in walk(e):
-            used = (vars_in(x.expr) if isinstance(x, Iter) else [v for i in x.index
-                    for v in vars_in(i)] if isinstance(x, Leaf) and _constant(graph, x.tensor)
-                    else [])
+            if isinstance(x, Iter):
+                used = vars_in(x.expr)
+            elif isinstance(x, Leaf) and _constant(graph, x.tensor):
+                used = [v for i in x.index for v in vars_in(i)]
+            else:
+                continue
             if {v.name for v in used} - square:
                 return None
     if math.prod(len(v) for v in values.values()) > RUNTIME_COMBINATIONS:
@@ -626,7 +626,7 @@ def runtime_band(graph, match) -> tuple[int | None, int | None] | None:
         except (CompositionError, IndexError, KeyError, ValueError, TypeError):
             return None
         logits = logits.astype("float64")
-        always[r0:r0 + len(rows)] &= np.isneginf(logits) | (logits <= MASKED)
+        always[r0:r0 + len(rows)] &= _hidden(logits)
     if not always.any():
         return None
     rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
@@ -651,6 +651,13 @@ def _reader(graph, match, expanded: dict, given: dict, coords: dict, shape: tupl
         return data[tuple(evaluate_index(i, coords) for i in leaf.index)]
 
     return read
+
+
+def _hidden(logits):
+    """Where ``logits`` (numpy) add nothing to a softmax: ``-inf`` or at most :data:`MASKED`."""
+    import numpy as np
+
+    return np.isneginf(logits) | (logits <= MASKED)
 
 
 def _constant(graph, tensor: str) -> bool:
@@ -681,14 +688,14 @@ def _representatives(leaf: Leaf, logits: Elem) -> list | None:
             return None
     if not cuts:
         return None
-    import itertools
-
-    finite = sorted(c for c in cuts if math.isfinite(c))  # (±inf are representatives anyway)
-
-    big = 1.7976931348623157e308  # beyond every finite cut, short of the infinities
+    finite = sorted(c for c in cuts if math.isfinite(c))
     mids = [(a + b) / 2 for a, b in itertools.pairwise(finite)]
-    return [-math.inf, -big, *([finite[0] - 1.0, *finite, *mids, finite[-1] + 1.0]
-                               if finite else []), big, math.inf]
+    values = [finite[0] - 1.0, *finite, *mids, finite[-1] + 1.0] if finite else []
+    if len(finite) < len(cuts):  # a comparison with an infinity (or NaN): the infinities, and
+        # a value beyond every finite cut short of them
+        big = 1.7976931348623157e308
+        values = [-math.inf, -big, *values, big, math.inf]
+    return values
 
 
 def key_masked(match) -> bool:
