@@ -342,9 +342,5 @@ def _constant(e: Elem) -> Const | None:
     import numpy as np
 
     with np.errstate(all="ignore"):  # the cast as the kernel makes it (rounded, wrapped)
-        value = np.asarray(inner.value, _np(inner.dtype)).astype(_np(e.dtype)).item()
+        value = np.asarray(inner.value, inner.dtype).astype(e.dtype).item()
     return Const(value, e.dtype)
-
-
-def _np(dtype: str) -> str:
-    return "bool" if dtype == "bool" else dtype
