@@ -5,7 +5,7 @@ each waits for the grid before it on the device, so its launch and block start-u
 grid.  A kernel TVM generates (a LayerNorm, a gather, an input's copy) is launched plainly: the
 stream serialises it, and the kernel after it cannot be launched before it has finished either.
 ``LaunchDependently`` gives TVM's kernels of at most one block per SM the same launch
-(:func:`tvm_stitch.codegen.embed.dependent_kernels`).  Larger ones stay plain: launched early,
+(:func:`tvm_stitch.codegen.dependent.dependent_kernels`).  Larger ones stay plain: launched early,
 their blocks would crowd onto the SMs the kernel before frees first, and their early release
 would let the next GEMM's blocks take whole SMs while they still had waves to run (BERT-base
 8×512 on an H100, same process: all TVM kernels dependent 1790.7 µs, releasing the next launch
@@ -20,7 +20,7 @@ import logging
 
 import tvm
 
-from tvm_stitch.codegen.embed import dependent_kernels
+from tvm_stitch.codegen.dependent import dependent_kernels
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS
 
 from .module import replace_functions

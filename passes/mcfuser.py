@@ -21,6 +21,7 @@ Triton the pass does nothing, with the reason logged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -35,6 +36,7 @@ from tvm_stitch.analysis.weights import (
     interleave,
     join_weights,
     pair_weights,
+    prefetched,
     weight_tensors,
 )
 from tvm_stitch.codegen import embed
@@ -64,11 +66,12 @@ def _smem_limit() -> int:
 
 
 def embed_builder(match, source, config, shapes, dependent=True,
-                  launch_dependents=DEFAULT_LAUNCH_DEPENDENTS):
+                  launch_dependents=DEFAULT_LAUNCH_DEPENDENTS, num_sms=None):
     """The launch PrimFunc of a generated kernel and its CUDA module (``dependent``: launched
-    with programmatic dependent launch, releasing the next launch at ``launch_dependents``)."""
+    with programmatic dependent launch, releasing the next launch at ``launch_dependents``;
+    ``"auto"`` decides by the grid on ``num_sms`` SMs)."""
     launch = embed.generated_launch(source, match, config, shapes, _smem_limit(), dependent,
-                                    launch_dependents)
+                                    launch_dependents, num_sms)
     return launch.func, launch.modules()
 
 
@@ -115,12 +118,15 @@ class FuseMBCI:
     mask_blocks : bool
         Attention skips the key blocks a folded mask hides (see
         :class:`tvm_stitch.config.PipelineOptions`).
+    prefetch_weights : bool
+        Kernels pull their weights into L2 before waiting for the kernel before them (see
+        :class:`tvm_stitch.config.PipelineOptions`).
     """
 
     def __init__(
         self, database=None, builder=None, mcfuser=FAMILIES, plan_only=False, tune="measure",
         fold_norms=False, lift_params=False, dependent_launch=True,
-        launch_dependents=DEFAULT_LAUNCH_DEPENDENTS, mask_blocks=True,
+        launch_dependents=DEFAULT_LAUNCH_DEPENDENTS, mask_blocks=True, prefetch_weights=True,
     ):
         self.database = database
         self.builder = builder
@@ -132,6 +138,7 @@ class FuseMBCI:
         self.dependent_launch = dependent_launch
         self.launch_dependents = check_launch_dependents(launch_dependents)
         self.mask_blocks = mask_blocks
+        self.prefetch_weights = prefetch_weights
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm_stitch.hardware import HardwareModel
@@ -144,23 +151,24 @@ class FuseMBCI:
             if not compiles:
                 logger.info("Triton kernels not used: %s; TVM keeps every operator", why)
                 return mod
-            builder = plan_builder if self.plan_only else functools.partial(
-                embed_builder, dependent=self.dependent_launch,
-                launch_dependents=self.launch_dependents)
-        measure = self.tune == "measure"
-        if not on_device and measure:
-            logger.info(
-                "tiles not measured (%s): from the tuning database, else the cost model", no_gpu
-            )
         target = tvm.target.Target.current(allow_none=True)
         try:
             hw = HardwareModel.from_target(target)
         except ValueError as err:
             logger.info("Triton kernels not used: %s", err)
             return mod
+        if builder is None:
+            builder = plan_builder if self.plan_only else functools.partial(
+                embed_builder, dependent=self.dependent_launch,
+                launch_dependents=self.launch_dependents, num_sms=hw.num_sms)
+        measure = self.tune == "measure"
+        if not on_device and measure:
+            logger.info(
+                "tiles not measured (%s): from the tuning database, else the cost model", no_gpu
+            )
         tuner = KernelTuner(hw, self.database or TuningDatabase(), on_device and measure)
         out = _Rewriter(mod, builder, tuner, self.fold_norms, self.lift_params,
-                        self.mask_blocks).run(self.mcfuser)
+                        self.mask_blocks, self.prefetch_weights).run(self.mcfuser)
         summary = tuner.summary()
         if summary:
             logger.info("%s", summary)
@@ -170,10 +178,13 @@ class FuseMBCI:
 class _Rewriter:
     """One pass over a module: rewrites matches, collects the new PrimFuncs and CUDA modules."""
 
-    def __init__(self, mod, builder, tuner, fold_norms=False, join=False, mask_blocks=True):
+    def __init__(self, mod, builder, tuner, fold_norms=False, join=False, mask_blocks=True,
+                 prefetch_weights=False):
         self.mod, self.builder, self.tuner = mod, builder, tuner
         self.fold_norms = fold_norms
         self.mask_blocks = mask_blocks
+        self.prefetch_weights = prefetch_weights
+        self.resident: set[str] = set()  # graph tensors in memory before the function runs
         self.join = join
         self.weights: set[str] = set()  # graph tensors that are weights (when joining)
         self.bound: set[str] = set()  # graph tensors that are constants (bound weights)
@@ -212,6 +223,7 @@ class _Rewriter:
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
         self.weights = weight_tensors(graph, func) if self.join else set()
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
+        self.resident = weight_tensors(graph, func) | self.bound
         self.name, self.families = name, families
         self.planner = RuntimePlanner(self.mod, name, families, self.fold_norms,
                                       lambda: self.weights if self.join else None)
@@ -288,6 +300,10 @@ class _Rewriter:
         tensors = [*source.inputs, *source.outputs]
         shapes.update({t: (graph.tensors[t].shape, graph.tensors[t].dtype) for t in tensors
                        if t not in shapes})
+        if self.prefetch_weights:  # weights, and what is made of weights alone
+            weights = self.resident | set(joined) | {d.name for d in match.derived}
+            source = dataclasses.replace(source, prefetch=prefetched(
+                source.inputs, weights, shapes, self.tuner.hw.l2_bytes))
         constants = {
             t: graph.values[t].value.numpy()
             for t in source.inputs
@@ -382,7 +398,7 @@ class _Rewriter:
         """The name of the PrimFunc launching ``source`` with ``config``, added to the module
         the first time (``describe``: what the kernel computes, by default ``match``'s own
         description; a runtime kernel's match has its sentinel sizes)."""
-        key = f"{source.name}_{embed._tag(config)}"
+        key = f"{source.name}_{embed._tag(config)}" + ("_pf" if source.prefetch else "")
         if config.get(embed.VARIANTS):  # tiles of smaller sizes besides
             key += "_" + hashlib.sha1(repr(config[embed.VARIANTS]).encode()).hexdigest()[:6]
         if key not in self.funcs:

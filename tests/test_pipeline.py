@@ -141,7 +141,8 @@ def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
     one block per SM are launched like the generated ones (programmatic dependent launch): each
     one's first statements wait for the grid before it (and with ``launch_dependents="start"``
     release the next launch), before any load or store (a kernel launched early that touched
-    memory before its wait would race); by default (``"exit"``) nothing releases it early.
+    memory before its wait would race); with ``"exit"`` nothing releases it early, and by
+    default (``"auto"``) a grid smaller than the SMs releases it at its start.
     Larger grids, ``dependent_launch=False`` and targets before sm_90 launch them plainly."""
     calls = {}
 
@@ -167,9 +168,11 @@ def test_tvm_kernels_of_one_wave_are_launched_dependently_on_sm90():
         assert all(ln.startswith("alignas(") for ln in before), (name, before)  # declarations
         release = body[wait:].split(";")[1].strip()
         assert release == "tvm_builtin_ptx_griddepcontrol_launch_dependents()"
-    exit_ = build(small, sm90, tune="model")  # the default: released at exit
+    exit_ = build(small, sm90, tune="model", launch_dependents="exit")
     assert exit_.keys() == kernels.keys()
     assert all(waits(b) and "launch_dependents" not in b for b in exit_.values())
+    # the default ("auto"): grids that leave SMs free (all of them here) release at start
+    assert build(small, sm90, tune="model") == kernels
     for target, options in ((sm90, {"dependent_launch": False}), ({**sm90, "arch": "sm_80"}, {})):
         plain = build(small, target, tune="model", **options)
         assert len(plain) >= len(kernels)  # the generated kernels are TVM's on sm_80
@@ -260,19 +263,26 @@ def _stepped_kernel_dependent(a: T.Buffer((64,), "float32")):
 
 def test_each_kernel_of_a_function_waits_at_its_start():
     """Every kernel of a PrimFunc (the statement under each outermost thread binding) gets the
-    wait and the release, nothing inside it twice; with ``"exit"`` only the wait.  A function
+    wait and the release, nothing inside it twice; with ``"exit"`` only the wait, and with
+    ``"auto"`` the release where every grid is smaller than ``max_blocks``.  A function
     that launches no kernel, already names its launch parameters, or has a kernel of more than
     ``max_blocks`` blocks is left alone (None); so is one of a grid known only at run time,
     unless released at exit."""
-    from tvm_stitch.codegen.embed import dependent_kernels
+    from tvm_stitch.codegen.dependent import dependent_kernels
 
     tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, "start"),
                                    _two_kernels_dependent)
     tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, "start", max_blocks=2),
                                    _two_kernels_dependent)
     assert dependent_kernels(_two_kernels, max_blocks=1) is None  # all kernels wait or none
-    exit_ = dependent_kernels(_two_kernels).script()  # the default: released at exit
+    exit_ = dependent_kernels(_two_kernels, "exit").script()
     assert exit_.count('griddepcontrol("wait"') == 2 and "launch_dependents" not in exit_
+    # "auto" (the default): at the start where every grid leaves SMs free (2 blocks of 3),
+    # else (2 of 2, or the SMs unknown) at exit
+    tvm.ir.assert_structural_equal(dependent_kernels(_two_kernels, max_blocks=3),
+                                   _two_kernels_dependent)
+    assert dependent_kernels(_two_kernels, max_blocks=2).script() == exit_
+    assert dependent_kernels(_two_kernels).script() == exit_
     assert dependent_kernels(_host_only) is None
     assert dependent_kernels(_two_kernels_dependent) is None
     with pytest.raises(ValueError, match="launch_dependents"):

@@ -284,22 +284,67 @@ def test_dependent_launch_can_be_turned_off(tmp_path, monkeypatch):
 
 
 def test_next_launch_released_at_exit():
-    """``launch_dependents="exit"`` (the default): the kernel still waits for the grid before
-    it, first, but gives no early trigger (the next launch begins once its blocks have
-    exited); an unknown placement is an error, in the pipeline's options too."""
+    """``launch_dependents="exit"``: the kernel still waits for the grid before it, first, but
+    gives no early trigger (the next launch begins once its blocks have exited). The default,
+    ``"auto"``, releases it at the start of a grid that leaves SMs free (4 blocks on 132
+    SMs), at the exit of one that does not (4 blocks on 4), and at exit where the SMs are
+    not known; an unknown placement is an error, in the pipeline's options too."""
     from tvm_stitch.codegen import embed
     from tvm_stitch.config import PipelineOptions
 
-    assert PipelineOptions().launch_dependents == "exit"
-    probe = _probe_launch("exit_probe")
-    assert embed.PDL_TAG in probe.tags
-    body = probe.ptx[probe.ptx.index(".entry exit_probe"):]
-    assert body.count("griddepcontrol.wait;") == 1
-    assert "griddepcontrol.launch_dependents" not in probe.ptx
+    assert PipelineOptions().launch_dependents == "auto"
+    for symbol, options in (("exit_probe", {"launch_dependents": "exit", "num_sms": 132}),
+                            ("full_probe", {"num_sms": 4}), ("unknown_probe", {})):
+        probe = _probe_launch(symbol, **options)
+        assert embed.PDL_TAG in probe.tags
+        body = probe.ptx[probe.ptx.index(f".entry {symbol}"):]
+        assert body.count("griddepcontrol.wait;") == 1
+        assert "griddepcontrol.launch_dependents" not in probe.ptx, symbol
+    early = _probe_launch("early_probe", num_sms=132).ptx
+    assert early.count("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;") == 1
     with pytest.raises(ValueError, match="launch_dependents"):
         embed.dependent_launch(probe.ptx, "end")
+    with pytest.raises(ValueError, match="'start' or 'exit'"):
+        embed.dependent_launch(probe.ptx, "auto")  # a grid decides 'auto'
     with pytest.raises(ValueError, match="launch_dependents"):
         PipelineOptions(launch_dependents="late")
+
+
+def test_weights_are_pulled_into_l2_before_the_wait(tmp_path):
+    """``prefetch``: the kernel takes one more pointer per prefetched input (after Triton's
+    own parameters), the launch passes that input's data there, and before the wait each
+    block's first thread pulls its share of the input's 16-byte pieces into L2 (W: 48 x 64
+    float16, 384 pieces); ptxas takes the PTX. Without ``prefetch`` nothing changes."""
+    import os
+    import shutil
+    import subprocess
+
+    import triton
+
+    probe = _probe_launch("prefetch_probe", prefetch=("W",))
+    plain = _probe_launch("plain_probe")
+    assert probe.arg_types == [*plain.arg_types, "handle"]
+    head = probe.ptx[probe.ptx.index(".entry prefetch_probe"):]
+    params = head[:head.index(")")]
+    assert params.rstrip().endswith(".param .u64 prefetch_probe_prefetch_0")
+    body = head[head.index("{"):]
+    pull = body.index("cp.async.bulk.prefetch.L2.global")
+    assert pull < body.index("griddepcontrol.wait;")
+    assert "setp.ge.u32 %pfp1, %pfr10, 384;" in body  # no share starts past the input
+    assert "prefetch" not in plain.ptx
+    call = _packed_call(probe.func.body)
+    args = [str(a) for a in call.args]
+    nulls = len(args) - 1 - args[::-1].index("T.int64(0)")  # Triton's scratch pointers, then
+    assert args[nulls + 1] == "W.data"  # the prefetched input, then the launch's extents
+    assert args[1:nulls + 1] == [str(a) for a in _packed_call(plain.func.body).args][1:nulls + 1]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = ptxas if os.path.exists(ptxas) else shutil.which("ptxas")
+    if ptxas:
+        (tmp_path / "k.ptx").write_text(probe.ptx)
+        out = subprocess.run([ptxas, "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
+                              str(tmp_path / "k.cubin")], capture_output=True, text=True,
+                             check=False)
+        assert out.returncode == 0, out.stderr
 
 
 def _packed_call(node):

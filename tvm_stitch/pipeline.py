@@ -157,7 +157,8 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
                                     fold_norms=opts.fold_norms, lift_params=opts.lift_params,
                                     dependent_launch=opts.dependent_launch,
                                     launch_dependents=opts.launch_dependents,
-                                    mask_blocks=opts.mask_blocks)
+                                    mask_blocks=opts.mask_blocks,
+                                    prefetch_weights=opts.prefetch_weights)
             )
         # one tensor where a front end computed it several times (a cast per consumer); the
         # aliases that leaves are dropped (an alias reads its tensor outside any kernel)

@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     from tvm_stitch.benchmarks.harness import compile_tvm, run_tvm, time_tvm, tvm_device
     from tvm_stitch.passes import launch
 
-    from tvm_stitch.codegen.embed import dependent_kernels
+    from tvm_stitch.codegen.dependent import dependent_kernels
     from tvm_stitch.workloads import get_workload
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

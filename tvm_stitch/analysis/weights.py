@@ -70,6 +70,21 @@ def weight_tensors(graph, func) -> set[str]:
             if isinstance(v, relax.Var) and any(v.same_as(p) for p in params)}
 
 
+def prefetched(inputs, weights, shapes: dict, l2_bytes: int) -> tuple:
+    """The ``inputs`` of a kernel that are ``weights`` (in memory before the function runs,
+    or made of weights alone), for it to pull into L2 before it waits for the kernel before
+    it; none where together they exceed a quarter of ``l2_bytes`` (they would evict each
+    other and the activations). ``shapes``: tensor -> ``(shape, dtype)``."""
+    import math
+
+    import tvm
+
+    mine = tuple(t for t in dict.fromkeys(inputs) if t in weights)
+    size = sum(math.prod(int(d) for d in shapes[t][0]) * tvm.DataType(str(shapes[t][1])).bits
+               // 8 for t in mine)
+    return mine if size <= l2_bytes // 4 else ()
+
+
 def bound_weights(graph) -> set[str]:
     """Graph tensors that are constants: weights bound into the module (as
     ``relax.transform.BindParams`` leaves them). Their concatenation is a constant too, made

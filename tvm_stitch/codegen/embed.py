@@ -27,8 +27,9 @@ import re
 
 import tvm
 
-from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
+from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, release_point
 
+from .dependent import PDL_TAG, dependent_launch, prefetch_inputs
 from .kernel_text import UnsupportedKernelError
 from .precompile import ast_source, compile_workers, is_gluon
 from .ptx import TENSORMAP, build_module
@@ -41,9 +42,6 @@ _SCRATCH_ARGS = 2  # Triton >= 3.3 appends global- and profile-scratch pointers 
 #: R570 on compile it; a newer Triton would otherwise emit its own ptxas's ISA (9.4 for 13.4),
 #: which the GPU host's driver may not know
 PTX_ISA = 87
-#: TVM's launch tag for programmatic dependent launch (``cuLaunchKernelEx`` with programmatic
-#: stream serialization; the spelling is TVM's)
-PDL_TAG = "tirx.use_programtic_dependent_launch"
 _TRITON_TYPES = {
     "float16": "*fp16",
     "bfloat16": "*bf16",
@@ -182,6 +180,8 @@ def compile_call(
     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
     scalars: tuple = (),
     aligned: tuple = (),
+    prefetch: tuple = (),
+    num_sms: int | None = None,
 ) -> Launch:
     """Compile kernel ``name`` for sm_90: a Launch without a PrimFunc, which
     :func:`plan_launch` makes (launching it, or it among other kernels).
@@ -217,8 +217,9 @@ def compile_call(
     dependent : bool
         Launched with programmatic dependent launch (:data:`PDL_TAG`), the kernel first waiting
         for the grid before it (:func:`dependent_launch`); False: launched as TVM's own kernels.
-    launch_dependents : {"start", "exit"}
-        When a dependent kernel lets the next one be launched (:func:`dependent_launch`).
+    launch_dependents : {"auto", "start", "exit"}
+        When a dependent kernel lets the next one be launched (:func:`dependent_launch`;
+        ``"auto"``: :func:`~tvm_stitch.config.release_point` of its grid on ``num_sms`` SMs).
     scalars : tuple of tir.Var
         Symbolic dims the buffers' shapes use: integer parameters of the PrimFunc after its
         inputs (where TVM's own kernels take them), passed by the call.
@@ -226,6 +227,12 @@ def compile_call(
         Arguments computed at call time that the kernel is compiled to take as multiples of
         16 (Triton's ``tt.divisibility``, what its JIT specializes an int on): the caller
         launches it only where they are (``alternatives``).
+    prefetch : tuple of str
+        Input parameters in memory before the function runs (weights) that the kernel's
+        blocks pull into L2 first thing, before waiting for the grid before it
+        (:func:`prefetch_inputs`); each is passed once more, as a pointer after Triton's.
+    num_sms : int, optional
+        The device's SMs, for ``launch_dependents="auto"`` (None: released at exit).
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -313,10 +320,16 @@ def compile_call(
         tags.append("tirx.use_dyn_shared_memory")  # TVM wants it last
         extents.append(meta.shared)
     ptx = compiled.asm["ptx"].replace(meta.name, symbol)
-    ptx = dependent_launch(ptx, launch_dependents) if dependent else ptx
+    blocks = math.prod(grid) if all(isinstance(g, int) for g in grid) else None
+    release = release_point(launch_dependents, blocks, num_sms)
+    ptx = dependent_launch(ptx, release) if dependent else ptx
+    if prefetch:
+        sizes = {p.name: math.prod(p.shape) * tvm.DataType(p.dtype).bits // 8 for p in params}
+        ptx = prefetch_inputs(ptx, [sizes[name] for name in prefetch])
+        arg_types += ["handle"] * len(prefetch)
 
     plan = {"values": values, "extents": extents, "params": params, "outputs": outputs,
-            "scalars": scalars, "scratch": scratch,
+            "scalars": scalars, "scratch": scratch, "prefetch": tuple(prefetch),
             "boxes": list(getattr(meta, "tensordesc_meta", None) or [])}
     return Launch(None, ptx, symbol, arg_types, tags, plan=plan)
 
@@ -382,7 +395,8 @@ def plan_launch(name, params: list[Param], args: dict, constexprs: dict, grid: t
                     nulls = [T.int64(0)] * _SCRATCH_ARGS
                     if plan["scratch"]:
                         nulls[0] = bufs["scratch"].data
-                    call += nulls + [_int32(e) for e in plan["extents"]]
+                    call += nulls + [bufs[name].data for name in plan["prefetch"]]
+                    call += [_int32(e) for e in plan["extents"]]
                     T.evaluate(T.call_packed(kernel.symbol, *call))
 
                 def choose(options):  # the first whose condition holds, else the main kernel
@@ -434,132 +448,6 @@ def _int32(value):
     return tvm.tirx.Cast("int32", value)
 
 
-def dependent_launch(ptx: str, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> str:
-    """``ptx`` whose kernel may be launched before the kernel before it has finished
-    (programmatic dependent launch, sm_90): its first instructions wait for that grid to complete
-    and its memory to be visible (``griddepcontrol.wait``: before any load or store, so neither
-    what it reads nor what it overwrites can race). Launched with :data:`PDL_TAG`, each generated
-    kernel's launch and start-up overlap the previous kernel instead of following it; a kernel
-    launched without the tag (TVM's own) waits for everything before it.
-
-    ``launch_dependents``: ``"start"`` lets the next launch begin right after the wait
-    (``griddepcontrol.launch_dependents``): the next kernel's blocks take the SMs this one
-    leaves free and wait there; ``"exit"`` lets it begin once every block of this one has
-    exited (no explicit trigger), so the next kernel's blocks are placed on SMs this one no
-    longer holds."""
-    check_launch_dependents(launch_dependents)
-    lines = ptx.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if ".entry " in line)
-    body = next(i for i in range(start, len(lines)) if lines[i].strip() == "{") + 1
-    while lines[body].strip().startswith((".reg", ".shared", ".local")) or not lines[body].strip():
-        body += 1
-    trigger = "\tgriddepcontrol.launch_dependents;\n" if launch_dependents == "start" else ""
-    lines.insert(body, "\tgriddepcontrol.wait;\n" + trigger)
-    return "".join(lines)
-
-
-def dependent_kernels(func, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
-                      max_blocks: int | None = None):
-    """``func`` (a scheduled PrimFunc) whose kernels TVM launches dependently, or None when it
-    launches none, says already how to (``tirx.kernel_launch_params``), or has a kernel of more
-    than ``max_blocks`` blocks (or, released at ``"start"``, of a grid not known here): the
-    TIR counterpart of
-    :func:`dependent_launch`, for the kernels TVM generates (LayerNorms, gathers, copies).
-
-    Each kernel — the statement under an outermost thread binding — first waits for the grid
-    before it (``griddepcontrol.wait``, before any load or store), then with ``"start"`` lets
-    the next launch begin; the function is tagged :data:`PDL_TAG` (TVM adds the thread tags
-    itself; the tag holds for all the function's kernels, so all wait or none does).  A
-    statement above the kernels this walk does not know (anything but blocks, sequences,
-    loops, conditions, attributes and flat statements) leaves the function as it is: None.
-    """
-    from tvm import s_tir, tirx
-
-    check_launch_dependents(launch_dependents)
-    if func.attrs is not None and "tirx.kernel_launch_params" in func.attrs:
-        return None
-    actions = ["wait"] + (["launch_dependents"] if launch_dependents == "start" else [])
-    prologue = [tirx.Evaluate(tirx.call_intrin("void", "tirx.ptx.griddepcontrol", a, ""))
-                for a in actions]
-    grids = []
-
-    def kernel(node, body):
-        grids.append(_blocks(node))
-        return tirx.SeqStmt([*prologue, body])
-
-    def walk(node):  # the node with every kernel under it rewritten; None: unknown structure
-        if isinstance(node, tirx.For):
-            if node.kind == tirx.ForKind.THREAD_BINDING:
-                return tirx.For(node.loop_var, node.min, node.extent, node.kind,
-                                kernel(node, node.body), node.thread_binding, node.annotations,
-                                node.step)
-            body = walk(node.body)
-            return body and tirx.For(node.loop_var, node.min, node.extent, node.kind, body,
-                                     node.thread_binding, node.annotations, node.step)
-        if isinstance(node, tirx.AttrStmt):
-            body = (kernel(node, node.body) if node.attr_key == "thread_extent"
-                    else walk(node.body))
-            return body and tirx.AttrStmt(node.node, node.attr_key, node.value, body)
-        if isinstance(node, tirx.SeqStmt):
-            seq = [walk(s) for s in node.seq]
-            return None if any(s is None for s in seq) else tirx.SeqStmt(seq)
-        if isinstance(node, s_tir.SBlockRealize):
-            block = walk(node.block)
-            return block and s_tir.SBlockRealize(node.iter_values, node.predicate, block)
-        if isinstance(node, s_tir.SBlock):
-            body = walk(node.body)
-            return body and s_tir.SBlock(node.iter_vars, node.reads, node.writes,
-                                         node.name_hint, body, node.init, node.alloc_buffers,
-                                         node.match_buffers, node.annotations)
-        if isinstance(node, tirx.IfThenElse):
-            then, other = walk(node.then_case), node.else_case and walk(node.else_case)
-            known = then is not None and (node.else_case is None or other is not None)
-            return tirx.IfThenElse(node.condition, then, other) if known else None
-        if isinstance(node, (tirx.Bind, tirx.Evaluate, tirx.BufferStore, tirx.AssertStmt,
-                             tirx.DeclBuffer, tirx.AllocBuffer)):
-            return node  # host work, or a declaration of the statements after it
-        return None
-
-    body = walk(func.body)
-    if body is None or not grids:
-        return None
-    # a grid known only at run time (a dynamic build's) is launched dependently where the
-    # next launch is released at exit: its small calls, where launches dominate, gain, and the
-    # next kernel's blocks are placed only once this one's have left the SMs (the crowding
-    # ``max_blocks`` guards against follows an early release)
-    unknown = launch_dependents != "exit"
-    if max_blocks is not None and any(unknown if g is None else g > max_blocks for g in grids):
-        return None
-    return func.with_body(body).with_attr("tirx.kernel_launch_params", [PDL_TAG])
-
-
-def _blocks(kernel) -> int | None:
-    """The blocks of the kernel under ``kernel`` (its outermost thread binding: a loop or a
-    ``thread_extent`` attribute) — the product of its ``blockIdx`` extents — or None when one
-    is not a constant."""
-    import tvm_ffi
-    from tvm import tirx
-
-    bindings = []  # (thread tag, extent) of every thread binding in the kernel
-
-    def loop(node):
-        if node.kind == tirx.ForKind.THREAD_BINDING:
-            bindings.append((node.thread_binding.thread_tag, node.extent))
-
-    def attr(node):
-        if node.attr_key == "thread_extent":
-            bindings.append((node.node.thread_tag, node.value))
-
-    tvm_ffi.structural_walk(kernel, [(tirx.For, loop), (tirx.AttrStmt, attr)])
-    extents = {}
-    for tag, extent in bindings:
-        if tag.startswith("blockIdx"):
-            if not isinstance(extent, tirx.IntImm):
-                return None
-            extents[tag] = max(extents.get(tag, 1), int(extent))
-    return math.prod(extents.values())
-
-
 def _host_descriptor(T, buf, desc, meta: dict, mode: str = "r") -> list:  # noqa: N803 - T
     """Encode ``desc`` over ``buf`` (read, or with ``mode="w"`` written through it) into a
     CUtensorMap on the host's stack, as Triton's launcher does for the box and swizzle its
@@ -596,12 +484,14 @@ VARIANTS = "VARIANTS"
 
 def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
                      dependent: bool = True,
-                     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> Launch:
+                     launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS,
+                     num_sms: int | None = None) -> Launch:
     """The launch of a generated kernel (:mod:`.triton_gen`) with the tiles of ``config``.
 
     ``shapes`` maps each graph tensor of ``source`` to ``(shape, dtype)``.  The PrimFunc takes the
     inputs ``I0..`` then the outputs ``O0..``; every other value is compiled into the kernel.
-    ``dependent``, ``launch_dependents``: programmatic dependent launch (:func:`plan_launch`).
+    ``dependent``, ``launch_dependents``, ``num_sms``: programmatic dependent launch
+    (:func:`compile_call`).
 
     A kernel with runtime extents (:mod:`.runtime`) has a ``match`` whose ``runtime`` axes'
     extents are expressions of the symbolic dims the ``shapes`` hold: the PrimFunc takes those
@@ -614,11 +504,14 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
       (a batch stride of ``seq`` elements) may be no multiple of 16, once taking it as one
       (16-byte vector loads, asynchronous copies of narrow tensors such as a boolean padding
       mask), launched where it is, and once not.
+
+    A kernel of static shape pulls ``source.prefetch`` into L2 first
+    (:func:`prefetch_inputs`).
     """
     variants = tuple(config.get(VARIANTS, ()))
     config = {k: v for k, v in config.items() if k != VARIANTS}
     last = config  # what the launch runs where no variant's condition holds
-    rest = (smem_limit, dependent, launch_dependents)
+    rest = (smem_limit, dependent, launch_dependents, num_sms)
     if match.runtime:  # the largest sizes: no bound to size a split-K workspace by
         from .runtime import bounded_splits
 
@@ -628,6 +521,10 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         unaligned = _compiled(source, match, config, shapes, rest)
         last, _ = _without_spills(source, match, config, shapes, rest, unaligned)
     kernel, options, split = _generated_call(source, match, last, shapes, *rest)
+    if source.prefetch and not match.runtime:  # a symbol of its own: the same tiles may
+        # run elsewhere without
+        kernel = (*kernel[:6], f"{kernel[6]}_pf", *kernel[7:])
+        options["prefetch"] = tuple(f"I{source.inputs.index(t)}" for t in source.prefetch)
     alternatives = _alternatives(source, match, config, variants, shapes,
                                  *rest) if match.runtime else ()
     launch = plan_launch(*kernel, alternatives=alternatives, **options)
@@ -689,8 +586,8 @@ def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:
 
 def _compiled(source, match, config, shapes, rest, aligned=(), bound=None) -> Launch:
     """``source`` compiled with ``config`` (:func:`compile_call`); ``rest``: the shared-memory
-    limit, ``dependent`` and ``launch_dependents`` of :func:`generated_launch`, ``aligned`` the
-    runtime arguments taken as multiples of 16, ``bound`` the largest size a runtime
+    limit, ``dependent``, ``launch_dependents`` and ``num_sms`` of :func:`generated_launch`,
+    ``aligned`` the runtime arguments taken as multiples of 16, ``bound`` the largest size a runtime
     kernel's variant runs (its split-K workspace sized there). Where the kernel needs more
     shared memory than a block has, with fewer pipeline stages, as the pass builds its main
     kernel (:func:`with_fewer_stages`)."""
@@ -780,7 +677,7 @@ def speculative_arguments(source) -> tuple:
 
 
 def _generated_call(source, match, config, shapes, smem_limit, dependent, launch_dependents,
-                    aligned=(), bound=None):
+                    num_sms=None, aligned=(), bound=None):
     """:func:`compile_call`'s positional and keyword arguments for ``source`` with ``config``
     (``aligned``: runtime arguments taken as multiples of 16, under a symbol of its own), and
     the split-K buffers it launches with (a runtime kernel's sized at ``bound``, the largest
@@ -829,7 +726,7 @@ def _generated_call(source, match, config, shapes, smem_limit, dependent, launch
     positional = (fn, params, args, constexprs, grid, launch_options(source, config), symbol)
     keywords = {"outputs": len(source.outputs) + bool(split), "smem_limit": smem_limit,
                 "descriptors": descriptors, "dependent": dependent,
-                "launch_dependents": launch_dependents, "scalars": scalars,
+                "launch_dependents": launch_dependents, "num_sms": num_sms, "scalars": scalars,
                 "aligned": tuple(aligned)}
     return positional, keywords, split
 

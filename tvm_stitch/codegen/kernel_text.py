@@ -157,6 +157,10 @@ class KernelSource:
         or a GEMM's, :mod:`tvm_stitch.families.gemm.gluon`), the text of a module defining a
         kernel of the same name and pointer arguments, then the TMA descriptors ``ws_descs``;
         a config with ``WS`` launches it (a GEMM's ``WS`` is its consumer warpgroups).
+    prefetch : tuple of str
+        Inputs in memory before the function runs (weights) that the kernel pulls into L2
+        before it waits for the kernel before it
+        (:func:`~tvm_stitch.codegen.dependent.prefetch_inputs`).
     """
 
     name: str
@@ -173,6 +177,7 @@ class KernelSource:
     descs: tuple = ()
     tma_store: bool = False
     arguments: dict = dataclasses.field(default_factory=dict)
+    prefetch: tuple = ()
 
     def descriptors(self, config: dict) -> tuple:
         """The TMA descriptor arguments of the form ``config`` launches."""
