@@ -341,3 +341,40 @@ def test_index_variables_are_found_inside_selects():
 
     h, m, n = (tvm.tirx.Var(x, "int64") for x in "hmn")
     assert {v.name for v in vars_in(P.Select(h < 1, m - n, n - m))} == {"h", "m", "n"}
+
+
+@pytest.mark.parametrize(("name", "window", "evaluations"), [
+    ("llama", None, 1),  # two layers reading one mask: evaluated once
+    ("gemma2", 8, 2),  # a sliding window of 8 then global attention: two structures
+])
+def test_a_run_time_band_is_evaluated_once_per_structure(name, window, evaluations,
+                                                         monkeypatch):
+    """Layers whose logits have the same structure (a decoder's, reading one mask) share one
+    evaluation of the band; layers of another structure (Gemma-2's sliding-window layers
+    beside its global ones) get their own, the same band as each would alone."""
+    from tvm_stitch.benchmarks import hf_families
+    from tvm_stitch.families.attention import recognize as attention
+
+    if window:
+        cfg_cls, model_cls, config, kind = hf_families.FAMILIES[name]
+        monkeypatch.setitem(hf_families.FAMILIES, name,
+                            (cfg_cls, model_cls, {**config, "sliding_window": window}, kind))
+    module, inputs = hf_families.build(name, None, mask=True)
+    mod = import_torch(module, tuple(inputs), "float16").mod
+    pre = run_until(mod, CUDA, "StitchFuseMBCI")
+    evaluated = attention._evaluated_band
+    calls = []
+    monkeypatch.setattr(attention, "_evaluated_band",
+                        lambda *a: calls.append(a) or evaluated(*a))
+    shared = [m.runtime_band for m in recognize(build_graph(pre, legalize=False)).matches
+              if m.family == "attention"]
+    assert len(calls) == evaluations and len(shared) == 2
+    alone = []
+    for graph_match in range(2):  # each layer's band with nothing remembered
+        attention._RUNTIME_BANDS.clear()
+        graph = build_graph(pre, legalize=False)
+        found = [m for m in recognize(graph).matches if m.family == "attention"]
+        attention._RUNTIME_BANDS.clear()
+        alone.append(attention.runtime_band(graph, found[graph_match]))
+    assert shared == alone and shared[0] is not None
+    assert len(set(shared)) == evaluations  # Gemma-2's two bands differ
