@@ -353,6 +353,7 @@ def test_a_run_time_band_is_evaluated_once_per_structure(name, window, evaluatio
     evaluation of the band; layers of another structure (Gemma-2's sliding-window layers
     beside its global ones) get their own, the same band as each would alone."""
     from tvm_stitch.benchmarks import hf_families
+
     from tvm_stitch.families.attention import recognize as attention
 
     if window:

@@ -1,0 +1,485 @@
+"""FusionStitching's fusion explorer (2021, §5): fusion plans searched, not grown greedily.
+
+The plan space is a :class:`FusionGraph`: the ops of a dataflow block in program order, each
+with its kind, output shape and bytes, the ops it reads and the outside tensors it reads. A
+*pattern* is a set of stitchable ops that becomes one kernel: legal (:func:`illegal`) when its
+ops share one row space (a thread block owns whole rows: reductions need no inter-block
+communication), a layout op sits only at its edge (read through, or written through) and no
+path leaves it and comes back (convex). A *plan* is a set of disjoint patterns whose quotient
+graph has no cycle.
+
+- **Score** (the *delta-evaluator*, :class:`Pattern`): ``f(P) = T_mem + T_calls - T_penalty``
+  in µs — the bytes that no longer go through DRAM (intermediates kept on chip, tensors read by
+  several members read once) at the device's bandwidth, the launches saved, and the penalty of
+  the kernel plan the code generator would build: rows re-read from L2 by every reduction after
+  the first (one pass per reduction, :func:`tvm_stitch.stitch.plan.evaluate`'s model) and lost
+  parallelism where the pattern has fewer rows than the device has SMs. A pattern keeps its
+  aggregates, so adding an op updates them in the op's degree, without replanning.
+- **Approximate dynamic programming** (:func:`candidate_patterns`): in post-order, the top ``k``
+  patterns whose first op is each vertex — the vertex with combinations of its consumers'
+  candidates, consumers taken in groups (*PatternReduction*).
+- **Beam search** (:func:`explore`): vertices in program order, each of the ``width`` partial
+  plans extended by each candidate pattern of the vertex that overlaps none of its patterns and
+  makes no cycle; the best plan by total score.
+- :func:`greedy` is the former's rule (:mod:`tvm_stitch.stitch.former`) on the same graph, for
+  comparison; :mod:`tvm_stitch.explore.ilp` solves the same space exactly on small graphs.
+
+Patterns without a row reduction score nothing in a plan: TVM's ``FuseOps`` fuses those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections import Counter
+
+from tvm_stitch.graph.classify import OpKind
+from tvm_stitch.hardware import HardwareModel
+
+#: ops a pattern computes (a layout op joins only at its edge)
+STITCHABLE = frozenset({OpKind.LIGHT_ELEMWISE, OpKind.EXPENSIVE_ELEMWISE, OpKind.ROW_REDUCE,
+                        OpKind.BROADCAST, OpKind.INJECTIVE})
+#: candidate patterns kept per vertex, and partial plans kept by the beam (the paper's 3)
+TOP_K = 3
+BEAM_WIDTH = 3
+#: consumers enumerated together by PatternReduction
+GROUP = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Vertex:
+    """One op of the plan space.
+
+    Attributes
+    ----------
+    name : str
+    kind : OpKind
+        What it computes (:class:`~tvm_stitch.graph.classify.OpKind`); ``INJECTIVE`` is a
+        layout op (reshape, transpose).
+    shape : tuple of int
+        Its output's shape.
+    out_bytes : int
+        Its output's size.
+    inputs : tuple of int
+        The vertices it reads (earlier in program order).
+    reads : tuple of (str, int)
+        Tensors from outside the graph it reads, with their sizes.
+    output : bool
+        Whether its value is read outside the graph (a function output).
+    rows : tuple of int, optional
+        A row reduction's row space: its input's shape without the reduced trailing axes.
+    """
+
+    name: str
+    kind: OpKind
+    shape: tuple
+    out_bytes: int
+    inputs: tuple = ()
+    reads: tuple = ()
+    output: bool = False
+    rows: tuple | None = None
+
+
+class FusionGraph:
+    """Vertices in program order (each reads only earlier ones), their consumers and, as
+    bitsets, what each reaches."""
+
+    def __init__(self, vertices: list[Vertex]):
+        self.vertices = list(vertices)
+        self.consumers: list[list[int]] = [[] for _ in self.vertices]
+        for i, v in enumerate(self.vertices):
+            for j in v.inputs:
+                if not 0 <= j < i:
+                    raise ValueError(f"{v.name} reads vertex {j}, not an earlier one")
+                if i not in self.consumers[j]:
+                    self.consumers[j].append(i)
+        self.reach = [0] * len(self.vertices)  # strict descendants
+        for i in reversed(range(len(self.vertices))):
+            for c in self.consumers[i]:
+                self.reach[i] |= (1 << c) | self.reach[c]
+        self.above = [0] * len(self.vertices)  # strict ancestors
+        for i, v in enumerate(self.vertices):
+            for j in v.inputs:
+                self.above[i] |= (1 << j) | self.above[j]
+
+    def __len__(self) -> int:
+        return len(self.vertices)
+
+    def stitchable(self, i: int) -> bool:
+        return self.vertices[i].kind in STITCHABLE
+
+
+def _bits(members) -> int:
+    return sum(1 << i for i in members)
+
+
+def illegal(graph: FusionGraph, members) -> str | None:
+    """Why ``members`` cannot be one kernel, or None when they can."""
+    members = frozenset(members)
+    vs = graph.vertices
+    if not all(graph.stitchable(i) for i in members):
+        return "an op that is not memory-intensive"
+    rows = row_space(graph, members)
+    if rows is None:
+        return "reductions over different row spaces"
+    for i in members:
+        v = vs[i]
+        inside_in = [j for j in v.inputs if j in members]
+        inside_out = [c for c in graph.consumers[i] if c in members]
+        if v.kind is OpKind.INJECTIVE:
+            if inside_in and inside_out:
+                return f"{v.name}: a layout op inside a pattern"
+            if inside_in:  # written through: the pattern's result leaves through it
+                continue
+        if tuple(v.shape[: len(rows)]) != rows:
+            return f"{v.name}: output {v.shape} is not in the row space {rows}"
+    bits = _bits(members)
+    leaving = 0
+    for i in members:
+        leaving |= graph.reach[i]
+    leaving &= ~bits
+    while leaving:
+        low = leaving & -leaving
+        u = low.bit_length() - 1
+        if graph.reach[u] & bits:
+            return f"a path leaves the pattern through {vs[u].name} and comes back"
+        leaving ^= low
+    return None
+
+
+def convex_closure(graph: FusionGraph, members) -> frozenset:
+    """``members`` with every op on a path between two of them (the smallest convex set)."""
+    bits = _bits(members)
+    down = up = 0
+    for i in members:
+        down |= graph.reach[i]
+        up |= graph.above[i]
+    between = down & up & ~bits
+    return frozenset(members) | frozenset(i for i in range(len(graph)) if between >> i & 1)
+
+
+def connected(graph: FusionGraph, members) -> bool:
+    """Whether ``members`` are weakly connected (a pattern; independent ones are packed)."""
+    members = set(members)
+    start = min(members)
+    seen, stack = {start}, [start]
+    while stack:
+        i = stack.pop()
+        for j in (*graph.vertices[i].inputs, *graph.consumers[i]):
+            if j in members and j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen == members
+
+
+def row_space(graph: FusionGraph, members) -> tuple | None:
+    """The rows the pattern's blocks own: its reductions' (all the same, else None), or the
+    leading dims of its first op that is not a layout op."""
+    vs = graph.vertices
+    reductions = {vs[i].rows for i in members if vs[i].kind is OpKind.ROW_REDUCE}
+    if len(reductions) > 1:
+        return None
+    if reductions:
+        return tuple(next(iter(reductions)))
+    computing = sorted(i for i in members if vs[i].kind is not OpKind.INJECTIVE)
+    first = vs[computing[0]] if computing else vs[min(members)]
+    return tuple(first.shape[:-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """A pattern and its score's aggregates (:func:`score`); :meth:`with_vertex` adds one op."""
+
+    members: frozenset
+    saved_bytes: int  # DRAM bytes a kernel of the members does not move, against one per op
+    io_bytes: int  # what the kernel reads and writes
+    reductions: int
+    row_bytes: int  # the widest row the kernel streams (per reduction pass)
+
+    @property
+    def has_reduce(self) -> bool:
+        return self.reductions > 0
+
+
+def pattern(graph: FusionGraph, members) -> Pattern:
+    """The aggregates of ``members`` (any set; legality is :func:`illegal`'s)."""
+    members = frozenset(members)
+    vs = graph.vertices
+    saved, io = 0, 0
+    outside = Counter()  # tensors from outside the pattern, by how many members read them
+    for i in members:
+        v = vs[i]
+        readers = [c for c in graph.consumers[i] if c in members]
+        leaves = v.output or any(c not in members for c in graph.consumers[i])
+        saved += v.out_bytes * len(readers)  # read on chip
+        if readers and not leaves:
+            saved += v.out_bytes  # never written
+        if leaves:
+            io += v.out_bytes
+        for name, size in v.reads:
+            outside[(name, size)] += 1
+        for j in v.inputs:
+            if j not in members:
+                outside[(vs[j].name, vs[j].out_bytes)] += 1
+    for (_, size), n in outside.items():
+        saved += size * (n - 1)  # read once
+        io += size
+    reductions = sum(vs[i].kind is OpKind.ROW_REDUCE for i in members)
+    rows = row_space(graph, members) or ()
+    n_rows = max(1, math.prod(rows))
+    widest = max((max(vs[i].out_bytes, *(s for _, s in vs[i].reads), 0) for i in members),
+                 default=0)
+    return Pattern(members, saved, io, reductions, widest // n_rows)
+
+
+def score(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
+    """``f(P)`` in µs: DRAM time saved plus launches saved minus the kernel plan's penalty."""
+    t_mem = p.saved_bytes / hw.mem_bandwidth
+    t_calls = (len(p.members) - 1) * hw.launch_overhead
+    rows = row_space(graph, p.members) or ()
+    n_rows = max(1, math.prod(rows))
+    # every reduction after the first re-reads the row from L2 (one pass per reduction)
+    reread = max(0, p.reductions - 1) * p.row_bytes * n_rows / (hw.mem_bandwidth *
+                                                                   hw.l2_bandwidth_ratio)
+    # fewer rows than SMs: the kernel's traffic runs on that share of the device
+    share = min(1.0, n_rows / hw.num_sms)
+    lost = p.io_bytes / hw.mem_bandwidth * (1 / share - 1) if len(p.members) > 1 else 0.0
+    return (t_mem + t_calls - reread - lost) * 1e6
+
+
+def plan_value(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
+    """What a pattern adds to a plan: its score where it reduces rows (a stitched kernel),
+    else nothing (``FuseOps`` fuses elementwise ops without it)."""
+    return score(graph, p, hw) if p.has_reduce and len(p.members) > 1 else 0.0
+
+
+def candidate_patterns(graph: FusionGraph, hw: HardwareModel, k: int = TOP_K,
+                       group: int = GROUP) -> list[list[Pattern]]:
+    """Per vertex, the top ``k`` legal patterns whose first op it is (approximate dynamic
+    programming in post-order, FusionStitching's PatternReduction): the vertex alone, and with
+    every combination of its consumers' candidates, consumers taken ``group`` at a time; each
+    group's candidates then grown by the other groups' and by the candidates of later ops that
+    feed its members, where that adds to their score. A combination that a path leaves and
+    re-enters takes the ops on that path (:func:`convex_closure`), where they can join."""
+    found: list[list[Pattern]] = [[] for _ in range(len(graph))]
+    for i in reversed(range(len(graph))):
+        if not graph.stitchable(i):
+            continue
+        base = frozenset([i])
+        consumers = [c for c in graph.consumers[i] if found[c]]
+        pool: dict[frozenset, Pattern] = {base: pattern(graph, base)}
+        tops = []
+        for g in range(0, len(consumers), group):
+            local = {}
+            for combo in itertools.product(*([None, *found[c]] for c in consumers[g:g + group])):
+                members = convex_closure(graph, base.union(*(p.members for p in combo
+                                                             if p is not None)))
+                if members in local or members in pool or illegal(graph, members):
+                    continue
+                local[members] = pattern(graph, members)
+            top = _top(graph, local.values(), hw, k)
+            pool.update((p.members, p) for p in top)
+            tops.extend(top)
+        for seed in tops:  # the groups' candidates together: each grown by the others, and
+            current = seed  # by those of ops later in program order that feed its members
+            # (known: post-order), where that adds to its score
+            feeding = {j for m in seed.members for j in graph.vertices[m].inputs
+                       if j > i and j not in seed.members}
+            for other in [*tops, *(p for j in sorted(feeding) for p in found[j])]:
+                members = convex_closure(graph, current.members | other.members)
+                if members != current.members and not illegal(graph, members):
+                    grown = pattern(graph, members)
+                    if score(graph, grown, hw) > score(graph, current, hw):
+                        current = grown
+            pool[current.members] = current
+        found[i] = _top(graph, pool.values(), hw, k)
+    return found
+
+
+def _top(graph, patterns, hw, k) -> list[Pattern]:
+    return sorted(patterns, key=lambda p: (-score(graph, p, hw), sorted(p.members)))[:k]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Disjoint patterns (each a kernel) and their total :func:`plan_value`."""
+
+    patterns: tuple
+    value: float
+
+    def kernels(self, graph: FusionGraph) -> int:
+        """Kernels of the plan's stitched patterns, plus one per other stitchable op (an upper
+        bound: ``FuseOps`` joins elementwise ones)."""
+        covered = set().union(*(p.members for p in self.patterns)) if self.patterns else set()
+        return len(self.patterns) + sum(1 for i in range(len(graph))
+                                        if graph.stitchable(i) and i not in covered)
+
+
+def explore(graph: FusionGraph, hw: HardwareModel, width: int = BEAM_WIDTH,
+            k: int = TOP_K) -> Plan:
+    """The best plan the beam search assembles from :func:`candidate_patterns`, each of its
+    ``width`` plans and the greedy rule's improved by :func:`refine`."""
+    candidates = candidate_patterns(graph, hw, k)
+    beams = [(0.0, 0, ())]  # (value, covered bits, patterns)
+    for v in range(len(graph)):
+        grown = []
+        for value, covered, pats in beams:
+            grown.append((value, covered, pats))
+            if covered >> v & 1:
+                continue
+            for p in candidates[v]:
+                gain = plan_value(graph, p, hw)
+                bits = _bits(p.members)
+                if gain <= 0 or bits & covered or _cycle(graph, (*pats, p)):
+                    continue
+                grown.append((value + gain, covered | bits, (*pats, p)))
+        unique = {}
+        for value, covered, pats in sorted(grown, key=lambda b: -b[0]):
+            unique.setdefault(frozenset(p.members for p in pats), (value, covered, pats))
+        ranked = list(unique.values())
+        # the best plan that leaves ``v`` to a later op's pattern stays too: a pattern that
+        # takes ``v`` early may keep a better one from forming
+        waiting = next((b for b in ranked if not b[1] >> v & 1), None)
+        beams = ranked[:width] + ([waiting] if waiting and waiting not in ranked[:width] else [])
+    # each plan of the beam, and the greedy rule's, refined by local moves: the best
+    starts = [[p.members for p in pats] for _, _, pats in beams]
+    starts.append([p.members for p in greedy(graph, hw).patterns])
+    plans = [refine(graph, start, hw) for start in starts]
+    return max(plans, key=lambda plan: plan.value)
+
+
+def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
+    """``groups`` improved by local moves, each scored by the change of the two patterns it
+    touches (the delta-evaluator's use): an op moved to a neighbouring pattern, or two
+    neighbouring patterns (an op alone is one) merged, while some move adds to the plan's
+    value. Patterns that do not reduce count a thousandth of their score meanwhile, so that
+    one can grow into a pattern that does; they are dissolved at the end."""
+    owner = {}
+    pats: dict[int, frozenset] = {}
+    for n, members in enumerate(groups):
+        pats[n] = frozenset(members)
+        owner.update(dict.fromkeys(members, n))
+    fresh = itertools.count(len(pats))
+    for i in range(len(graph)):
+        if graph.stitchable(i) and i not in owner:
+            n = next(fresh)
+            pats[n] = frozenset([i])
+            owner[i] = n
+    memo: dict[frozenset, float] = {}
+
+    def worth(members: frozenset) -> float:
+        if members not in memo:
+            p = pattern(graph, members)
+            value = score(graph, p, hw)
+            memo[members] = value if p.has_reduce else value / 1000
+        return memo[members] if len(members) > 1 else 0.0
+
+    def tried(changes: dict) -> float | None:  # the gain of replacing patterns, or None
+        before = sum(worth(pats[n]) for n in changes)
+        after = 0.0
+        for members in changes.values():
+            if members and len(members) > 1 and (illegal(graph, members)
+                                                 or not connected(graph, members)):
+                return None
+            after += worth(members) if members else 0.0
+        if after <= before + 1e-9:
+            return None
+        trial = [pattern(graph, m) for n, m in {**pats, **changes}.items()
+                 if m and len(m) > 1]
+        return None if _cycle(graph, trial) else after - before
+
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(graph)):
+            if i not in owner:
+                continue
+            near = {owner[j] for j in (*graph.vertices[i].inputs, *graph.consumers[i])
+                    if j in owner} - {owner[i]}
+            a = owner[i]
+            for b in sorted(near):
+                moves = [{a: pats[a] - {i}, b: pats[b] | {i}}, {a: pats[a] | pats[b], b: None}]
+                for change in moves:
+                    if tried(change) is None:
+                        continue
+                    for n, members in change.items():
+                        if members:
+                            pats[n] = members
+                            owner.update(dict.fromkeys(members, n))
+                        else:
+                            del pats[n]
+                    improved = True
+                    break
+                if improved or owner[i] != a:
+                    break
+    kept = [pattern(graph, m) for m in pats.values() if len(m) > 1]
+    kept = sorted((p for p in kept if plan_value(graph, p, hw) > 0), key=lambda p: min(p.members))
+    return Plan(tuple(kept), sum(plan_value(graph, p, hw) for p in kept))
+
+
+def greedy(graph: FusionGraph, hw: HardwareModel) -> Plan:
+    """The former's greedy rule on ``graph``: in program order, an op joins the pattern of its
+    last producer it can join (row space, convexity), else starts one; a layout op joins only
+    as the tail of a pattern that reduces, or as the transpose of an outside tensor that one
+    op reads; patterns without a row reduction are dissolved."""
+    group_of: dict[int, set] = {}
+    groups: list[set] = []
+    vs = graph.vertices
+    for i in range(len(graph)):
+        if not graph.stitchable(i):
+            continue
+        chosen = None
+        if vs[i].kind is OpKind.INJECTIVE:  # a layout op: the tail of a pattern that reduces
+            g = group_of.get(vs[i].inputs[0]) if len(vs[i].inputs) == 1 else None
+            if g is not None and pattern(graph, g).has_reduce and not illegal(graph, g | {i}):
+                chosen = g
+            elif vs[i].inputs or len(graph.consumers[i]) != 1:  # else read through, an input's
+                continue
+        for j in () if chosen is not None else reversed(vs[i].inputs):
+            g = group_of.get(j)
+            if g is not None and not illegal(graph, g | {i}):
+                chosen = g
+                break
+        if chosen is None:
+            chosen = set()
+            groups.append(chosen)
+        chosen.add(i)
+        group_of[i] = chosen
+    pats = [p for p in (pattern(graph, g) for g in groups)
+            if p.has_reduce and len(p.members) > 1]
+    return Plan(tuple(pats), sum(plan_value(graph, p, hw) for p in pats))
+
+
+def _cycle(graph: FusionGraph, patterns) -> bool:
+    """Whether the quotient graph of ``patterns`` (each one node, other ops their own) has a
+    cycle."""
+    owner = {}
+    for n, p in enumerate(patterns):
+        for i in p.members:
+            owner[i] = n
+    nodes = {i: ("p", owner[i]) if i in owner else ("v", i) for i in range(len(graph))}
+    edges: dict = {}
+    for i in range(len(graph)):
+        for c in graph.consumers[i]:
+            a, b = nodes[i], nodes[c]
+            if a != b:
+                edges.setdefault(a, set()).add(b)
+    state: dict = {}  # 1: on the current path, 2: done
+    for start in set(nodes.values()):
+        if start in state:
+            continue
+        state[start] = 1
+        stack = [(start, iter(edges.get(start, ())))]
+        while stack:
+            node, rest = stack[-1]
+            nxt = next(rest, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return True
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(edges.get(nxt, ()))))
+    return False
