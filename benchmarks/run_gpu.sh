@@ -14,7 +14,7 @@
 #       GPU in float16; '--zoo': the zoo's models) | fuzz[:COUNT] (the differential fuzzer's programs
 #       built for and run on the GPU against llvm, JOBS at a time)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
-# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert and zoo steps also time that stitch variant
+# unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert, zoo and memory steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false');
 # OPTION=fold_norms=true: profile steps compile with that option (BASELINE=1: and list torch.compile's
 # kernels too). DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
@@ -89,12 +89,13 @@ for step in "$@"; do
                 | tee "$out/bert-$shape.log" || status=1
             ;;
         memory|gemm-chains|attention)
-            python3 -m tvm_stitch bench "$step" --target cuda --json-out "$out/bench.jsonl" 2>&1 \
-                | tee "$out/$step.log" || status=1
+            python3 -m tvm_stitch bench "$step" --target cuda ${variants[@]+"${variants[@]}"} \
+                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/$step.log" || status=1
             ;;
         memory:*)
             python3 -m tvm_stitch bench memory --target cuda --dtype "${step#memory:}" \
-                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/${step/:/-}.log" || status=1
+                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
+                | tee "$out/${step/:/-}.log" || status=1
             ;;
         plans|plans:*)
             dt=${step#plans}

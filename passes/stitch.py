@@ -43,31 +43,35 @@ class StitchFusion:
     schedules : dict, optional
         Shared with :class:`StitchSchedule` so that the patterns checked here are not
         scheduled a second time.
+    explore : {"greedy", "search"}
+        How patterns are chosen (:func:`~tvm_stitch.stitch.former.form_groups`).
     """
 
-    def __init__(self, schedules=None):
+    def __init__(self, schedules=None, explore: str = "greedy"):
         self.schedules = {} if schedules is None else schedules
+        self.explore = explore
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         self.schedules.clear()  # one module's schedules at a time
         gpu, hw = _hardware()
         if hw is None:  # no plan can schedule a pattern for this GPU: TVM's fusion throughout
             return mod
-        out, formed = _form(mod, skip=set())
+        out, formed = _form(mod, skip=set(), explore=self.explore)
         if not formed:
             return mod
         refused = _unschedulable(out, formed, self.schedules, gpu, hw)
         for name, why in refused.items():
             logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
         if refused:
-            out, formed = _form(mod, skip={formed[name] for name in refused})
+            out, formed = _form(mod, skip={formed[name] for name in refused},
+                                explore=self.explore)
             if not formed:
                 return mod
         logger.info("stitch: %d fusion patterns formed", len(formed))
         return out
 
 
-def _form(mod, skip):
+def _form(mod, skip, explore="greedy"):
     """``mod`` with each fusion pattern (but those keyed in ``skip``) wrapped in a Primitive
     function; also ``{function name: pattern key}`` of the patterns formed (key: the function,
     the dataflow block's index and the members' binding indices — the same in every formation
@@ -83,7 +87,7 @@ def _form(mod, skip):
                 new_blocks.append(block)
                 continue
             try:
-                groups, refused = form_groups(mod, block, representative(func))
+                groups, refused = form_groups(mod, block, representative(func), explore)
                 if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)

@@ -99,6 +99,10 @@ class PipelineOptions:
         On CUDA, compile every kernel ahead of the build; one that fails gets TVM's schedule.
     tune : {"measure", "model"}
         Tiles for shapes the tuning database lacks: measured on the GPU, or the cost model's.
+    explore : {"greedy", "search"}
+        How FusionStitching's patterns are chosen: the greedy rule in program order, or the
+        fusion explorer's search (FusionStitching's approximate DP and beam search,
+        :mod:`tvm_stitch.explore.fusion`).
     mask_blocks : bool
         Attention skips the key blocks a mask folded at compile time hides from every query of
         a block (causal, sliding windows), and applies the mask only on the blocks its edges
@@ -122,6 +126,7 @@ class PipelineOptions:
     check_kernels: bool = True
     tune: str = "measure"
     mask_blocks: bool = True
+    explore: str = "greedy"
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -129,6 +134,8 @@ class PipelineOptions:
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
         check_launch_dependents(self.launch_dependents)
         check_tune(self.tune)
+        if self.explore not in ("greedy", "search"):
+            raise ValueError(f"explore takes 'greedy' or 'search'; got {self.explore!r}")
         try:
             check_families(self.mcfuser)
         except ValueError as err:

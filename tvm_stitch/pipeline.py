@@ -175,7 +175,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if opts.stitch:
             schedules = {}  # the patterns StitchFusion checked are scheduled once
             at = next(i for i, p in enumerate(fusion) if p.info.name == "FuseOps")
-            fusion.insert(at, passes.StitchFusion(schedules))
+            fusion.insert(at, passes.StitchFusion(schedules, opts.explore))
             at = next(i for i, p in enumerate(fusion) if p.info.name == "StitchRecordKernels")
             fusion.insert(at + 1, passes.StitchSchedule(schedules))
         if opts.lift_params:  # weight-only computations (joined weights) run once, apart

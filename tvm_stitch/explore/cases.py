@@ -2,8 +2,8 @@
 by two reductions, transposes around a LayerNorm, a broadcast read by several patterns,
 independent patterns of different row counts, chains where joining a neighbour costs
 parallelism. Each is a :class:`~tvm_stitch.explore.fusion.FusionGraph` of float16 tensors, for
-the tests and ``benchmarks/studies/explorer.py`` to compare the explorer, the greedy rule and
-the exact plan."""
+the tests and the explorer's study to compare the explorer, the greedy rule and the exact
+plan."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def transposed_layer_norm(rows=(8, 128), width=768) -> FusionGraph:
     t = b.op("to_rows", T, shape, (bias,))
     out = b.layer_norm(t, rows, width, "ln.")
     back = b.op("to_channels", T, (rows[0], width, rows[1]), (out,))
-    b.op("gemm", GEMM, (rows[0], width, rows[1]), (back,), output=True)
+    b.op("matmul", GEMM, (rows[0], width, rows[1]), (back,), output=True)
     return b.graph()
 
 
@@ -130,7 +130,7 @@ def residual_chain(rows=(8, 128), width=768, layers=3) -> FusionGraph:
     shape = (*rows, width)
     x = b.op("x", GEMM, shape, reads=(("in", shape),))
     for n in range(layers):
-        h = b.op(f"gemm{n}", GEMM, shape, (x,))
+        h = b.op(f"matmul{n}", GEMM, shape, (x,))
         r = b.op(f"residual{n}", E, shape, (h, x))
         x = b.layer_norm(r, rows, width, f"ln{n}.")
     b.vertices[b.index[x]] = _output(b.vertices[b.index[x]])
@@ -181,7 +181,7 @@ def random_graph(seed: int, ops: int = 12) -> FusionGraph:
         inputs = tuple(rng.sample(earlier, min(len(earlier), rng.choice((1, 1, 2)))))
         reads = () if inputs and rng.random() < 0.7 else ((f"in{n}", full),)
         if pick < 0.08 and earlier:
-            b.op(f"gemm{n}", GEMM, full, inputs[:1])
+            b.op(f"matmul{n}", GEMM, full, inputs[:1])
         elif pick < 0.3 and inputs:
             rows = tokens if rng.random() < 0.75 else seqs
             r = b.op(f"reduce{n}", R, rows, inputs[:1])

@@ -69,6 +69,8 @@ class Vertex:
         Whether its value is read outside the graph (a function output).
     rows : tuple of int, optional
         A row reduction's row space: its input's shape without the reduced trailing axes.
+    view : bool
+        A layout op that moves no data (a reshape): it joins a pattern only as its tail.
     """
 
     name: str
@@ -79,6 +81,7 @@ class Vertex:
     reads: tuple = ()
     output: bool = False
     rows: tuple | None = None
+    view: bool = False
 
 
 class FusionGraph:
@@ -123,6 +126,11 @@ def illegal(graph: FusionGraph, members) -> str | None:
     rows = row_space(graph, members)
     if rows is None:
         return "reductions over different row spaces"
+    leaves = set()  # ops fed by outside tensors and leaves only: recomputed where read (a
+    for i in sorted(members):  # mask's cast and broadcast), of any shape
+        if vs[i].kind in (OpKind.LIGHT_ELEMWISE, OpKind.EXPENSIVE_ELEMWISE, OpKind.BROADCAST) \
+                and all(j in leaves for j in vs[i].inputs if j in members):
+            leaves.add(i)
     for i in members:
         v = vs[i]
         inside_in = [j for j in v.inputs if j in members]
@@ -130,8 +138,11 @@ def illegal(graph: FusionGraph, members) -> str | None:
         if v.kind is OpKind.INJECTIVE:
             if inside_in and inside_out:
                 return f"{v.name}: a layout op inside a pattern"
-            if inside_in:  # written through: the pattern's result leaves through it
-                continue
+            if v.view and not inside_in:
+                return f"{v.name}: a reshape read by a pattern stays a view"
+            continue  # read through (no input inside), or written through (no reader)
+        if i in leaves:
+            continue
         if tuple(v.shape[: len(rows)]) != rows:
             return f"{v.name}: output {v.shape} is not in the row space {rows}"
     bits = _bits(members)

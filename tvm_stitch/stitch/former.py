@@ -112,12 +112,14 @@ def binding_kinds(mod, binding, nodes=None, point=None) -> tuple[list[OpKind] | 
 
 
 def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
-                point=None) -> tuple[list[Group], list]:
+                point=None, explore: str = "greedy") -> tuple[list[Group], list]:
     """Fusion patterns of one dataflow block and the bindings refused, with reasons.
 
     ``point``: where the function's symbolic dims are read (``{name: size}``,
     :func:`~tvm_stitch.graph.specialize.representative`); without one, a binding of symbolic
-    shape is not stitched.
+    shape is not stitched. ``explore``: ``"greedy"``, the rule below; ``"search"``, the row
+    patterns chosen by the fusion explorer (:func:`explored_groups`), the column patterns
+    the rule's.
 
     Returns
     -------
@@ -127,6 +129,11 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
         reason)`` for stitchable-looking bindings kept out.
     """
     point = point or {}
+    if explore not in ("greedy", "search"):
+        raise ValueError(f"explore takes 'greedy' or 'search'; got {explore!r}")
+    if explore == "search":
+        groups, refused = form_groups(mod, block, point)
+        return explored_groups(mod, block, point, groups), refused
 
     def _shape(ty):
         return shape_at(ty, point)
@@ -418,3 +425,98 @@ def _call_args(value):
     if isinstance(value, relax.Call):
         return list(value.args)
     return []
+
+
+def explored_groups(mod, block, point, greedy: list[Group]) -> list[Group]:
+    """The row patterns of the fusion explorer's plan (:mod:`tvm_stitch.explore.fusion`) over
+    ``block``, packed as the rule packs them, with ``greedy``'s column patterns (their members
+    out of the explorer's graph) and the single bindings that are patterns by themselves (a
+    legalized ``layer_norm``)."""
+    from tvm_stitch.explore.fusion import explore as search
+    from tvm_stitch.explore.fusion import row_space
+    from tvm_stitch.hardware import HardwareModel
+
+    columns = [g for g in greedy if g.column is not None]
+    graph, kinds = block_graph(mod, block, point, {i for g in columns for i in g.members})
+    plan = search(graph, HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}))
+    groups = []
+    for p in plan.patterns:
+        members = sorted(p.members)
+        g = Group(len(groups), row_space(graph, p.members))
+        for i in members:
+            g.add(i, kinds[i], reduced=False)
+            v = graph.vertices[i]
+            if v.kind is OpKind.INJECTIVE and any(j in p.members for j in v.inputs):
+                g.layout.append(i)
+        groups.append(g)
+    covered = {i for g in groups for i in g.members}
+    for i, k in kinds.items():  # a PrimFunc that is a pattern itself
+        if i not in covered and k and OpKind.ROW_REDUCE in k and len(k) > 1:
+            g = Group(len(groups), row_space(graph, {i}))
+            g.add(i, k, reduced=False)
+            groups.append(g)
+    above = {}
+    for g in groups:
+        bits = 0
+        for i in g.members:
+            bits |= graph.above[i]
+        above[g.gid] = bits
+    group_up = {g.gid: {h.gid for h in groups if h is not g and
+                        any(above[g.gid] >> i & 1 for i in h.members)} for g in groups}
+    bindings = list(block.bindings)
+    group_of = {i: g for g in groups for i in g.members}
+    for g in groups:
+        _drop_trailing_reshapes(g, bindings, group_of)
+    groups = [g for g in groups if len(g.members) > 1 or len(g.kinds) > 1]
+    kept = _pack(groups, group_up)
+    for n, g in enumerate(columns):
+        g.gid = len(groups) + n
+    return kept + columns
+
+
+def block_graph(mod, block, point, opaque=frozenset()):
+    """``(graph, kinds)``: ``block``'s bindings as a :class:`~tvm_stitch.explore.fusion.
+    FusionGraph` (each binding a vertex; the ones in ``opaque``, and every binding that cannot
+    be stitched, opaque) and each stitchable binding's block kinds."""
+    from tvm_stitch.explore.fusion import FusionGraph, Vertex
+
+    bindings = list(block.bindings)
+    index = {b.var: i for i, b in enumerate(bindings)}
+    vertices, kinds = [], {}
+    for i, b in enumerate(bindings):
+        shape = shape_at(b.var.ty, point)
+        dtype = getattr(b.var.ty, "dtype", None)
+        size = math.prod(shape) * tvm.DataType(str(dtype)).bits // 8 if shape and dtype else 0
+        read = [v for v in relax.analysis.free_vars(b.value)]
+        inputs = tuple(sorted({index[v] for v in read if v in index}))
+        outside = []
+        for v in read:
+            if v in index:
+                continue
+            s = shape_at(v.ty, point) if hasattr(v, "ty") else None
+            d = getattr(getattr(v, "ty", None), "dtype", None)
+            if s is not None and d is not None:
+                outside.append((v.name, math.prod(s) * tvm.DataType(str(d)).bits // 8))
+        nodes = callee_nodes(mod, b, point)
+        k, _ = binding_kinds(mod, b, nodes, point)
+        args = [a for a in _call_args(b.value) if isinstance(a, relax.Var)]
+        kind, rows, view = OpKind.OPAQUE, None, False
+        if i in opaque or shape is None:
+            pass
+        elif k is not None:
+            kinds[i] = k
+            if OpKind.ROW_REDUCE in k:
+                kind, rows = OpKind.ROW_REDUCE, tuple(_reduce_rows(b, lambda t: shape_at(t, point)))
+            elif OpKind.EXPENSIVE_ELEMWISE in k:
+                kind = OpKind.EXPENSIVE_ELEMWISE
+            elif set(k) == {OpKind.BROADCAST}:
+                kind = OpKind.BROADCAST
+            else:
+                kind = OpKind.LIGHT_ELEMWISE
+        elif _layout_op(nodes, args):  # a reshape joins as a tail only: read, it is a view
+            kinds[i] = [OpKind.INJECTIVE]
+            kind, view = OpKind.INJECTIVE, any(n.detail != "transpose" for n in nodes)
+        vertices.append(Vertex(b.var.name, kind, tuple(shape or ()), size, inputs,
+                               tuple(outside), not isinstance(b.var, relax.DataflowVar), rows,
+                               view))
+    return FusionGraph(vertices), kinds
