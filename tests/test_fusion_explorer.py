@@ -170,3 +170,31 @@ def test_explore_takes_greedy_or_search():
     assert PipelineOptions().explore == "greedy"
     with pytest.raises(ValueError, match="explore"):
         PipelineOptions(explore="ilp")
+
+
+def test_a_failing_explorer_keeps_the_greedy_patterns(monkeypatch, caplog):
+    """Whatever the explorer raises, the block keeps the greedy rule's patterns, with a
+    warning: never a failed build."""
+    import tvm
+
+    from tvm_stitch.graph.specialize import representative
+    from tvm_stitch.pipeline import run_until
+    from tvm_stitch.stitch import former
+    from tvm_stitch.workloads import get_workload
+
+    inst = get_workload("add-layernorm").instance("float16")
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with cuda:
+        mod = run_until(inst.mod, cuda, "StitchFusion", tune="model", mcfuser=())
+    func = mod[inst.func]
+    block = func.body.blocks[0]
+    greedy, _ = former.form_groups(mod, block, representative(func))
+
+    def broken(*_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(former, "explored_groups", broken)
+    with caplog.at_level("WARNING", logger="tvm_stitch.stitch"):
+        groups, _ = former.form_groups(mod, block, representative(func), "search")
+    assert [g.members for g in groups] == [g.members for g in greedy] and groups
+    assert "fusion explorer failed" in caplog.text

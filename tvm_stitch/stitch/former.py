@@ -24,6 +24,7 @@ expression, so a row space of ``(batch, seq)`` is never taken for a static one.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import tvm
@@ -33,6 +34,7 @@ from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.graph.specialize import call_point, shape_at
 from tvm_stitch.graph.tdg import prim_func_nodes
 
+logger = logging.getLogger("tvm_stitch.stitch")
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 STITCHABLE = {
     OpKind.LIGHT_ELEMWISE,
@@ -133,7 +135,12 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
         raise ValueError(f"explore takes 'greedy' or 'search'; got {explore!r}")
     if explore == "search":
         groups, refused = form_groups(mod, block, point)
-        return explored_groups(mod, block, point, groups), refused
+        try:
+            return explored_groups(mod, block, point, groups), refused
+        except Exception as err:  # noqa: BLE001 - the rule's patterns, the reason logged
+            logger.warning("stitch: the fusion explorer failed, the greedy rule's patterns "
+                           "kept: %s: %s", type(err).__name__, err)
+            return groups, refused
 
     def _shape(ty):
         return shape_at(ty, point)
