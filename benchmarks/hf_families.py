@@ -278,10 +278,13 @@ def _built(model, inputs, dtype: str = "float16") -> str:
     return f"failed: nvcc: {why}" if why else "built"
 
 
-def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = False) -> str:
+def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = False,
+            compare: dict | None = None) -> str:
     """``from_torch`` on the GPU (``dtype``, the cost model's tiles) against the float32
     reference ``ref``, beside PyTorch's own error in ``dtype`` on the same GPU; with ``held``,
-    ``from_torch`` takes that PyTorch model (in ``dtype`` on the GPU) and CUDA inputs."""
+    ``from_torch`` takes that PyTorch model (in ``dtype`` on the GPU) and CUDA inputs. With
+    ``compare`` (pipeline options), that build is judged too, and both are timed in turns:
+    ``"<verdict>; <default µs> vs <compare µs>"``."""
     import copy
 
     import torch
@@ -303,14 +306,45 @@ def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = Fal
         logging.getLogger(__name__).warning("PyTorch %s failed: %s", dtype, err)
         theirs = None
     example = (half, theirs_args) if held else (model, inputs)
-    out = tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model")(*args)
-    out = out.float().cpu().numpy()
-    return _verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype)
+    built = [tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model")]
+    if compare is not None:
+        built.append(tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model",
+                                           **compare))
+    verdicts = []
+    for compiled in built:
+        out = compiled(*args).float().cpu().numpy()
+        verdicts.append(_verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype))
+    if compare is None:
+        return verdicts[0]
+    times = _timed_in_turns(built, args)
+    return f"{' / '.join(verdicts)}; {times[0]:.1f} vs {times[1]:.1f} us"
+
+
+def _timed_in_turns(built, args, rounds: int = 5, calls: int = 50) -> list:
+    """Median µs per call of each of ``built``, timed in turns (CUDA events, ``calls`` calls
+    a round after a warm-up)."""
+    import statistics
+
+    import torch
+
+    samples = [[] for _ in built]
+    for compiled in built:
+        compiled(*args)
+    for _ in range(rounds):
+        for n, compiled in enumerate(built):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                compiled(*args)
+            end.record()
+            end.synchronize()
+            samples[n].append(start.elapsed_time(end) * 1e3 / calls)
+    return [statistics.median(s) for s in samples]
 
 
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
           seq: int = 37, head_dim: int | None = None, dtype: str = "float16",
-          held: bool = False) -> dict:
+          held: bool = False, compare: dict | None = None) -> dict:
     """One family through ``from_torch`` on llvm (numerics, float32) and a CUDA build in
     ``dtype`` (kernels); with ``gpu``, through ``from_torch`` on the GPU in ``dtype`` instead
     (numerics), given the model on the GPU in ``dtype`` with ``held``."""
@@ -336,7 +370,7 @@ def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        row["cuda"] = (_on_gpu(model, inputs, ref, padded, dtype, held) if gpu
+        row["cuda"] = (_on_gpu(model, inputs, ref, padded, dtype, held, compare) if gpu
                        else _built(model, inputs, dtype))
     except Exception as err:  # noqa: BLE001
         row["cuda"] = f"failed: {type(err).__name__}: {error_line(err)}"[:160]
@@ -374,9 +408,17 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=None,
                         help="heads of this size, two a layer (Swin: two, then four; default: "
                         "each family's table, mostly 48)")
+    parser.add_argument("--compare", metavar="KEY=VALUE[,KEY=VALUE]", default=None,
+                        help="with --gpu: also build with these pipeline options, judge both "
+                        "and time them in turns (e.g. explore=search)")
     args = parser.parse_args(argv)
     if args.held and not args.gpu:
         parser.error("--held runs on the GPU: give --gpu too")
+    if args.compare and not args.gpu:
+        parser.error("--compare times on the GPU: give --gpu too")
+    from tvm_stitch.cli import _options
+
+    compare = _options(args.compare, "--compare") if args.compare else None
     names = args.only or (ZOO if args.zoo else list(FAMILIES))
     if args.names:
         print(*names, sep="\n")
@@ -385,12 +427,13 @@ def main(argv=None) -> int:
     print(f"{'model':16s} {'attn':6s} {'llvm (from_torch)':28s} {'cuda build':10s} kernels")
     for name in names:
         row = check(name, args.attn, args.mask, args.gpu, args.seq, args.head_dim, args.dtype,
-                    args.held)
+                    args.held, compare)
         print(f"{name:16s} {row.get('attn', ''):6s} {row['llvm']:28s} {row['cuda']:10s} "
               f"{row.get('kernels', '')}", flush=True)
         for line in row.get("left", []):
             print(f"{'':16s} {line[:200]}")
-        bad += any(row[k].startswith(("WRONG", "failed")) for k in ("llvm", "cuda"))
+        bad += any(row[k].startswith(("WRONG", "failed")) or " / WRONG" in row[k]
+                   for k in ("llvm", "cuda"))
     return 1 if bad else 0
 
 

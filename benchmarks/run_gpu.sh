@@ -11,7 +11,8 @@
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
 #       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time;
 #       FAMILY_FLAGS='--head-dim 128 --seq 130': other sizes; '--held': from the model held on the
-#       GPU in float16; '--zoo': the zoo's models) | fuzz[:COUNT] (the differential fuzzer's programs
+#       GPU in float16; '--zoo': the zoo's models; '--compare explore=search':
+#       that build judged too and both timed in turns) | fuzz[:COUNT] (the differential fuzzer's programs
 #       built for and run on the GPU against llvm, JOBS at a time)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert, zoo and memory steps also time that stitch variant
@@ -143,7 +144,7 @@ for step in "$@"; do
             ;;
         families|families:mask)  # hf_families --gpu, one process a family, JOBS (default 4) at once
             flags="--gpu ${FAMILY_FLAGS:-}"; [[ "$step" == *:mask ]] && flags="$flags --mask"
-            tag=${step/:/-}; [[ -n "${FAMILY_FLAGS:-}" ]] && tag="$tag$(echo "$FAMILY_FLAGS" | tr -d ' -')"
+            tag=${step/:/-}; [[ -n "${FAMILY_FLAGS:-}" ]] && tag="$tag$(echo "$FAMILY_FLAGS" | tr -cd 'A-Za-z0-9')"
             mkdir -p "$out/$tag"
             rm -f "$out/$tag-failed.txt"
             names=$(python3 -m tvm_stitch.benchmarks.hf_families --names $flags)
