@@ -398,7 +398,7 @@ class _Rewriter:
         """The name of the PrimFunc launching ``source`` with ``config``, added to the module
         the first time (``describe``: what the kernel computes, by default ``match``'s own
         description; a runtime kernel's match has its sentinel sizes)."""
-        key = f"{source.name}_{embed._tag(config)}" + ("_pf" if source.prefetch else "")
+        key = f"{source.name}_{embed._tag(config)}{embed.prefetch_tag(source)}"
         if config.get(embed.VARIANTS):  # tiles of smaller sizes besides
             key += "_" + hashlib.sha1(repr(config[embed.VARIANTS]).encode()).hexdigest()[:6]
         if key not in self.funcs:

@@ -198,3 +198,69 @@ def test_a_failing_explorer_keeps_the_greedy_patterns(monkeypatch, caplog):
         groups, _ = former.form_groups(mod, block, representative(func), "search")
     assert [g.members for g in groups] == [g.members for g in greedy] and groups
     assert "fusion explorer failed" in caplog.text
+
+
+def _legalized(script_module):
+    from tvm import relax
+
+    mod = relax.transform.LegalizeOps()(script_module)
+    return mod, mod["main"].body.blocks[0]
+
+
+def test_explored_patterns_never_wait_for_a_column_pattern():
+    """Column reductions over ``a`` feeding a row pattern over ``x``, which feeds them back
+    (``v`` into the columns' epilogue, ``max(a, 0)`` into the row pattern): patterns the
+    explorer would choose there make a cycle with the column pattern, so the block keeps the
+    greedy rule's patterns, and both are formed."""
+    import tvm
+    from tvm.script import relax as R
+    from tvm_stitch.passes.stitch import _form
+
+    from tvm_stitch.stitch.former import form_groups
+
+    @tvm.script.ir_module
+    class Module:
+        @R.function
+        def main(a: R.Tensor((512, 768), "float16"), w: R.Tensor((768,), "float16"),
+                 x: R.Tensor((256, 768), "float16")):
+            with R.dataflow():
+                c1 = R.sum(a, axis=[0])
+                c2 = R.max(a, axis=[0])
+                v = R.multiply(w, w)
+                p = R.multiply(x, v)
+                c3 = R.add(c1, v)
+                q = R.subtract(x, c2)
+                r = R.multiply(q, p)
+                s = R.sum(r, axis=[1])
+                R.output(c3, s)
+            return (c3, s)
+
+    mod, block = _legalized(Module)
+    greedy, _ = form_groups(mod, block, None)
+    search, _ = form_groups(mod, block, None, "search")
+    assert sorted(g.members for g in search) == sorted(g.members for g in greedy)
+    _, formed = _form(mod, set(), "search")
+    assert len(formed) == 2
+
+
+def test_a_reduction_before_a_reshape_is_no_pattern_alone():
+    """A row sum written through a reshape that the rule drops (TVM makes it a view) leaves
+    one binding: not a pattern, as with the greedy rule."""
+    import tvm
+    from tvm.script import relax as R
+
+    from tvm_stitch.stitch.former import form_groups
+
+    @tvm.script.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((4, 128, 768), "float16")):
+            with R.dataflow():
+                m = R.sum(x, axis=[2])
+                r = R.reshape(m, (512,))
+                y = R.add(r, r)
+                R.output(y)
+            return y
+
+    mod, block = _legalized(Module)
+    assert form_groups(mod, block, None, "search")[0] == []

@@ -44,14 +44,14 @@ def test_generated_gemms_prefetch_their_weights(tmp_path, monkeypatch):
     ``"exit"`` at none."""
     kernels = _kernels({}, tmp_path, monkeypatch)
     gemms = [k for k in kernels if k.startswith("stitch_gemm")]
-    assert len(gemms) >= 3 and all(k.endswith("_pf") for k in gemms)
+    assert len(gemms) >= 3 and all(re.search(r"_pf\d+(_\d+)*$", k) for k in gemms)
     for name, ptx in kernels.items():
         pulls = ptx.count("cp.async.bulk.prefetch.L2.global")
         assert bool(pulls) == (name in gemms), name  # a weight each (Q/K/V: 3, biases: 3)
         assert "griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" in ptx, name
     plain = _kernels({"prefetch_weights": False, "launch_dependents": "exit"}, tmp_path,
                      monkeypatch)
-    assert sorted(plain) == sorted(k.removesuffix("_pf") for k in kernels)
+    assert sorted(plain) == sorted(re.sub(r"_pf[\d_]+$", "", k) for k in kernels)
     assert not any("prefetch" in p or "launch_dependents" in p for p in plain.values())
 
 
@@ -71,3 +71,17 @@ def test_prefetched_weights_change_no_number(tmp_path, monkeypatch):
         outs.append(vm[inst.func](*args).numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0].astype("float32"), inst.reference()[0], *inst.tolerance)
+
+
+def test_a_kernel_prefetching_other_inputs_has_a_symbol_of_its_own():
+    """The symbol names the prefetched inputs' positions: the same kernel and tiles
+    prefetching another input elsewhere is another kernel."""
+    import dataclasses
+
+    from tvm_stitch.codegen.embed import prefetch_tag
+    from tvm_stitch.codegen.kernel_text import KernelSource
+
+    source = KernelSource("k", "", ["x", "w", "b"], [], {}, "gemm")
+    assert prefetch_tag(source) == ""
+    assert prefetch_tag(dataclasses.replace(source, prefetch=("w",))) == "_pf1"
+    assert prefetch_tag(dataclasses.replace(source, prefetch=("w", "b"))) == "_pf1_2"

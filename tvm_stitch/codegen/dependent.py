@@ -19,7 +19,7 @@ from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, check_launch_dependents
 PDL_TAG = "tirx.use_programtic_dependent_launch"
 
 
-def dependent_launch(ptx: str, launch_dependents: str = DEFAULT_LAUNCH_DEPENDENTS) -> str:
+def dependent_launch(ptx: str, launch_dependents: str = "exit") -> str:
     """``ptx`` whose kernel may be launched before the kernel before it has finished
     (programmatic dependent launch, sm_90): its first instructions wait for that grid to complete
     and its memory to be visible (``griddepcontrol.wait``: before any load or store, so neither

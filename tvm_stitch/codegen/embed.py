@@ -522,8 +522,8 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
         last, _ = _without_spills(source, match, config, shapes, rest, unaligned)
     kernel, options, split = _generated_call(source, match, last, shapes, *rest)
     if source.prefetch and not match.runtime:  # a symbol of its own: the same tiles may
-        # run elsewhere without
-        kernel = (*kernel[:6], f"{kernel[6]}_pf", *kernel[7:])
+        # run elsewhere without, or prefetching other inputs
+        kernel = (*kernel[:6], f"{kernel[6]}{prefetch_tag(source)}", *kernel[7:])
         options["prefetch"] = tuple(f"I{source.inputs.index(t)}" for t in source.prefetch)
     alternatives = _alternatives(source, match, config, variants, shapes,
                                  *rest) if match.runtime else ()
@@ -531,6 +531,13 @@ def generated_launch(source, match, config: dict, shapes: dict, smem_limit=None,
     if split or any(p.name == "CNT" for _, k in alternatives for p in k.plan["params"]):
         launch.func = launch.func.with_attr(ZEROED_INPUTS, 1)
     return launch
+
+
+def prefetch_tag(source) -> str:
+    """The suffix of a kernel that prefetches ``source.prefetch``: the inputs' positions."""
+    if not source.prefetch:
+        return ""
+    return "_pf" + "_".join(str(source.inputs.index(t)) for t in source.prefetch)
 
 
 def _alternatives(source, match, config, variants, shapes, *rest) -> tuple:

@@ -434,27 +434,29 @@ def _call_args(value):
     return []
 
 
-def explored_groups(mod, block, point, greedy: list[Group]) -> list[Group]:
-    """The row patterns of the fusion explorer's plan (:mod:`tvm_stitch.explore.fusion`) over
-    ``block``, packed as the rule packs them, with ``greedy``'s column patterns (their members
-    out of the explorer's graph) and the single bindings that are patterns by themselves (a
-    legalized ``layer_norm``)."""
+def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Group]:
+    """The row patterns of the fusion explorer's plan (:mod:`tvm_stitch.explore.fusion`, scored
+    for ``hw``, by default the target's GPU) over ``block``, packed as the rule packs them, with
+    ``greedy``'s column patterns (their members out of the explorer's graph) and the single
+    bindings that are patterns by themselves (a legalized ``layer_norm``). Where a row
+    pattern and a column pattern would wait for each other, ``greedy`` itself."""
+    from tvm_stitch.explore.fusion import _cycle, pattern, row_space
     from tvm_stitch.explore.fusion import explore as search
-    from tvm_stitch.explore.fusion import row_space
-    from tvm_stitch.hardware import HardwareModel
 
+    hw = hw or _target_hardware()
     columns = [g for g in greedy if g.column is not None]
     graph, kinds = block_graph(mod, block, point, {i for g in columns for i in g.members})
-    plan = search(graph, HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"}))
+    plan = search(graph, hw)
     groups = []
     for p in plan.patterns:
-        members = sorted(p.members)
         g = Group(len(groups), row_space(graph, p.members))
-        for i in members:
-            g.add(i, kinds[i], reduced=False)
+        for i in sorted(p.members):
             v = graph.vertices[i]
             if v.kind is OpKind.INJECTIVE and any(j in p.members for j in v.inputs):
+                g.members.append(i)  # written through, as the rule's layout tails
                 g.layout.append(i)
+            else:
+                g.add(i, kinds[i], reduced=False)
         groups.append(g)
     covered = {i for g in groups for i in g.members}
     for i, k in kinds.items():  # a PrimFunc that is a pattern itself
@@ -462,6 +464,11 @@ def explored_groups(mod, block, point, greedy: list[Group]) -> list[Group]:
             g = Group(len(groups), row_space(graph, {i}))
             g.add(i, k, reduced=False)
             groups.append(g)
+    bindings = list(block.bindings)
+    group_of = {i: g for g in groups for i in g.members}
+    for g in groups:
+        _drop_trailing_reshapes(g, bindings, group_of)
+    groups = [g for g in groups if len(g.members) > 1 or len(g.kinds) > 1]
     above = {}
     for g in groups:
         bits = 0
@@ -470,15 +477,28 @@ def explored_groups(mod, block, point, greedy: list[Group]) -> list[Group]:
         above[g.gid] = bits
     group_up = {g.gid: {h.gid for h in groups if h is not g and
                         any(above[g.gid] >> i & 1 for i in h.members)} for g in groups}
-    bindings = list(block.bindings)
-    group_of = {i: g for g in groups for i in g.members}
-    for g in groups:
-        _drop_trailing_reshapes(g, bindings, group_of)
-    groups = [g for g in groups if len(g.members) > 1 or len(g.kinds) > 1]
     kept = _pack(groups, group_up)
+    if columns and _cycle(graph, [pattern(graph, g.members) for g in (*kept, *columns)]):
+        logger.info("stitch: the explorer's patterns and the column patterns would wait for "
+                    "each other: the greedy rule's patterns kept")
+        return greedy
+    next_gid = max((g.gid for g in kept), default=-1) + 1
     for n, g in enumerate(columns):
-        g.gid = len(groups) + n
+        g.gid = next_gid + n
     return kept + columns
+
+
+def _target_hardware():
+    """The GPU of the current CUDA target, else the default one (the explorer's scores)."""
+    from tvm_stitch.hardware import HardwareModel
+
+    target = tvm.target.Target.current(allow_none=True)
+    try:
+        if target is not None and target.kind.name == "cuda":
+            return HardwareModel.from_target(target)
+    except ValueError:
+        pass
+    return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"})
 
 
 def block_graph(mod, block, point, opaque=frozenset()):
