@@ -306,44 +306,31 @@ def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = Fal
         logging.getLogger(__name__).warning("PyTorch %s failed: %s", dtype, err)
         theirs = None
     example = (half, theirs_args) if held else (model, inputs)
-    built = [tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model")]
-    verdicts = []
-    for compiled in built:
-        out = compiled(*args).float().cpu().numpy()
-        verdicts.append(_verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype))
+    compiled = tvm_stitch.from_torch(*example, target="cuda", dtype=dtype, tune="model")
+    out = compiled(*args).float().cpu().numpy()
+    verdict = _verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype)
     if compare is None:
-        return verdicts[0]
+        return verdict
     try:  # the second build's failure is its own: the first's verdict stays
         other = tvm_stitch.from_torch(*example, target="cuda", dtype=dtype,
                                       **{"tune": "model", **compare})
         out = other(*args).float().cpu().numpy()
     except Exception as err:  # noqa: BLE001 - the row says what failed
-        return f"{verdicts[0]} / failed: {type(err).__name__}: {error_line(err)}"[:200]
-    verdicts.append(_verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype))
-    times = _timed_in_turns([*built, other], args)
-    return f"{' / '.join(verdicts)}; {times[0]:.1f} vs {times[1]:.1f} us"
+        return f"{verdict} / failed: {type(err).__name__}: {error_line(err)}"[:200]
+    other_verdict = _verdict(out, ref, *TOLERANCES[dtype], padded, theirs, dtype)
+    times = _timed_in_turns([compiled, other], args)
+    return f"{verdict} / {other_verdict}; {times[0]:.1f} vs {times[1]:.1f} us"
 
 
-def _timed_in_turns(built, args, rounds: int = 5, calls: int = 50) -> list:
-    """Median µs per call of each of ``built``, timed in turns (CUDA events, ``calls`` calls
-    a round after a warm-up)."""
+def _timed_in_turns(built, args, rounds: int = 5) -> list:
+    """Median µs per call of each of ``built``, timed in turns (``rounds`` times each, one
+    call at a time between CUDA events: each build replays its own CUDA graph)."""
     import statistics
 
-    import torch
+    from tvm_stitch.tune.measure import time_torch
 
-    samples = [[] for _ in built]
-    for compiled in built:
-        compiled(*args)
-    for _ in range(rounds):
-        for n, compiled in enumerate(built):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                compiled(*args)
-            end.record()
-            end.synchronize()
-            samples[n].append(start.elapsed_time(end) * 1e3 / calls)
-    return [statistics.median(s) for s in samples]
+    samples = [[time_torch(c, args, "cuda", graph=False) for c in built] for _ in range(rounds)]
+    return [statistics.median(s) for s in zip(*samples)]
 
 
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,

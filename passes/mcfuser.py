@@ -221,9 +221,10 @@ class _Rewriter:
     def _function(self, name, func, families):
         graph = build_graph(self.mod, name, legalize=False)
         self.values = dict(graph.values)  # and the tensors kernels pass each other (moments)
-        self.weights = weight_tensors(graph, func) if self.join else set()
+        params = weight_tensors(graph, func)
+        self.weights = set(params) if self.join else set()
         self.bound = bound_weights(graph)  # joined at compile time, lifting or not
-        self.resident = weight_tensors(graph, func) | self.bound
+        self.resident = params | self.bound
         self.name, self.families = name, families
         self.planner = RuntimePlanner(self.mod, name, families, self.fold_norms,
                                       lambda: self.weights if self.join else None)

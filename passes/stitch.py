@@ -56,7 +56,7 @@ class StitchFusion:
         gpu, hw = _hardware()
         if hw is None:  # no plan can schedule a pattern for this GPU: TVM's fusion throughout
             return mod
-        out, formed = _form(mod, skip=set(), explore=self.explore)
+        out, formed = _form(mod, skip=set(), explore=self.explore, hw=hw)
         if not formed:
             return mod
         refused = _unschedulable(out, formed, self.schedules, gpu, hw)
@@ -64,15 +64,16 @@ class StitchFusion:
             logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
         if refused:
             out, formed = _form(mod, skip={formed[name] for name in refused},
-                                explore=self.explore)
+                                explore=self.explore, hw=hw)
             if not formed:
                 return mod
         logger.info("stitch: %d fusion patterns formed", len(formed))
         return out
 
 
-def _form(mod, skip, explore="greedy"):
-    """``mod`` with each fusion pattern (but those keyed in ``skip``) wrapped in a Primitive
+def _form(mod, skip, explore="greedy", hw=None):
+    """``mod`` with each fusion pattern (but those keyed in ``skip``; chosen as ``explore`` says,
+    for ``hw``: :func:`~tvm_stitch.stitch.former.form_groups`) wrapped in a Primitive
     function; also ``{function name: pattern key}`` of the patterns formed (key: the function,
     the dataflow block's index and the members' binding indices — the same in every formation
     of ``mod``)."""
@@ -87,7 +88,7 @@ def _form(mod, skip, explore="greedy"):
                 new_blocks.append(block)
                 continue
             try:
-                groups, refused = form_groups(mod, block, representative(func), explore)
+                groups, refused = form_groups(mod, block, representative(func), explore, hw)
                 if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)

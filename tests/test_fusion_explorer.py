@@ -27,7 +27,7 @@ def test_the_explorer_finds_the_optimum_on_every_built_case(name):
                                                                _names(graph, best))
     assert plan.value >= greedy.value - 1e-9
     assert all(fusion.illegal(graph, p.members) is None for p in plan.patterns)
-    assert not fusion._cycle(graph, plan.patterns)
+    assert not fusion.cyclic(graph, [p.members for p in plan.patterns])
 
 
 def test_choices_the_greedy_rule_gets_wrong():
@@ -110,9 +110,9 @@ def test_the_integer_program_cuts_cycles_between_patterns():
     ix = b.index
     both = [fusion.pattern(g, {ix["a"], ix["ra"], ix["na"]}),
             fusion.pattern(g, {ix["c"], ix["rc"], ix["nc"]})]
-    assert fusion._cycle(g, both)
+    assert fusion.cyclic(g, [p.members for p in both])
     best = ilp.optimum(g, HW)
-    assert not fusion._cycle(g, best.patterns)
+    assert not fusion.cyclic(g, [p.members for p in best.patterns])
     assert best.value < sum(fusion.plan_value(g, p, HW) for p in both)
     assert {p.members for p in best.patterns} != {p.members for p in both}
     assert fusion.explore(g, HW).value == pytest.approx(best.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -219,9 +220,7 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
     wait for the grid before it (nothing is loaded or stored earlier), then release the next
     launch; the tag sits before the shared-memory one (TVM wants that last) and ptxas takes
     the PTX."""
-    import os
     import re
-    import shutil
 
     from tvm_stitch.codegen import embed
 
@@ -235,15 +234,16 @@ def test_generated_kernels_wait_for_the_kernel_before_them(tmp_path):
     assert embed.PDL_TAG in source.tags
     if "tirx.use_dyn_shared_memory" in source.tags:
         assert source.tags[-1] == "tirx.use_dyn_shared_memory"
-    import triton
+    _assert_assembles(source.ptx, tmp_path)
 
+
+def _assert_assembles(ptx: str, tmp_path) -> None:
+    """ptxas (Triton's, else one on the path; none: nothing checked) takes ``ptx`` for sm_90a."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         ptxas = shutil.which("ptxas")
     if ptxas:
-        import subprocess
-
-        (tmp_path / "k.ptx").write_text(source.ptx)
+        (tmp_path / "k.ptx").write_text(ptx)
         out = subprocess.run([ptxas, "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
                               str(tmp_path / "k.cubin")], capture_output=True, text=True,
                              check=False)
@@ -315,12 +315,6 @@ def test_weights_are_pulled_into_l2_before_the_wait(tmp_path):
     own parameters), the launch passes that input's data there, and before the wait each
     block's first thread pulls its share of the input's 16-byte pieces into L2 (W: 48 x 64
     float16, 384 pieces); ptxas takes the PTX. Without ``prefetch`` nothing changes."""
-    import os
-    import shutil
-    import subprocess
-
-    import triton
-
     probe = _probe_launch("prefetch_probe", prefetch=("W",))
     plain = _probe_launch("plain_probe")
     assert probe.arg_types == [*plain.arg_types, "handle"]
@@ -337,14 +331,7 @@ def test_weights_are_pulled_into_l2_before_the_wait(tmp_path):
     nulls = len(args) - 1 - args[::-1].index("T.int64(0)")  # Triton's scratch pointers, then
     assert args[nulls + 1] == "W.data"  # the prefetched input, then the launch's extents
     assert args[1:nulls + 1] == [str(a) for a in _packed_call(plain.func.body).args][1:nulls + 1]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ptxas = ptxas if os.path.exists(ptxas) else shutil.which("ptxas")
-    if ptxas:
-        (tmp_path / "k.ptx").write_text(probe.ptx)
-        out = subprocess.run([ptxas, "--gpu-name=sm_90a", str(tmp_path / "k.ptx"), "-o",
-                              str(tmp_path / "k.cubin")], capture_output=True, text=True,
-                             check=False)
-        assert out.returncode == 0, out.stderr
+    _assert_assembles(probe.ptx, tmp_path)
 
 
 def _packed_call(node):

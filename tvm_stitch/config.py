@@ -35,6 +35,17 @@ def check_tune(value) -> str:
     return value
 
 
+#: how FusionStitching's patterns are chosen (``explore``)
+EXPLORE = ("greedy", "search")
+
+
+def check_explore(value) -> str:
+    """``value`` if it is one of :data:`EXPLORE`; else a ``ValueError``."""
+    if value not in EXPLORE:
+        raise ValueError(f"explore takes 'greedy' or 'search'; got {value!r}")
+    return value
+
+
 def check_launch_dependents(value) -> str:
     """``value`` if it is one of :data:`LAUNCH_DEPENDENTS`; else a ``ValueError``."""
     if value not in LAUNCH_DEPENDENTS:
@@ -134,8 +145,7 @@ class PipelineOptions:
                 raise ValueError(f"{f.name} takes True or False; got {getattr(self, f.name)!r}")
         check_launch_dependents(self.launch_dependents)
         check_tune(self.tune)
-        if self.explore not in ("greedy", "search"):
-            raise ValueError(f"explore takes 'greedy' or 'search'; got {self.explore!r}")
+        check_explore(self.explore)
         try:
             check_families(self.mcfuser)
         except ValueError as err:

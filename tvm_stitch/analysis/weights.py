@@ -77,11 +77,11 @@ def prefetched(inputs, weights, shapes: dict, l2_bytes: int) -> tuple:
     other and the activations). ``shapes``: tensor -> ``(shape, dtype)``."""
     import math
 
-    import tvm
+    from tvm_stitch.graph.tdg import dtype_bytes
 
     mine = tuple(t for t in dict.fromkeys(inputs) if t in weights)
-    size = sum(math.prod(int(d) for d in shapes[t][0]) * tvm.DataType(str(shapes[t][1])).bits
-               // 8 for t in mine)
+    size = sum(math.prod(int(d) for d in shapes[t][0]) * dtype_bytes(shapes[t][1])
+               for t in mine)
     return mine if size <= l2_bytes // 4 else ()
 
 

@@ -72,9 +72,6 @@ def prefetch_inputs(ptx: str, sizes: list[int]) -> str:
     lines[last] = lines[last].rstrip("\n").rstrip(",") + ",\n"
     lines[close:close] = [f"\t.param .u64 {n}{',' if i < len(names) - 1 else ''}\n"
                           for i, n in enumerate(names)]
-    body = _first_instruction(lines)
-    wait = next((i for i in range(body, min(body + 3, len(lines)))
-                 if lines[i].strip() == "griddepcontrol.wait;"), body)
     code = ["{", ".reg .pred %pfp<2>;", ".reg .b32 %pfr<12>;", ".reg .b64 %pfd<3>;",
             "mov.u32 %pfr0, %tid.x;", "setp.ne.u32 %pfp0, %pfr0, 0;",
             "@%pfp0 bra $L__stitch_prefetch_done;",
@@ -99,7 +96,8 @@ def prefetch_inputs(ptx: str, sizes: list[int]) -> str:
                  "add.s64 %pfd0, %pfd0, %pfd1;",
                  "cp.async.bulk.prefetch.L2.global [%pfd0], %pfr11;", f"{skip}:"]
     code += ["$L__stitch_prefetch_done:", "}"]
-    lines.insert(wait, "".join(f"\t{c}\n" for c in code))
+    # the first instruction: the wait, where :func:`dependent_launch` put one
+    lines.insert(_first_instruction(lines), "".join(f"\t{c}\n" for c in code))
     return "".join(lines)
 
 

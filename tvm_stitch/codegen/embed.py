@@ -28,6 +28,7 @@ import re
 import tvm
 
 from tvm_stitch.config import DEFAULT_LAUNCH_DEPENDENTS, release_point
+from tvm_stitch.graph.tdg import dtype_bytes
 
 from .dependent import PDL_TAG, dependent_launch, prefetch_inputs
 from .kernel_text import UnsupportedKernelError
@@ -324,7 +325,7 @@ def compile_call(
     release = release_point(launch_dependents, blocks, num_sms)
     ptx = dependent_launch(ptx, release) if dependent else ptx
     if prefetch:
-        sizes = {p.name: math.prod(p.shape) * tvm.DataType(p.dtype).bits // 8 for p in params}
+        sizes = {p.name: math.prod(p.shape) * dtype_bytes(p.dtype) for p in params}
         ptx = prefetch_inputs(ptx, [sizes[name] for name in prefetch])
         arg_types += ["handle"] * len(prefetch)
 

@@ -13,14 +13,15 @@ graph has no cycle.
   several members read once) at the device's bandwidth, the launches saved, and the penalty of
   the kernel plan the code generator would build: rows re-read from L2 by every reduction after
   the first (one pass per reduction, :func:`tvm_stitch.stitch.plan.evaluate`'s model) and lost
-  parallelism where the pattern has fewer rows than the device has SMs. A pattern keeps its
-  aggregates, so adding an op updates them in the op's degree, without replanning.
+  parallelism where the pattern has fewer rows than the device has SMs. It reads the
+  pattern's ops and their neighbours alone, without a kernel plan; a local move
+  (:func:`refine`) rescores only the two patterns it changes.
 - **Approximate dynamic programming** (:func:`candidate_patterns`): in post-order, the top ``k``
   patterns whose first op is each vertex — the vertex with combinations of its consumers'
   candidates, consumers taken in groups (*PatternReduction*).
 - **Beam search** (:func:`explore`): vertices in program order, each of the ``width`` partial
   plans extended by each candidate pattern of the vertex that overlaps none of its patterns and
-  makes no cycle; the best plan by total score.
+  makes no cycle (:func:`cyclic`); each plan then improved by local moves (:func:`refine`).
 - :func:`greedy` is the former's rule (:mod:`tvm_stitch.stitch.former`) on the same graph, for
   comparison; :mod:`tvm_stitch.explore.ilp` solves the same space exactly on small graphs.
 
@@ -200,13 +201,14 @@ def row_space(graph: FusionGraph, members) -> tuple | None:
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
-    """A pattern and its score's aggregates (:func:`score`); :meth:`with_vertex` adds one op."""
+    """A pattern and its score's aggregates (:func:`pattern`, :func:`score`)."""
 
     members: frozenset
     saved_bytes: int  # DRAM bytes a kernel of the members does not move, against one per op
     io_bytes: int  # what the kernel reads and writes
     reductions: int
     row_bytes: int  # the widest row the kernel streams (per reduction pass)
+    rows: int  # rows of its row space (:func:`row_space`; 1 where it has none)
 
     @property
     def has_reduce(self) -> bool:
@@ -237,24 +239,21 @@ def pattern(graph: FusionGraph, members) -> Pattern:
         saved += size * (n - 1)  # read once
         io += size
     reductions = sum(vs[i].kind is OpKind.ROW_REDUCE for i in members)
-    rows = row_space(graph, members) or ()
-    n_rows = max(1, math.prod(rows))
+    n_rows = max(1, math.prod(row_space(graph, members) or ()))
     widest = max((max(vs[i].out_bytes, *(s for _, s in vs[i].reads), 0) for i in members),
                  default=0)
-    return Pattern(members, saved, io, reductions, widest // n_rows)
+    return Pattern(members, saved, io, reductions, widest // n_rows, n_rows)
 
 
 def score(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
     """``f(P)`` in µs: DRAM time saved plus launches saved minus the kernel plan's penalty."""
     t_mem = p.saved_bytes / hw.mem_bandwidth
     t_calls = (len(p.members) - 1) * hw.launch_overhead
-    rows = row_space(graph, p.members) or ()
-    n_rows = max(1, math.prod(rows))
     # every reduction after the first re-reads the row from L2 (one pass per reduction)
-    reread = max(0, p.reductions - 1) * p.row_bytes * n_rows / (hw.mem_bandwidth *
+    reread = max(0, p.reductions - 1) * p.row_bytes * p.rows / (hw.mem_bandwidth *
                                                                    hw.l2_bandwidth_ratio)
     # fewer rows than SMs: the kernel's traffic runs on that share of the device
-    share = min(1.0, n_rows / hw.num_sms)
+    share = min(1.0, p.rows / hw.num_sms)
     lost = p.io_bytes / hw.mem_bandwidth * (1 / share - 1) if len(p.members) > 1 else 0.0
     return (t_mem + t_calls - reread - lost) * 1e6
 
@@ -342,7 +341,7 @@ def explore(graph: FusionGraph, hw: HardwareModel, width: int = BEAM_WIDTH,
             for p in candidates[v]:
                 gain = plan_value(graph, p, hw)
                 bits = _bits(p.members)
-                if gain <= 0 or bits & covered or _cycle(graph, (*pats, p)):
+                if gain <= 0 or bits & covered or cyclic(graph, [q.members for q in (*pats, p)]):
                     continue
                 grown.append((value + gain, covered | bits, (*pats, p)))
         unique = {}
@@ -396,9 +395,8 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
             after += worth(members) if members else 0.0
         if after <= before + 1e-9:
             return None
-        trial = [pattern(graph, m) for n, m in {**pats, **changes}.items()
-                 if m and len(m) > 1]
-        return None if _cycle(graph, trial) else after - before
+        trial = [m for m in {**pats, **changes}.values() if m and len(m) > 1]
+        return None if cyclic(graph, trial) else after - before
 
     improved = True
     while improved:
@@ -443,7 +441,8 @@ def greedy(graph: FusionGraph, hw: HardwareModel) -> Plan:
         chosen = None
         if vs[i].kind is OpKind.INJECTIVE:  # a layout op: the tail of a pattern that reduces
             g = group_of.get(vs[i].inputs[0]) if len(vs[i].inputs) == 1 else None
-            if g is not None and pattern(graph, g).has_reduce and not illegal(graph, g | {i}):
+            reduces = g is not None and any(vs[j].kind is OpKind.ROW_REDUCE for j in g)
+            if reduces and not illegal(graph, g | {i}):
                 chosen = g
             elif vs[i].inputs or len(graph.consumers[i]) != 1:  # else read through, an input's
                 continue
@@ -462,12 +461,12 @@ def greedy(graph: FusionGraph, hw: HardwareModel) -> Plan:
     return Plan(tuple(pats), sum(plan_value(graph, p, hw) for p in pats))
 
 
-def _cycle(graph: FusionGraph, patterns) -> bool:
-    """Whether the quotient graph of ``patterns`` (each one node, other ops their own) has a
-    cycle."""
+def cyclic(graph: FusionGraph, groups) -> bool:
+    """Whether the quotient graph of ``groups`` (sets of ops, each one node; other ops their
+    own) has a cycle: those kernels would wait for each other."""
     owner = {}
-    for n, p in enumerate(patterns):
-        for i in p.members:
+    for n, members in enumerate(groups):
+        for i in members:
             owner[i] = n
     nodes = {i: ("p", owner[i]) if i in owner else ("v", i) for i in range(len(graph))}
     edges: dict = {}

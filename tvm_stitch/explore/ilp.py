@@ -15,7 +15,7 @@ import numpy as np
 from tvm_stitch.explore.fusion import (
     FusionGraph,
     Plan,
-    _cycle,
+    cyclic,
     illegal,
     pattern,
     plan_value,
@@ -75,14 +75,13 @@ def optimum(graph: FusionGraph, hw: HardwareModel, max_rounds: int = 200) -> Pla
         if result.x is None:
             raise RuntimeError(f"the fusion program has no solution: {result.message}")
         chosen = [j for j in range(len(pats)) if result.x[j] > 0.5]
-        cyclic = [pats[j] for j in chosen]
-        if not _cycle(graph, cyclic):
+        if not cyclic(graph, [pats[j].members for j in chosen]):
             plan = tuple(sorted((pats[j] for j in chosen), key=lambda p: min(p.members)))
             return Plan(plan, float(values[chosen].sum()))
         core = list(chosen)  # the fewest chosen patterns that still make a cycle
         for j in list(core):
             rest = [k for k in core if k != j]
-            if _cycle(graph, [pats[k] for k in rest]):
+            if cyclic(graph, [pats[k].members for k in rest]):
                 core = rest
         cut = np.zeros(len(pats))
         cut[core] = 1

@@ -30,9 +30,10 @@ import math
 import tvm
 from tvm import relax
 
+from tvm_stitch.config import check_explore
 from tvm_stitch.graph.classify import OpKind
 from tvm_stitch.graph.specialize import call_point, shape_at
-from tvm_stitch.graph.tdg import prim_func_nodes
+from tvm_stitch.graph.tdg import dtype_bytes, prim_func_nodes
 
 logger = logging.getLogger("tvm_stitch.stitch")
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -114,14 +115,14 @@ def binding_kinds(mod, binding, nodes=None, point=None) -> tuple[list[OpKind] | 
 
 
 def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
-                point=None, explore: str = "greedy") -> tuple[list[Group], list]:
+                point=None, explore: str = "greedy", hw=None) -> tuple[list[Group], list]:
     """Fusion patterns of one dataflow block and the bindings refused, with reasons.
 
     ``point``: where the function's symbolic dims are read (``{name: size}``,
     :func:`~tvm_stitch.graph.specialize.representative`); without one, a binding of symbolic
     shape is not stitched. ``explore``: ``"greedy"``, the rule below; ``"search"``, the row
-    patterns chosen by the fusion explorer (:func:`explored_groups`), the column patterns
-    the rule's.
+    patterns chosen by the fusion explorer (:func:`explored_groups`, scored for ``hw``, by
+    default the default GPU), the column patterns the rule's.
 
     Returns
     -------
@@ -131,12 +132,10 @@ def form_groups(mod: tvm.IRModule, block: relax.DataflowBlock,
         reason)`` for stitchable-looking bindings kept out.
     """
     point = point or {}
-    if explore not in ("greedy", "search"):
-        raise ValueError(f"explore takes 'greedy' or 'search'; got {explore!r}")
-    if explore == "search":
+    if check_explore(explore) == "search":
         groups, refused = form_groups(mod, block, point)
         try:
-            return explored_groups(mod, block, point, groups), refused
+            return explored_groups(mod, block, point, groups, hw), refused
         except Exception as err:  # noqa: BLE001 - the rule's patterns, the reason logged
             logger.warning("stitch: the fusion explorer failed, the greedy rule's patterns "
                            "kept: %s: %s", type(err).__name__, err)
@@ -436,14 +435,15 @@ def _call_args(value):
 
 def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Group]:
     """The row patterns of the fusion explorer's plan (:mod:`tvm_stitch.explore.fusion`, scored
-    for ``hw``, by default the target's GPU) over ``block``, packed as the rule packs them, with
+    for ``hw``, by default the default GPU) over ``block``, packed as the rule packs them, with
     ``greedy``'s column patterns (their members out of the explorer's graph) and the single
     bindings that are patterns by themselves (a legalized ``layer_norm``). Where a row
     pattern and a column pattern would wait for each other, ``greedy`` itself."""
-    from tvm_stitch.explore.fusion import _cycle, pattern, row_space
+    from tvm_stitch.explore.fusion import cyclic, row_space
     from tvm_stitch.explore.fusion import explore as search
+    from tvm_stitch.hardware import HardwareModel
 
-    hw = hw or _target_hardware()
+    hw = hw or HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"})
     columns = [g for g in greedy if g.column is not None]
     graph, kinds = block_graph(mod, block, point, {i for g in columns for i in g.members})
     plan = search(graph, hw)
@@ -478,7 +478,7 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
     group_up = {g.gid: {h.gid for h in groups if h is not g and
                         any(above[g.gid] >> i & 1 for i in h.members)} for g in groups}
     kept = _pack(groups, group_up)
-    if columns and _cycle(graph, [pattern(graph, g.members) for g in (*kept, *columns)]):
+    if columns and cyclic(graph, [g.members for g in (*kept, *columns)]):
         logger.info("stitch: the explorer's patterns and the column patterns would wait for "
                     "each other: the greedy rule's patterns kept")
         return greedy
@@ -486,19 +486,6 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
     for n, g in enumerate(columns):
         g.gid = next_gid + n
     return kept + columns
-
-
-def _target_hardware():
-    """The GPU of the current CUDA target, else the default one (the explorer's scores)."""
-    from tvm_stitch.hardware import HardwareModel
-
-    target = tvm.target.Target.current(allow_none=True)
-    try:
-        if target is not None and target.kind.name == "cuda":
-            return HardwareModel.from_target(target)
-    except ValueError:
-        pass
-    return HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"})
 
 
 def block_graph(mod, block, point, opaque=frozenset()):
@@ -513,8 +500,8 @@ def block_graph(mod, block, point, opaque=frozenset()):
     for i, b in enumerate(bindings):
         shape = shape_at(b.var.ty, point)
         dtype = getattr(b.var.ty, "dtype", None)
-        size = math.prod(shape) * tvm.DataType(str(dtype)).bits // 8 if shape and dtype else 0
-        read = [v for v in relax.analysis.free_vars(b.value)]
+        size = math.prod(shape) * dtype_bytes(dtype) if shape and dtype else 0
+        read = list(relax.analysis.free_vars(b.value))
         inputs = tuple(sorted({index[v] for v in read if v in index}))
         outside = []
         for v in read:
@@ -523,7 +510,7 @@ def block_graph(mod, block, point, opaque=frozenset()):
             s = shape_at(v.ty, point) if hasattr(v, "ty") else None
             d = getattr(getattr(v, "ty", None), "dtype", None)
             if s is not None and d is not None:
-                outside.append((v.name, math.prod(s) * tvm.DataType(str(d)).bits // 8))
+                outside.append((v.name, math.prod(s) * dtype_bytes(d)))
         nodes = callee_nodes(mod, b, point)
         k, _ = binding_kinds(mod, b, nodes, point)
         args = [a for a in _call_args(b.value) if isinstance(a, relax.Var)]
