@@ -56,10 +56,13 @@ MEMORY_SHAPES_GPU = [
     ("mean-pool", {"batch": 1, "seq": 128, "hidden": 768}),
     ("column-mean", {"rows": 4096, "cols": 768}),
     ("column-mean", {"rows": 65536, "cols": 64}),
+    ("rotary", {"batch": 4, "seq": 512, "heads": 32, "dim": 128}),
+    ("rotary", {"batch": 1, "seq": 2048, "heads": 8, "dim": 128}),
 ]
 _MEM_CPU = [
     ("mean-pool", {"batch": 3, "seq": 77, "hidden": 90}),
     ("column-mean", {"rows": 1823, "cols": 781}),
+    ("rotary", {"batch": 2, "seq": 37, "heads": 3, "dim": 64}),
 ] + [
     (name, {"rows": 1823, "cols": 781})
     for name in (

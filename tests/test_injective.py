@@ -130,6 +130,35 @@ def test_only_accesses_contiguous_along_the_last_axis_are_vectorized():
         assert _schedule(func) is None, func.script()
 
 
+def _rotate_half(rows, heads, dim, shift):
+    """``x·c + rotate_half(x)·s`` of ``(rows, heads·dim)`` viewed as ``(heads, rows, dim)``, the
+    halves ``shift`` columns apart (``dim // 2``: a rotation)."""
+    f16 = "float16"
+
+    def fn(x, c, s, h, i, j):
+        col = h * dim + j
+        turned = te.if_then_else(j < dim - shift, -x[i, col + shift], x[i, col - (dim - shift)])
+        return x[i, col] * c[i, j] + turned * s[i, j]
+
+    return _elementwise((heads, rows, dim), fn,
+                        [((rows, heads * dim), f16), ((rows, dim), f16), ((rows, dim), f16)])
+
+
+def test_reads_shifted_along_the_columns_are_vectorized():
+    """A rotation's ``rotate_half`` (LLaMA's queries moved to heads: reads shifted by half a
+    head of 128 or 64 columns): 8 lanes, the arithmetic computed element by element and stored
+    in one piece; a shift that is not a multiple of the piece (3) or a column read with a
+    stride (``x[i, 2j]``) is left to TVM's rules."""
+    for dim in (128, 64):
+        scheduled = _schedule(_rotate_half(37, 3, dim, dim // 2))
+        assert scheduled is not None and "T.vectorized(8)" in scheduled.script()
+        assert "local" in scheduled.script()  # computed per element, stored in one piece
+        tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), CUDA)
+    assert _schedule(_rotate_half(37, 3, 64, 3)) is None
+    strided = _elementwise((4, 16), lambda x, i, j: x[i, 2 * j], [((4, 32), "float16")])
+    assert _schedule(strided) is None
+
+
 def test_the_stitch_pipeline_gathers_embeddings_in_vectors():
     """BERT's embedding lookups through the pipeline for sm_90a: 16-byte loads and stores."""
     from tvm_stitch.workloads import get_workload
@@ -153,6 +182,10 @@ def test_vectorized_kernels_compute_what_numpy_does():
     x = rng.standard_normal((37, 24)).astype("float16")
     b = rng.standard_normal(24).astype("float16")
     x3 = rng.standard_normal((5, 37, 24)).astype("float32")
+    xr, cr, sr = (rng.standard_normal(s).astype("float16") for s in ((37, 192), (37, 64), (37, 64)))
+    heads = xr.reshape(37, 3, 64).transpose(1, 0, 2)
+    turned = np.concatenate([-heads[..., 32:], heads[..., :32]], -1)
+    rotated = (heads * cr + turned * sr).astype("float16")
     cases = [
         (_gather, [table, idx], table[idx]),
         (_elementwise((37, 24), lambda x, b, i, j: x[i, j] + b[j],
@@ -162,6 +195,7 @@ def test_vectorized_kernels_compute_what_numpy_does():
         (_elementwise((37, 24), lambda x, s, i, j: x[i, j] * s[()],
                       [((37, 24), "float16"), ((), "float16")]),
          [x, np.array(1.5, "float16")], x * np.float16(1.5)),
+        (_rotate_half(37, 3, 64, 32), [xr, cr, sr], rotated),
     ]
     for func, inputs, expected in cases:
         scheduled = _schedule(func).with_attr("global_symbol", "main")
@@ -169,4 +203,7 @@ def test_vectorized_kernels_compute_what_numpy_does():
         args = [tvm.runtime.tensor(a, device=dev) for a in inputs]
         out = tvm.runtime.tensor(np.zeros(expected.shape, expected.dtype), device=dev)
         lib["main"](*args, out)
-        np.testing.assert_array_equal(out.numpy(), expected)
+        # moves are exact; the rotation's products may be fused into one rounding (an FMA)
+        tol = 2e-3 * np.abs(expected).max() if func is cases[-1][0] else 0
+        np.testing.assert_allclose(out.numpy().astype("float32"), expected.astype("float32"),
+                                   rtol=0, atol=tol)

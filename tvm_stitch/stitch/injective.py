@@ -17,7 +17,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from tvm_stitch.graph.tir_walk import is_one, iter_exprs
+from tvm_stitch.graph.tir_walk import buffer_loads, is_one, iter_exprs, loads_in_index
 
 #: bytes a thread loads or stores at once (``ld.global.v4.b32``)
 VECTOR_BYTES = 16
@@ -50,15 +50,18 @@ class VectorizedInjective(GPUScheduleRule):
             return None
         block = infos[0].block_rv
         loops = sch.get_loops(block)
-        vector = _vector(sch.get(block), [sch.get(loop) for loop in loops])
-        if vector is None:
+        found = _vector(sch.get(block), [sch.get(loop) for loop in loops])
+        if found is None:
             return None
+        vector, shifted = found
         # arithmetic is computed element by element into registers and stored in one piece:
         # float16 arithmetic is computed in float32 later (ComputeFloat32), and TVM's CUDA C
         # of an 8-lane float32 vector (a constant printed as make_ulonglong4 of eight floats)
         # or of a vector of booleans (a mask computed in the kernel) is not valid C; moving
         # values stays vectorized throughout
-        compute = block if _arithmetic(sch.get(block)) else None
+        # a shifted read's piece is chosen per element (``rotate_half``'s concatenate: a
+        # select on the column), which is arithmetic too
+        compute = block if shifted or _arithmetic(sch.get(block)) else None
         if compute is not None:
             block = sch.cache_write(compute, 0, "local")
             loops = sch.get_loops(block)
@@ -74,16 +77,20 @@ class VectorizedInjective(GPUScheduleRule):
         return sch
 
 
-def _vector(block, loops) -> int | None:
-    """Elements a thread takes at once in ``block`` (its ``loops``, one per iterator in order),
-    or None where its accesses are not contiguous, aligned pieces along the output's last axis.
+def _vector(block, loops) -> tuple[int, bool] | None:
+    """Elements a thread takes at once in ``block`` (its ``loops``, one per iterator in order)
+    and whether some read is shifted along the columns, or None where its accesses are not
+    contiguous, aligned pieces along the output's last axis.
 
     Every access of a piece must be one aligned vector of at most 16 bytes, or TVM falls back
-    to element loads packed into a vector its CUDA code cannot build: the buffers are compact,
-    a read walking the columns does so with the column index itself in a row as long as the
-    output's (multiple of the piece: ``x[i, j]`` of a wider ``x`` is not aligned), and no index
-    elsewhere, buffer loads in indices included (``x[i, idx[j]]`` gathers columns), depends on
-    the columns."""
+    to element loads packed into a vector its CUDA code cannot build: the buffers are compact;
+    a load walking the columns has the column index plus an offset as its last index (after
+    simplification over the iterators' ranges: a reshape's ``(h * 128 + j) % 4096`` is
+    ``h * 128 + j``), the offset a multiple of the piece, in a row as long as a multiple of
+    the piece (``x[i, j]`` of a 28-wide ``x`` is not aligned); and no other index, buffer loads
+    in indices included (``x[i, idx[j]]`` gathers columns), depends on the columns.  An
+    offset other than the row's own (``x[i, j + 64]``, half of a rotation's ``rotate_half``)
+    is a shifted read."""
     if len(block.writes) != 1 or not loops or len(loops) != len(block.iter_vars):
         return None
     out = block.writes[0]
@@ -99,19 +106,27 @@ def _vector(block, loops) -> int | None:
     if len(out.source.shape) != len(extents) or not all(
             analyzer.can_prove_equal(d, e) for d, e in zip(out.source.shape, extents)):
         return None
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
     last = iters[-1]
     walking = [out.source]  # the buffers accessed a piece at a time
-    for read in block.reads:
-        if not read.region:
+    offsets = []  # the column offsets of loads walking the columns
+    loads = _loads(block)
+    if loads is None:
+        return None
+    for load in loads:
+        if not load.indices:
             continue  # a zero-dimensional buffer (a scalar): one value for every element
-        *rest, inner = read.region
-        if any(_uses(r.min, last) or _uses(r.extent, last) for r in rest):
+        *rest, inner = (analyzer.simplify(i) for i in load.indices)
+        if any(_uses(r, last) for r in rest):
             return None  # the columns pick rows of the input: a transpose
-        if not _uses(inner.min, last) and not _uses(inner.extent, last):
+        if not _uses(inner, last):
             continue  # the same value for every column of a row (a gathered row's index)
-        if not (inner.min.same_as(last) and is_one(inner.extent)):
-            return None
-        walking.append(read.source)
+        offset = analyzer.simplify(inner - last)
+        if _uses(offset, last):
+            return None  # not one column a column (a stride, a gather)
+        walking.append(load.source)
+        offsets.append(offset)
     dtypes = [str(b.dtype) for b in walking]
     bits = [tvm.DataType(d).bits for d in dtypes]
     if "bool" in dtypes or any(b < 8 or b % 8 for b in bits):
@@ -120,9 +135,27 @@ def _vector(block, loops) -> int | None:
     rows = [_int(b.shape[-1]) for b in walking]
     if vector < 2 or any(r is None or r % vector for r in rows):
         return None
+    if not all(analyzer.can_prove(tvm.tirx.floormod(o, vector) == 0) for o in offsets):
+        return None
     if not all(_compact(b) for b in walking):
         return None
-    return vector
+    # the output's own column offset is its row's: any other is a shift within a row
+    shifted = any(not analyzer.can_prove(tvm.tirx.floormod(o, extents[-1]) == 0)
+                  for o in offsets)
+    return vector, shifted
+
+
+def _loads(block) -> list | None:
+    """The buffer loads of ``block``'s stored value, those in other loads' indices too; None
+    where its body is not one store."""
+    if not isinstance(block.body, tvm.tirx.BufferStore):
+        return None
+    found = []
+    for load in buffer_loads(block.body.value):
+        found.append(load)
+        for index in load.indices:
+            found.extend(loads_in_index(index))
+    return found
 
 
 def _arithmetic(block) -> bool:

@@ -303,6 +303,45 @@ def _column_mean(dtype, rng, rows, cols):
     )
 
 
+def _rotary(dtype, rng, batch, seq, heads, dim):
+    """Rotary embedding of a projection's output as LLaMA's import writes it: ``(batch·seq,
+    heads·dim)`` viewed as heads, moved to ``(batch, heads, seq, dim)``, then
+    ``x·cos + rotate_half(x)·sin`` (``rotate_half``: the two halves swapped, the first negated:
+    reads shifted by half a head)."""
+    x = _rand(rng, (batch * seq, heads * dim), dtype)
+    angles = np.arange(seq)[:, None] / 10000.0 ** (np.arange(0, dim, 2) / dim)[None, :]
+    angles = np.concatenate([angles, angles], -1)[None, None]
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    half = dim // 2
+
+    def body(x_, c_, s_):
+        q = relax.op.permute_dims(relax.op.reshape(x_, (batch, seq, heads, dim)), [0, 2, 1, 3])
+        first = relax.op.strided_slice(q, axes=[3], begin=[0], end=[half])
+        second = relax.op.strided_slice(q, axes=[3], begin=[half], end=[dim])
+        rotated = relax.op.concat([relax.op.negative(second), first], axis=3)
+        return [relax.op.add(relax.op.multiply(q, c_), relax.op.multiply(rotated, s_))]
+
+    mod = relax_function(
+        [("x", x.shape, dtype), ("cos", cos.shape, dtype), ("sin", sin.shape, dtype)], body
+    )
+
+    def eager(device, tdtype):
+        import torch
+
+        def fn(x_, c_, s_):
+            q = x_.view(batch, seq, heads, dim).transpose(1, 2)
+            rotated = torch.cat([-q[..., half:], q[..., :half]], -1)
+            return q * c_ + rotated * s_
+
+        return fn
+
+    io = _nbytes((x.shape, dtype), (cos.shape, dtype), (sin.shape, dtype), (x.shape, dtype))
+    return Instance(
+        f"rotary {batch}x{seq}x{heads}x{dim} {dtype}", mod, "main", [x, cos, sin],
+        {"eager": eager}, 0, io, dtype,
+    )
+
+
 # -- MCFuser Table II: batched GEMM chains E = (A·B)·D ---------------------------------------------
 #: name -> (batch, M, N, K, H): A is (batch, M, K), B (batch, K, N), D (batch, N, H).
 GEMM_CHAINS = {
@@ -473,5 +512,12 @@ def subgraph_workloads() -> list[Workload]:
             _mean_pool,
         ),
         Workload("column-mean", "memory", "mean over the rows (x.mean(0))", bert, _column_mean),
+        Workload(
+            "rotary",
+            "memory",
+            "rotary embedding of LLaMA's queries (heads moved, halves rotated)",
+            {"batch": 4, "seq": 512, "heads": 32, "dim": 128},
+            _rotary,
+        ),
     ]
     return memory + [_gemm_chain(n) for n in GEMM_CHAINS] + [_attention(n) for n in ATTENTION]
