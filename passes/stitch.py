@@ -47,7 +47,7 @@ class StitchFusion:
         How patterns are chosen (:func:`~tvm_stitch.stitch.former.form_groups`).
     """
 
-    def __init__(self, schedules=None, explore: str = "greedy"):
+    def __init__(self, schedules=None, explore: str = "search"):
         self.schedules = {} if schedules is None else schedules
         self.explore = explore
 
@@ -71,7 +71,7 @@ class StitchFusion:
         return out
 
 
-def _form(mod, skip, explore="greedy", hw=None):
+def _form(mod, skip, explore="search", hw=None):
     """``mod`` with each fusion pattern (but those keyed in ``skip``; chosen as ``explore`` says,
     for ``hw``: :func:`~tvm_stitch.stitch.former.form_groups`) wrapped in a Primitive
     function; also ``{function name: pattern key}`` of the patterns formed (key: the function,

@@ -164,10 +164,31 @@ def test_explored_plans_keep_the_numbers(name):
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
 
 
+def test_layout_tails_follow_the_rule():
+    """A chain of layout ops may end a pattern (reshape then transpose: a head split), unless
+    the value it writes through is read elsewhere too; no op computes on a layout op inside."""
+    from tvm_stitch.explore.fusion import FusionGraph, OpKind, Vertex, illegal
+
+    def graph(extra_reader):
+        size = 2 * 32 * 768
+        vs = [Vertex("ln", OpKind.ROW_REDUCE, (32, 768), size, reads=(("x", size),),
+                     rows=(32,)),
+              Vertex("reshape", OpKind.INJECTIVE, (32, 12, 64), size, (0,), view=True),
+              Vertex("transpose", OpKind.INJECTIVE, (12, 32, 64), size, (1,)),
+              Vertex("exp", OpKind.EXPENSIVE_ELEMWISE,
+                     (32, 768) if extra_reader else (12, 32, 64), size,
+                     (0,) if extra_reader else (2,), output=True)]
+        return FusionGraph(vs)
+
+    assert illegal(graph(False), {0, 1, 2}) is None
+    assert "read elsewhere" in illegal(graph(True), {0, 1, 2})
+    assert "inside a pattern" in illegal(graph(False), {0, 1, 2, 3})
+
+
 def test_explore_takes_greedy_or_search():
     from tvm_stitch.config import PipelineOptions
 
-    assert PipelineOptions().explore == "greedy"
+    assert PipelineOptions().explore == "search"  # the default since the H200 timed it
     with pytest.raises(ValueError, match="explore"):
         PipelineOptions(explore="ilp")
 

@@ -137,7 +137,7 @@ class PipelineOptions:
     check_kernels: bool = True
     tune: str = "measure"
     mask_blocks: bool = True
-    explore: str = "greedy"
+    explore: str = "search"
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

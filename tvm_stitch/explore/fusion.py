@@ -137,8 +137,13 @@ def illegal(graph: FusionGraph, members) -> str | None:
         inside_in = [j for j in v.inputs if j in members]
         inside_out = [c for c in graph.consumers[i] if c in members]
         if v.kind is OpKind.INJECTIVE:
-            if inside_in and inside_out:
+            # a chain of layout ops may end the pattern (a head split after a LayerNorm:
+            # reshape, then transpose), but no op computes on a layout op's output inside it
+            if inside_in and any(vs[c].kind is not OpKind.INJECTIVE for c in inside_out):
                 return f"{v.name}: a layout op inside a pattern"
+            if inside_in and len(graph.consumers[v.inputs[0]]) != 1:
+                # the value is also read elsewhere: the pattern writes it, not through v
+                return f"{v.name}: writes through a value read elsewhere too"
             if v.view and not inside_in:
                 return f"{v.name}: a reshape read by a pattern stays a view"
             continue  # read through (no input inside), or written through (no reader)
