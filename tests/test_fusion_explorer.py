@@ -285,3 +285,32 @@ def test_a_reduction_before_a_reshape_is_no_pattern_alone():
 
     mod, block = _legalized(Module)
     assert form_groups(mod, block, None, "search")[0] == []
+
+
+def test_the_delta_evaluator_agrees_with_the_aggregates_from_scratch():
+    """One op joining or leaving a pattern (:func:`moved`, from the op's neighbourhood) gives
+    the aggregates :func:`pattern` computes from all the members, on random blocks (shared
+    producers, outside tensors read by several ops, outputs), legal or not."""
+    import random
+
+    from tvm_stitch.explore.cases import random_graph
+    from tvm_stitch.explore.fusion import moved, pattern
+
+    rng = random.Random(0)
+    checked = 0
+    for seed in range(40):
+        graph = random_graph(seed, 12)
+        ops = list(range(len(graph)))
+        for _ in range(20):
+            members = frozenset(rng.sample(ops, rng.randint(1, 6)))
+            i = rng.choice(ops)
+            joined = i not in members
+            after = members | {i} if joined else members - {i}
+            if not after:
+                continue
+            assert moved(graph, pattern(graph, members), i, joined) == pattern(graph, after)
+            checked += 1
+    assert checked > 700
+    graph = random_graph(1, 12)
+    with pytest.raises(ValueError, match="already"):
+        moved(graph, pattern(graph, {0, 1}), 1)

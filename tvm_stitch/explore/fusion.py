@@ -14,8 +14,9 @@ graph has no cycle.
   the kernel plan the code generator would build: rows re-read from L2 by every reduction after
   the first (one pass per reduction, :func:`tvm_stitch.stitch.plan.evaluate`'s model) and lost
   parallelism where the pattern has fewer rows than the device has SMs. It reads the
-  pattern's ops and their neighbours alone, without a kernel plan; a local move
-  (:func:`refine`) rescores only the two patterns it changes.
+  pattern's ops and their neighbours alone, without a kernel plan. When one op joins or
+  leaves a pattern (:func:`moved`), the bytes change by that op's neighbourhood alone; a local
+  move (:func:`refine`) rescores only the two patterns it changes that way.
 - **Approximate dynamic programming** (:func:`candidate_patterns`): in post-order, the top ``k``
   patterns whose first op is each vertex — the vertex with combinations of its consumers'
   candidates, consumers taken in groups (*PatternReduction*).
@@ -102,6 +103,10 @@ class FusionGraph:
         for i in reversed(range(len(self.vertices))):
             for c in self.consumers[i]:
                 self.reach[i] |= (1 << c) | self.reach[c]
+        self.tensor_readers: dict[tuple, list[int]] = {}  # an outside tensor's readers
+        for i, v in enumerate(self.vertices):
+            for key in set(v.reads):
+                self.tensor_readers.setdefault(key, []).append(i)
         self.above = [0] * len(self.vertices)  # strict ancestors
         for i, v in enumerate(self.vertices):
             for j in v.inputs:
@@ -206,22 +211,28 @@ def row_space(graph: FusionGraph, members) -> tuple | None:
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
-    """A pattern and its score's aggregates (:func:`pattern`, :func:`score`)."""
+    """A pattern and its score's aggregates (:func:`pattern`, :func:`score`; :func:`moved`
+    changes them by one op)."""
 
     members: frozenset
     saved_bytes: int  # DRAM bytes a kernel of the members does not move, against one per op
     io_bytes: int  # what the kernel reads and writes
     reductions: int
-    row_bytes: int  # the widest row the kernel streams (per reduction pass)
+    widest: int  # the widest tensor a member writes or reads from outside
     rows: int  # rows of its row space (:func:`row_space`; 1 where it has none)
 
     @property
     def has_reduce(self) -> bool:
         return self.reductions > 0
 
+    @property
+    def row_bytes(self) -> int:
+        """The widest row the kernel streams (per reduction pass)."""
+        return self.widest // self.rows
+
 
 def pattern(graph: FusionGraph, members) -> Pattern:
-    """The aggregates of ``members`` (any set; legality is :func:`illegal`'s)."""
+    """The aggregates of ``members`` (any set; legality is :func:`illegal`'s), from scratch."""
     members = frozenset(members)
     vs = graph.vertices
     saved, io = 0, 0
@@ -235,19 +246,77 @@ def pattern(graph: FusionGraph, members) -> Pattern:
             saved += v.out_bytes  # never written
         if leaves:
             io += v.out_bytes
-        for name, size in v.reads:
-            outside[(name, size)] += 1
-        for j in v.inputs:
+        for key in set(v.reads):
+            outside[key] += 1
+        for j in set(v.inputs):
             if j not in members:
-                outside[(vs[j].name, vs[j].out_bytes)] += 1
+                outside[("vertex", j), vs[j].out_bytes] += 1
     for (_, size), n in outside.items():
         saved += size * (n - 1)  # read once
         io += size
     reductions = sum(vs[i].kind is OpKind.ROW_REDUCE for i in members)
     n_rows = max(1, math.prod(row_space(graph, members) or ()))
-    widest = max((max(vs[i].out_bytes, *(s for _, s in vs[i].reads), 0) for i in members),
-                 default=0)
-    return Pattern(members, saved, io, reductions, widest // n_rows, n_rows)
+    widest = max((_width(vs[i]) for i in members), default=0)
+    return Pattern(members, saved, io, reductions, widest, n_rows)
+
+
+def moved(graph: FusionGraph, p: Pattern, i: int, join: bool = True) -> Pattern:
+    """``p`` with op ``i`` joined (``join``) or left: the delta-evaluator's step. The bytes
+    change by ``i``'s neighbourhood alone — ``i`` itself, the ops it reads (a member gains or
+    loses a reader on chip, and may stop or start writing its output), the outside tensors it
+    reads — so the change costs the degrees of ``i`` and its inputs, not the pattern's size;
+    the row space and the widest row come from the members' kinds and widths (nothing is
+    planned)."""
+    if (i in p.members) == join:
+        raise ValueError(f"op {i} is {'already' if join else 'not'} in the pattern")
+    before = p.members.__contains__
+    after = ((lambda x: x == i or x in p.members) if join
+             else (lambda x: x != i and x in p.members))
+    saved0, io0 = _around(graph, before, i)
+    saved1, io1 = _around(graph, after, i)
+    members = p.members | {i} if join else p.members - {i}
+    vs = graph.vertices
+    step = 1 if join else -1
+    reductions = p.reductions + step * (vs[i].kind is OpKind.ROW_REDUCE)
+    width = _width(vs[i])
+    if join:
+        widest = max(p.widest, width)
+    elif width < p.widest:
+        widest = p.widest
+    else:  # it was the widest: the others' widest
+        widest = max((_width(vs[j]) for j in members), default=0)
+    n_rows = max(1, math.prod(row_space(graph, members) or ())) if members else 1
+    return Pattern(members, p.saved_bytes + saved1 - saved0, p.io_bytes + io1 - io0,
+                   reductions, widest, n_rows)
+
+
+def _around(graph: FusionGraph, inside, i: int) -> tuple[int, int]:
+    """The saved and moved bytes, as :func:`pattern` counts them, of the terms op ``i``'s
+    membership can change, for the pattern of the ops ``inside`` holds: ``i`` and each op it
+    reads (a member's output, or a tensor the pattern reads from outside), and the outside
+    tensors ``i`` reads."""
+    vs = graph.vertices
+    saved = io = 0
+    for j in {i, *vs[i].inputs}:
+        size = vs[j].out_bytes
+        readers = sum(1 for c in graph.consumers[j] if inside(c))
+        if inside(j):
+            leaves = vs[j].output or readers < len(graph.consumers[j])
+            saved += size * readers + (size if readers and not leaves else 0)
+            io += size if leaves else 0
+        elif readers:
+            saved += size * (readers - 1)
+            io += size
+    for key in set(vs[i].reads):
+        readers = sum(1 for c in graph.tensor_readers[key] if inside(c))
+        if readers:
+            saved += key[1] * (readers - 1)
+            io += key[1]
+    return saved, io
+
+
+def _width(v: Vertex) -> int:
+    return max(v.out_bytes, *(size for _, size in v.reads), 0)
 
 
 def score(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
@@ -381,14 +450,20 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
             n = next(fresh)
             pats[n] = frozenset([i])
             owner[i] = n
-    memo: dict[frozenset, float] = {}
+    aggregates: dict[frozenset, Pattern] = {}  # each pattern's, once computed
+
+    def aggregate(members: frozenset, base: Pattern | None = None, op: int | None = None):
+        if members not in aggregates:  # one op more or less than ``base``: its delta alone
+            aggregates[members] = (pattern(graph, members) if base is None
+                                   else moved(graph, base, op, op in members))
+        return aggregates[members]
 
     def worth(members: frozenset) -> float:
-        if members not in memo:
-            p = pattern(graph, members)
-            value = score(graph, p, hw)
-            memo[members] = value if p.has_reduce else value / 1000
-        return memo[members] if len(members) > 1 else 0.0
+        if len(members) < 2:
+            return 0.0
+        p = aggregate(members)
+        value = score(graph, p, hw)
+        return value if p.has_reduce else value / 1000
 
     def tried(changes: dict) -> float | None:  # the gain of replacing patterns, or None
         before = sum(worth(pats[n]) for n in changes)
@@ -413,6 +488,9 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
                     if j in owner} - {owner[i]}
             a = owner[i]
             for b in sorted(near):
+                # the op's move: each side's aggregates by the delta-evaluator
+                aggregate(pats[a] - {i}, aggregate(pats[a]), i)
+                aggregate(pats[b] | {i}, aggregate(pats[b]), i)
                 moves = [{a: pats[a] - {i}, b: pats[b] | {i}}, {a: pats[a] | pats[b], b: None}]
                 for change in moves:
                     if tried(change) is None:
@@ -427,7 +505,7 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
                     break
                 if improved or owner[i] != a:
                     break
-    kept = [pattern(graph, m) for m in pats.values() if len(m) > 1]
+    kept = [aggregate(m) for m in pats.values() if len(m) > 1]
     kept = sorted((p for p in kept if plan_value(graph, p, hw) > 0), key=lambda p: min(p.members))
     return Plan(tuple(kept), sum(plan_value(graph, p, hw) for p in kept))
 
