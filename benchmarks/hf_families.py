@@ -236,11 +236,19 @@ def _verdict(out, ref, rtol: float, atol: float, padded=None, theirs=None,
         judged = ~(padded & ~np.isclose(theirs, ref, rtol, atol).all(-1))
     err = float(np.abs(out[judged] - ref[judged]).max(initial=0.0))
     ok = np.allclose(out[judged], ref[judged], rtol, atol)
-    text = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}"
+
+    def rows_off(x):  # rows (tokens) outside the tolerance: a few where a router's choice
+        # flips with the rounding (a mixture of experts), most where a kernel is wrong
+        return f"{int((~np.isclose(x[judged], ref[judged], rtol, atol).all(-1)).sum())} of " \
+               f"{int(judged.sum())} rows off"
+
+    text = f"{'ok' if ok else 'WRONG'}, max err {err:.1e}" + ("" if ok else f", {rows_off(out)}")
     if theirs is not None:
         theirs_err = float(np.abs(theirs[judged] - ref[judged]).max(initial=0.0))
         short = {"float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
-        text += f" (PyTorch {short} {theirs_err:.1e})"
+        theirs_ok = np.allclose(theirs[judged], ref[judged], rtol, atol)
+        text += f" (PyTorch {short} {theirs_err:.1e}" + \
+            ("" if ok or theirs_ok else f", {rows_off(theirs)}") + ")"
     if not judged.all():
         loose = ~judged
         text += (f"; {int(loose.sum())} padding rows PyTorch leaves undefined: ours vs its "

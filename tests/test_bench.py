@@ -215,7 +215,13 @@ def test_hf_families_verdict_on_padding_rows():
         "ok, max err 1.0e-03 (PyTorch fp16 0.0e+00); 1 padding rows PyTorch leaves undefined: "
         "ours vs its float16 1.0e-01, vs its float32 8.0e-01")
     ours[1, 1] = 0.8  # a padding row both of PyTorch's precisions agree on
-    assert _verdict(ours, ref, 1e-2, 1e-2, padded, theirs).startswith("WRONG, max err 8.0e-01")
+    assert _verdict(ours, ref, 1e-2, 1e-2, padded, theirs).startswith(
+        "WRONG, max err 8.0e-01, 1 of 9 rows off (PyTorch fp16 0.0e+00)")
+    # both outside the tolerance (a router's choice flipped by float16's rounding): each
+    # one's rows off
+    theirs[0, 3] = 0.5
+    assert _verdict(ours, ref, 1e-2, 1e-2, None, theirs) == (
+        "WRONG, max err 8.0e-01, 2 of 10 rows off (PyTorch fp16 9.0e-01, 2 of 10 rows off)")
 
 
 @pytest.mark.gpu
