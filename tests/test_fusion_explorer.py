@@ -314,3 +314,50 @@ def test_the_delta_evaluator_agrees_with_the_aggregates_from_scratch():
     graph = random_graph(1, 12)
     with pytest.raises(ValueError, match="already"):
         moved(graph, pattern(graph, {0, 1}), 1)
+
+
+def test_layout_ops_that_drop_elements_end_no_pattern():
+    """A LayerNorm whose only reader picks tokens (``take`` of constant indices: injective,
+    fewer elements out than in) or whose result is returned before a reshape: the explorer
+    keeps the LayerNorm's pattern and leaves the take (the reshape) out, as the rule does (it
+    took the take in, the pattern could not be written through it, and the LayerNorm went to
+    TVM's fusion); llvm gives numpy's numbers."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    import tvm_stitch
+    from tvm_stitch.report import fusion_report
+
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype("float32") for s in ((4, 16, 96), (96,), (96,)))
+    ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b
+    picked = np.array([0, 3], "int64")
+
+    def module(returned):
+        bb = relax.BlockBuilder()
+        args = [relax.Var(n, R.Tensor(a.shape, "float32")) for n, a in zip("xwb", (x, w, b))]
+        with bb.function("main", args):
+            with bb.dataflow():
+                norm = relax.op.nn.layer_norm(*args, axes=[-1])
+                if returned:  # returned itself, and read by a reshape only
+                    h = bb.emit_output(norm)
+                    out = relax.Tuple([h, bb.emit_output(relax.op.reshape(h, (4, 16, 2, 48)))])
+                else:
+                    out = bb.emit_output(relax.op.take(bb.emit(norm), relax.const(picked),
+                                                       axis=1))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    for returned, expected in ((False, [ln[:, picked]]), (True, [ln, ln.reshape(4, 16, 2, 48)])):
+        mod = module(returned)
+        report = fusion_report(mod, "llvm", "stitch", explore="search")
+        assert [g.func for g in report.groups if g.func.startswith("stitched_")] == [
+            "stitched_layer_norm"], [g.func for g in report.groups]
+        ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](
+            *[tvm.runtime.tensor(a) for a in (x, w, b)])
+        got = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g.numpy(), e, rtol=1e-4, atol=1e-4)

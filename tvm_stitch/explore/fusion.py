@@ -146,8 +146,9 @@ def illegal(graph: FusionGraph, members) -> str | None:
             # reshape, then transpose), but no op computes on a layout op's output inside it
             if inside_in and any(vs[c].kind is not OpKind.INJECTIVE for c in inside_out):
                 return f"{v.name}: a layout op inside a pattern"
-            if inside_in and len(graph.consumers[v.inputs[0]]) != 1:
-                # the value is also read elsewhere: the pattern writes it, not through v
+            if inside_in and (len(graph.consumers[v.inputs[0]]) != 1 or vs[v.inputs[0]].output):
+                # the value is also read elsewhere (or returned): the pattern writes it, not
+                # through v
                 return f"{v.name}: writes through a value read elsewhere too"
             if v.view and not inside_in:
                 return f"{v.name}: a reshape read by a pattern stays a view"

@@ -354,6 +354,12 @@ def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers, _shape)
     return g
 
 
+def _same_count(arg, shape, point) -> bool:
+    """Whether ``arg`` has as many elements as ``shape`` (static at ``point``)."""
+    in_shape = shape_at(arg.ty, point)
+    return in_shape is not None and shape is not None and math.prod(in_shape) == math.prod(shape)
+
+
 def _input_transpose(binding, nodes, inputs, readers) -> bool:
     """Whether ``binding`` is a transpose (every block a permutation of the axes) of one value,
     read by one binding only and not an output of the block (the caller checks that no pattern
@@ -527,7 +533,9 @@ def block_graph(mod, block, point, opaque=frozenset()):
                 kind = OpKind.BROADCAST
             else:
                 kind = OpKind.LIGHT_ELEMWISE
-        elif _layout_op(nodes, args):  # a reshape joins as a tail only: read, it is a view
+        elif _layout_op(nodes, args) and _same_count(args[0], shape, point):
+            # a reshape joins as a tail only: read, it is a view; an op that drops or adds
+            # elements (a slice, a constant take, a pad) joins no pattern, as in the rule
             kinds[i] = [OpKind.INJECTIVE]
             kind, view = OpKind.INJECTIVE, any(n.detail != "transpose" for n in nodes)
         vertices.append(Vertex(b.var.name, kind, tuple(shape or ()), size, inputs,
