@@ -145,6 +145,10 @@ def test_generated_programs_cover_what_the_issue_asks():
     assert {"reduce", "softmax", "layer_norm_ops", "rms_norm_ops", "where", "matmul",
             "permute", "slice", "concat", "reshape", "broadcast_to", "cast", "take"} <= kinds
     assert sum(p.dtype == "float16" for p in programs) >= 0.3 * len(programs)
+    # rotations (a rotary embedding's halves swapped along the last axis): shifted reads
+    halves = [op for p in programs for op in p.ops if op.kind == "slice" and op.attrs["begin"]
+              and op.attrs["end"] == 2 * op.attrs["begin"] and op.attrs["stride"] == 1]
+    assert len(halves) >= 10
     assert sum(p.reduces_without_keepdims for p in programs) >= 0.3 * len(programs)
     # attention under folded masks (issue 49): bands of every kind of limit, documents, none
     masks = [op.attrs for p in programs for op in p.ops if op.kind == "key_mask"]

@@ -348,8 +348,8 @@ def generate(seed: int, dtype: str | None = None, ops: int | None = None) -> Pro
     count = ops or rng.randint(3, 12)
     steps = [_unary_step, _binary_step, _scalar_step, _layout_step, _reduce_step,
              _softmax_step, _norm_step, _where_step, _matmul_step, _cast_step, _concat_step,
-             _take_step, _attention_step]
-    weights = [4, 4, 2, 4, 9, 2, 2, 2, 3, 2, 1, 1, 2]
+             _take_step, _attention_step, _rotate_step]
+    weights = [4, 4, 2, 4, 9, 2, 2, 2, 3, 2, 1, 1, 2, 1]
     attempts = 0
     while len(g.ops) < count and attempts < 20 * count:
         attempts += 1
@@ -631,6 +631,28 @@ def _concat_step(g, _):
     out[axis] += g.shapes[y][axis]
     if math.prod(out) <= MAX_ELEMENTS:
         g.add("concat", [x, y], out, g.dtypes[x], axis=axis)
+
+
+def _rotate_step(g, _):
+    """A rotary embedding's ``x·c + rotate_half(x)·s`` along the last axis (the halves swapped,
+    the second negated: reads shifted by half a row), ``c`` and ``s`` a partner of x's shape or
+    x itself."""
+    x = g.pick()
+    shape, dtype = g.shapes[x], g.dtypes[x]
+    n = shape[-1]
+    if n < 2 or n % 2:
+        return
+    axis, half = len(shape) - 1, n // 2
+    out = (*shape[:-1], half)
+    first = g.add("slice", [x], out, dtype, axis=axis, begin=0, end=half, stride=1)
+    second = g.add("slice", [x], out, dtype, axis=axis, begin=half, end=n, stride=1)
+    turned = g.add("concat", [g.add("unary", [second], out, dtype, fn="neg"), first], shape,
+                   dtype, axis=axis)
+    partners = [v for v in g.floats() if g.shapes[v] == shape and g.dtypes[v] == dtype]
+    c, s = (g.pick(partners) if partners else x for _ in range(2))
+    y = g.add("binary", [x, c], shape, dtype, fn="mul")
+    g.add("binary", [y, g.add("binary", [turned, s], shape, dtype, fn="mul")], shape, dtype,
+          fn="add")
 
 
 def _take_step(g, extra):
