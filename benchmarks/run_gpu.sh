@@ -16,7 +16,8 @@
 #       built for and run on the GPU against llvm, JOBS at a time)
 # Tuning results go to OUTDIR/tuning.json (shared by the steps; seeded from benchmarks/tuning/h100.json.xz)
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert, zoo and memory steps also time that stitch variant
-# (several: VARIANT='fold_norms=true;dependent_launch=false');
+# (several: VARIANT='fold_norms=true;dependent_launch=false'); ONLY='rotary rmsnorm': the memory,
+# gemm-chains and attention steps run those workloads only;
 # OPTION=fold_norms=true: profile steps compile with that option (BASELINE=1: and list torch.compile's
 # kernels too). DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
 # profile N calls back to back.
@@ -41,6 +42,10 @@ status=0
 variants=()
 IFS=';' read -ra _vs <<< "${VARIANT:-}"
 for v in ${_vs[@]+"${_vs[@]}"}; do [[ -n "$v" ]] && variants+=(--variant "$v"); done
+# ONLY: workloads of the memory, gemm-chains and attention studies to run (names separated by
+# spaces: ONLY='rotary rmsnorm'; a study outlasts one call otherwise)
+only=()
+for w in ${ONLY:-}; do only+=(-w "$w"); done
 # STEP's WORKLOAD[:KEY=VALUE,...] after its "kind:" -> $name and the -p flags in $params
 workload_spec() {
     local spec=${1#*:} kv
@@ -91,12 +96,13 @@ for step in "$@"; do
             ;;
         memory|gemm-chains|attention)
             python3 -m tvm_stitch bench "$step" --target cuda ${variants[@]+"${variants[@]}"} \
-                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/$step.log" || status=1
+                ${only[@]+"${only[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
+                | tee "$out/$step.log" || status=1
             ;;
         memory:*)
             python3 -m tvm_stitch bench memory --target cuda --dtype "${step#memory:}" \
-                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
-                | tee "$out/${step/:/-}.log" || status=1
+                ${variants[@]+"${variants[@]}"} ${only[@]+"${only[@]}"} \
+                --json-out "$out/bench.jsonl" 2>&1 | tee "$out/${step/:/-}.log" || status=1
             ;;
         plans|plans:*)
             dt=${step#plans}
