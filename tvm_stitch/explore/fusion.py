@@ -240,21 +240,17 @@ def pattern(graph: FusionGraph, members) -> Pattern:
     outside = Counter()  # tensors from outside the pattern, by how many members read them
     for i in members:
         v = vs[i]
-        readers = [c for c in graph.consumers[i] if c in members]
-        leaves = v.output or any(c not in members for c in graph.consumers[i])
-        saved += v.out_bytes * len(readers)  # read on chip
-        if readers and not leaves:
-            saved += v.out_bytes  # never written
-        if leaves:
-            io += v.out_bytes
+        readers = sum(1 for c in graph.consumers[i] if c in members)
+        s, m = _member_bytes(v.out_bytes, readers, v.output or readers < len(graph.consumers[i]))
+        saved, io = saved + s, io + m
         for key in set(v.reads):
             outside[key] += 1
         for j in set(v.inputs):
             if j not in members:
                 outside[("vertex", j), vs[j].out_bytes] += 1
     for (_, size), n in outside.items():
-        saved += size * (n - 1)  # read once
-        io += size
+        s, m = _outside_bytes(size, n)
+        saved, io = saved + s, io + m
     reductions = sum(vs[i].kind is OpKind.ROW_REDUCE for i in members)
     n_rows = max(1, math.prod(row_space(graph, members) or ()))
     widest = max((_width(vs[i]) for i in members), default=0)
@@ -297,23 +293,30 @@ def _around(graph: FusionGraph, inside, i: int) -> tuple[int, int]:
     reads (a member's output, or a tensor the pattern reads from outside), and the outside
     tensors ``i`` reads."""
     vs = graph.vertices
-    saved = io = 0
+    terms = []
     for j in {i, *vs[i].inputs}:
-        size = vs[j].out_bytes
         readers = sum(1 for c in graph.consumers[j] if inside(c))
         if inside(j):
             leaves = vs[j].output or readers < len(graph.consumers[j])
-            saved += size * readers + (size if readers and not leaves else 0)
-            io += size if leaves else 0
-        elif readers:
-            saved += size * (readers - 1)
-            io += size
+            terms.append(_member_bytes(vs[j].out_bytes, readers, leaves))
+        else:
+            terms.append(_outside_bytes(vs[j].out_bytes, readers))
     for key in set(vs[i].reads):
-        readers = sum(1 for c in graph.tensor_readers[key] if inside(c))
-        if readers:
-            saved += key[1] * (readers - 1)
-            io += key[1]
-    return saved, io
+        terms.append(_outside_bytes(key[1], sum(1 for c in graph.tensor_readers[key]
+                                                if inside(c))))
+    return sum(s for s, _ in terms), sum(m for _, m in terms)
+
+
+def _member_bytes(size: int, readers: int, leaves: bool) -> tuple[int, int]:
+    """``(saved, moved)`` bytes of a member's output of ``size`` bytes: read on chip by its
+    ``readers`` in the pattern, and never written unless it ``leaves`` the pattern."""
+    return size * readers + (size if readers and not leaves else 0), size if leaves else 0
+
+
+def _outside_bytes(size: int, readers: int) -> tuple[int, int]:
+    """``(saved, moved)`` bytes of a tensor from outside the pattern that ``readers`` members
+    read: read once."""
+    return (size * (readers - 1), size) if readers else (0, 0)
 
 
 def _width(v: Vertex) -> int:
@@ -490,9 +493,10 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
             a = owner[i]
             for b in sorted(near):
                 # the op's move: each side's aggregates by the delta-evaluator
-                aggregate(pats[a] - {i}, aggregate(pats[a]), i)
-                aggregate(pats[b] | {i}, aggregate(pats[b]), i)
-                moves = [{a: pats[a] - {i}, b: pats[b] | {i}}, {a: pats[a] | pats[b], b: None}]
+                left, joined = pats[a] - {i}, pats[b] | {i}
+                aggregate(left, aggregate(pats[a]), i)
+                aggregate(joined, aggregate(pats[b]), i)
+                moves = [{a: left, b: joined}, {a: pats[a] | pats[b], b: None}]
                 for change in moves:
                     if tried(change) is None:
                         continue

@@ -348,16 +348,14 @@ def _layout_tail_of(binding, nodes, inputs, producer, group_of, readers, _shape)
         return None
     if g.layout and producer[inputs[0]] != g.layout[-1]:
         return None
-    shape, in_shape = _shape(binding.var.ty), _shape(inputs[0].ty)
-    if shape is None or in_shape is None or math.prod(shape) != math.prod(in_shape):
-        return None
-    return g
+    return g if _same_count(binding.var, inputs[0], _shape) else None
 
 
-def _same_count(arg, shape, point) -> bool:
-    """Whether ``arg`` has as many elements as ``shape`` (static at ``point``)."""
-    in_shape = shape_at(arg.ty, point)
-    return in_shape is not None and shape is not None and math.prod(in_shape) == math.prod(shape)
+def _same_count(a, b, shape_of) -> bool:
+    """Whether the values ``a`` and ``b`` have static shapes (``shape_of(ty)``, None where
+    not) of as many elements."""
+    sa, sb = shape_of(a.ty), shape_of(b.ty)
+    return sa is not None and sb is not None and math.prod(sa) == math.prod(sb)
 
 
 def _input_transpose(binding, nodes, inputs, readers) -> bool:
@@ -533,7 +531,8 @@ def block_graph(mod, block, point, opaque=frozenset()):
                 kind = OpKind.BROADCAST
             else:
                 kind = OpKind.LIGHT_ELEMWISE
-        elif _layout_op(nodes, args) and _same_count(args[0], shape, point):
+        elif _layout_op(nodes, args) and _same_count(b.var, args[0],
+                                                     lambda t: shape_at(t, point)):
             # a reshape joins as a tail only: read, it is a view; an op that drops or adds
             # elements (a slice, a constant take, a pad) joins no pattern, as in the rule
             kinds[i] = [OpKind.INJECTIVE]

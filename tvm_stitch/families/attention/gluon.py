@@ -441,6 +441,7 @@ def attention_ws_source(match, name: str) -> str:
     tiles_m = -(-m // WS_ROWS)
     if match.runtime:  # counted at call time from the query count (an argument)
         tiles_m = f"(({m} + {WS_ROWS - 1}) // {WS_ROWS})"
+    pairs = ext.get("b", 1) * heads  # (batch, head) pairs
     # the tiles a program walks: a module constant, or counted in the partitions at run time
     tiles = f"({ext.get('b', 1)} * {heads} * {tiles_m})" if match.runtime else "TILES"
     first = "0"
@@ -448,8 +449,8 @@ def attention_ws_source(match, name: str) -> str:
         # tiles cost their key blocks, so the longest rows go first, and key blocks past the
         # block's last row's diagonal are skipped; see :func:`causal_order`
         last = f"{tiles_m} - 1" if match.runtime else tiles_m - 1
-        order = causal_order(ext.get("b", 1) * heads, tiles)
-        pid_m = f"{last} - i // {ext.get('b', 1) * heads}"
+        order = causal_order(pairs, tiles)
+        pid_m = f"{last} - i // {pairs}"
         blocks = (f"gl.cdiv(gl.maximum(gl.minimum({n}, (pid_m + 1) * 128 + {match.causal}), 1), "
                   "BLOCK_N)")
     else:
@@ -471,7 +472,7 @@ def attention_ws_source(match, name: str) -> str:
     coords.append("return q_row, q_col, k_row, k_col, v_row, v_col")
     header = _HEADER.format(describe=match.describe(outputs=True), dtype=dtype, tiles=tiles)
     if not match.runtime:
-        header += f"TILES = gl.constexpr({tiles_m * ext.get('b', 1) * heads})\n"
+        header += f"TILES = gl.constexpr({tiles_m * pairs})\n"
     return header + _CONSUMER.format(
         name=name, ptrs=ptrs, dtype=dtype, logits=logits_text,
         exp2_z=exp2_z.format(m="gl.expand_dims(m_safe, 1)"), exp2_m=exp2_m,
