@@ -53,7 +53,7 @@ class VectorizedInjective(GPUScheduleRule):
         found = _vector(sch.get(block), [sch.get(loop) for loop in loops])
         if found is None:
             return None
-        vector, shifted = found
+        vector, shifted, pieces = found
         # arithmetic is computed element by element into registers and stored in one piece:
         # float16 arithmetic is computed in float32 later (ComputeFloat32), and TVM's CUDA C
         # of an 8-lane float32 vector (a constant printed as make_ulonglong4 of eight floats)
@@ -74,6 +74,12 @@ class VectorizedInjective(GPUScheduleRule):
         if compute is not None:
             sch.compute_at(compute, tx, preserve_unit_loops=True)
             sch.unroll(sch.get_loops(compute)[-1])
+            # an input read only at the thread's own piece comes in by one vector load
+            for buf in pieces:
+                reads = [r.source for r in sch.get(compute).reads]
+                cached = sch.cache_read(compute, _index(reads, buf), "local")
+                sch.compute_at(cached, tx, preserve_unit_loops=True)
+                sch.vectorize(sch.get_loops(cached)[-1])
         return sch
 
 
@@ -98,19 +104,22 @@ def _vector(block, loops) -> tuple[int, bool] | None:
     extents = [lp.extent for lp in loops]
     # the output in row-major order of the loops: each of its indices one iterator, in order;
     # the columns a constant count, the rows of any (a symbolic batch and length)
-    if not isinstance(extents[-1], tvm.tirx.IntImm) or len(out.region) != len(iters):
+    if not isinstance(extents[-1], tvm.tirx.IntImm):
         return None
-    if any(not (r.min.same_as(v) and is_one(r.extent)) for r, v in zip(out.region, iters)):
+    # axes of one element (a batch of 1) have no iterator: their index is 0
+    kept = [(r, d) for r, d in zip(out.region, out.source.shape) if not _unit(r, d)]
+    if len(kept) != len(iters) or any(not (r.min.same_as(v) and is_one(r.extent))
+                                      for (r, _), v in zip(kept, iters)):
         return None
     analyzer = tvm.sym.Analyzer()
-    if len(out.source.shape) != len(extents) or not all(
-            analyzer.can_prove_equal(d, e) for d, e in zip(out.source.shape, extents)):
+    if not all(analyzer.can_prove_equal(d, e) for (_, d), e in zip(kept, extents)):
         return None
     for iv in block.iter_vars:
         analyzer.bind(iv.var, iv.dom)
     last = iters[-1]
     walking = [out.source]  # the buffers accessed a piece at a time
     offsets = []  # the column offsets of loads walking the columns
+    own, other = [], []  # buffers of loads of the thread's own piece, and of any other load
     loads = _loads(block)
     if loads is None:
         return None
@@ -121,12 +130,16 @@ def _vector(block, loops) -> tuple[int, bool] | None:
         if any(_uses(r, last) for r in rest):
             return None  # the columns pick rows of the input: a transpose
         if not _uses(inner, last):
+            other.append(load.source)
             continue  # the same value for every column of a row (a gathered row's index)
         offset = analyzer.simplify(inner - last)
         if _uses(offset, last):
             return None  # not one column a column (a stride, a gather)
         walking.append(load.source)
         offsets.append(offset)
+        aligned = analyzer.can_prove(tvm.tirx.floormod(offset, extents[-1]) == 0)
+        gathered = any(loads_in_index(i) for i in rest)
+        (own if aligned and not gathered else other).append(load.source)
     dtypes = [str(b.dtype) for b in walking]
     bits = [tvm.DataType(d).bits for d in dtypes]
     if "bool" in dtypes or any(b < 8 or b % 8 for b in bits):
@@ -142,7 +155,12 @@ def _vector(block, loops) -> tuple[int, bool] | None:
     # the output's own column offset is its row's: any other is a shift within a row
     shifted = any(not analyzer.can_prove(tvm.tirx.floormod(o, extents[-1]) == 0)
                   for o in offsets)
-    return vector, shifted
+    pieces = [b for b in dict.fromkeys(own) if not any(b.same_as(o) for o in other)]
+    return vector, shifted, pieces
+
+
+def _index(buffers, buf) -> int:
+    return next(i for i, b in enumerate(buffers) if b.same_as(buf))
 
 
 def _loads(block) -> list | None:
@@ -171,6 +189,11 @@ def _arithmetic(block) -> bool:
 def _compact(buf) -> bool:
     """Whether ``buf`` is laid out densely from its start (no strides, no offset)."""
     return not list(buf.strides) and _int(buf.elem_offset) == 0
+
+
+def _unit(region, dim) -> bool:
+    """Whether an output axis of one element is written at its index 0."""
+    return _int(dim) == 1 and _int(region.min) == 0 and is_one(region.extent)
 
 
 def _int(value) -> int | None:
