@@ -146,6 +146,7 @@ def run_study(
     json_out: str | None = None,
     echo: Callable[[str], None] = print,
     variants: list[dict] | None = None,
+    graph: bool = False,
 ) -> list[Record]:
     """Run one study and print its table.
 
@@ -170,6 +171,10 @@ def run_study(
     variants : list of dict, optional
         Stitch pipelines with other options measured in the same run (e.g.
         ``[{"fold_norms": False}]``), each as ``tvm-stitch[key=value]``.
+    graph : bool
+        Also time every TVM build of a study not in :data:`GRAPH_TIMED` as CUDA-graph replays
+        (``graph_us``), the way PyTorch is timed: a like-for-like figure for models, whose
+        ``time_evaluator`` loop and PyTorch's replay loop may run at different clocks.
 
     Returns
     -------
@@ -198,7 +203,7 @@ def run_study(
         inst = get_workload(name).instance(dtype, **case_params)
         echo(f"[{study}] {inst.name}")
         new = bench_instance(study, inst, target, limits, torch_baselines=torch_baselines,
-                             variants=variants)
+                             variants=variants, graph=graph)
         records.extend(new)
         if json_out:
             with open(json_out, "a", encoding="utf-8") as f:
@@ -211,7 +216,7 @@ def run_study(
 
 
 def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: bool = True,
-                   variants=None):
+                   variants=None, graph: bool = False):
     """Measure every implementation of one workload instance; see :func:`run_study`."""
     kind = target.kind.name
     device = "cuda" if kind == "cuda" else "cpu"
@@ -253,7 +258,7 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
             rec.time_us = time_tvm(vm, inst.func, args, dev)
             # a module of one or two kernels is timed as CUDA-graph replays too (as PyTorch
             # is): the VM's per-call cost would otherwise be most of its figure
-            if kind == "cuda" and (study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
+            if kind == "cuda" and (graph or study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
                 rec.graph_us = _graph_time(inst, rec, target, pipeline, options)
         except Exception as err:
             logger.warning("%s %s failed: %s", inst.name, rec.impl, error_line(err))

@@ -18,6 +18,7 @@
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert, zoo and memory steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false'); ONLY='rotary rmsnorm': the memory,
 # gemm-chains and attention steps run those workloads only;
+# GRAPH=1: the bert and zoo steps also time the TVM builds as CUDA-graph replays (graph us), as PyTorch is;
 # OPTION=fold_norms=true: profile steps compile with that option (BASELINE=1: and list torch.compile's
 # kernels too). DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
 # profile N calls back to back.
@@ -91,7 +92,7 @@ for step in "$@"; do
         bert:*)
             shape=${step#bert:}
             python3 -m tvm_stitch bench bert --target cuda -p "batch=${shape%x*}" -p "seq=${shape#*x}" \
-                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
+                ${GRAPH:+--graph} ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 \
                 | tee "$out/bert-$shape.log" || status=1
             ;;
         memory|gemm-chains|attention)
@@ -119,7 +120,7 @@ for step in "$@"; do
             args=(); [[ -n "$name" ]] && args+=(-w "$name")
             args+=("${params[@]}")
             python3 -m tvm_stitch bench zoo --target cuda ${DTYPE:+--dtype "$DTYPE"} "${args[@]}" \
-                ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
+                ${GRAPH:+--graph} ${variants[@]+"${variants[@]}"} --json-out "$out/bench.jsonl" 2>&1 | tee -a "$out/zoo.log" || status=1
             ;;
         profile:*)
             workload_spec "$step"

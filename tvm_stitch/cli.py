@@ -169,6 +169,7 @@ def cmd_bench(args) -> int:
         torch_baselines=not args.no_torch,
         json_out=args.json_out,
         variants=[_options(v) for v in args.variant or ()],
+        graph=args.graph,
     )
     return 1 if any(r.correct is False for r in records if r.impl.startswith("tvm")) else 0
 
@@ -266,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
     p.add_argument("--variant", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
                    help="also the stitch pipeline with these options, e.g. fold_norms=false")
+    p.add_argument("--graph", action="store_true",
+                   help="also time the TVM builds as CUDA-graph replays, as PyTorch is timed")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
