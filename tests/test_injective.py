@@ -197,6 +197,22 @@ def test_axes_of_one_element_do_not_stop_the_pieces():
         assert "*(uint4*)(y_ptr" in src
 
 
+def test_a_reduction_of_one_element_reads_its_input_in_pieces():
+    """``matmul`` of ``(1,)`` by ``(1, 16)`` legalizes to a block that reads its own output
+    back (``y[j] = y[j] + a[0] * b[0, j]``, the reduction of one element gone): the input
+    ``b`` comes in by vector loads, the output is no input to cache (found by the fuzzer,
+    seed 104: the rule failed and the kernel fell back)."""
+    a = te.placeholder((1,), "float32", "a")
+    b = te.placeholder((1, 16), "float32", "b")
+    k = te.reduce_axis((0, 1), "k")
+    y = te.compute((16,), lambda j: te.sum(a[k] * b[k, j], axis=k), name="y")
+    scheduled = _schedule(te.create_prim_func([a, b, y]))
+    assert scheduled is not None
+    src = cuda_source(tvm.compile(
+        tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), CUDA))
+    assert re.findall(r"= \*\(float4\*\)\(([ab])_ptr", src) == ["b"], src
+
+
 def test_the_stitch_pipeline_gathers_embeddings_in_vectors():
     """BERT's embedding lookups through the pipeline for sm_90a: 16-byte loads and stores."""
     from tvm_stitch.workloads import get_workload

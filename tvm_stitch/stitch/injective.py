@@ -77,6 +77,8 @@ class VectorizedInjective(GPUScheduleRule):
             # an input read only at the thread's own piece comes in by one vector load
             for buf in pieces:
                 reads = [r.source for r in sch.get(compute).reads]
+                if _index(reads, buf) is None:
+                    continue
                 cached = sch.cache_read(compute, _index(reads, buf), "local")
                 sch.compute_at(cached, tx, preserve_unit_loops=True)
                 sch.vectorize(sch.get_loops(cached)[-1])
@@ -155,12 +157,14 @@ def _vector(block, loops) -> tuple[int, bool] | None:
     # the output's own column offset is its row's: any other is a shift within a row
     shifted = any(not analyzer.can_prove(tvm.tirx.floormod(o, extents[-1]) == 0)
                   for o in offsets)
-    pieces = [b for b in dict.fromkeys(own) if not any(b.same_as(o) for o in other)]
+    # the inputs (not the output: a reduction of one element reads it back) read nowhere else
+    pieces = [b for b in dict.fromkeys(own)
+              if not any(b.same_as(o) for o in (*other, out.source))]
     return vector, shifted, pieces
 
 
-def _index(buffers, buf) -> int:
-    return next(i for i, b in enumerate(buffers) if b.same_as(buf))
+def _index(buffers, buf) -> int | None:
+    return next((i for i, b in enumerate(buffers) if b.same_as(buf)), None)
 
 
 def _loads(block) -> list | None:
