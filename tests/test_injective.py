@@ -197,6 +197,28 @@ def test_axes_of_one_element_do_not_stop_the_pieces():
         assert "*(uint4*)(y_ptr" in src
 
 
+def _stacked():
+    """``concat([x (5, 16), z (4, 16)]) · 2``: each input read at the thread's own piece, in
+    the rows where it is read at all."""
+    x = te.placeholder((5, 16), "float16", "x")
+    z = te.placeholder((4, 16), "float16", "z")
+    two = tvm.tirx.const(2, "float16")
+    y = te.compute((9, 16), lambda i, j: te.if_then_else(i < 5, x[i, j], z[i - 5, j]) * two,
+                   name="y")
+    return te.create_prim_func([x, z, y])
+
+
+def test_inputs_read_in_some_rows_are_loaded_in_those_rows_only():
+    """Rows stacked from two inputs: each comes in by vector loads, guarded by the rows it
+    covers (TVM's region analysis clips the thread's piece to the buffer), so no thread reads
+    past either input."""
+    scheduled = _schedule(_stacked())
+    assert scheduled is not None
+    script = scheduled.script()
+    assert "T.where(ax0_ax1_0_fused_1 < 10)" in script  # x's 5 rows: 10 pieces
+    assert "T.where(10 <= ax0_ax1_0_fused_1 and ax0_ax1_0_fused_1 < 18)" in script  # z's
+
+
 def test_a_reduction_of_one_element_reads_its_input_in_pieces():
     """``matmul`` of ``(1,)`` by ``(1, 16)`` legalizes to a block that reads its own output
     back (``y[j] = y[j] + a[0] * b[0, j]``, the reduction of one element gone): the input
@@ -240,6 +262,7 @@ def test_vectorized_kernels_compute_what_numpy_does():
     heads = xr.reshape(37, 3, 64).transpose(1, 0, 2)
     turned = np.concatenate([-heads[..., 32:], heads[..., :32]], -1)
     rotated = (heads * cr + turned * sr).astype("float16")
+    top, bottom = (rng.standard_normal(s).astype("float16") for s in ((5, 16), (4, 16)))
     ids = rng.integers(0, 50, (1, 13)).astype("int32")
     one_x = xr[None].reshape(1, 37, 3, 64)
     lookup, one_rotation = _one_sequence()
@@ -255,6 +278,7 @@ def test_vectorized_kernels_compute_what_numpy_does():
         (_rotate_half(37, 3, 64, 32), [xr, cr, sr], rotated),
         (lookup, [table, ids], table[ids]),
         (one_rotation, [one_x, cr[None, None], sr[None, None]], rotated[None]),
+        (_stacked(), [top, bottom], np.concatenate([top, bottom]) * np.float16(2)),
     ]
     for func, inputs, expected in cases:
         scheduled = _schedule(func).with_attr("global_symbol", "main")
