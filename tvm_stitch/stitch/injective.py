@@ -76,19 +76,20 @@ class VectorizedInjective(GPUScheduleRule):
             sch.unroll(sch.get_loops(compute)[-1])
             # an input read only at the thread's own piece comes in by one vector load
             for buf in pieces:
-                reads = [r.source for r in sch.get(compute).reads]
-                if _index(reads, buf) is None:
+                index = _index([r.source for r in sch.get(compute).reads], buf)
+                if index is None:
                     continue
-                cached = sch.cache_read(compute, _index(reads, buf), "local")
+                cached = sch.cache_read(compute, index, "local")
                 sch.compute_at(cached, tx, preserve_unit_loops=True)
                 sch.vectorize(sch.get_loops(cached)[-1])
         return sch
 
 
-def _vector(block, loops) -> tuple[int, bool] | None:
-    """Elements a thread takes at once in ``block`` (its ``loops``, one per iterator in order)
-    and whether some read is shifted along the columns, or None where its accesses are not
-    contiguous, aligned pieces along the output's last axis.
+def _vector(block, loops) -> tuple[int, bool, list] | None:
+    """Elements a thread takes at once in ``block`` (its ``loops``, one per iterator in order),
+    whether some read is shifted along the columns, and the input buffers read only at the
+    thread's own piece (each one vector load); None where its accesses are not contiguous,
+    aligned pieces along the output's last axis.
 
     Every access of a piece must be one aligned vector of at most 16 bytes, or TVM falls back
     to element loads packed into a vector its CUDA code cannot build: the buffers are compact;
