@@ -13,6 +13,7 @@ refused one to TVM's fusion (reason logged).  Everything else is left to TVM.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import tvm
@@ -56,15 +57,21 @@ class StitchFusion:
         gpu, hw = _hardware()
         if hw is None:  # no plan can schedule a pattern for this GPU: TVM's fusion throughout
             return mod
-        out, formed = _form(mod, skip=set(), explore=self.explore, hw=hw)
-        if not formed:
-            return mod
-        refused = _unschedulable(out, formed, self.schedules, gpu, hw)
-        for name, why in refused.items():
-            logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
-        if refused:
-            out, formed = _form(mod, skip={formed[name] for name in refused},
-                                explore=self.explore, hw=hw)
+        skip = set()
+        # a refused pattern is left to TVM's fusion; a refused packed kernel is formed again as
+        # the patterns it packed, each checked in its turn (so twice at most)
+        for _ in range(3):
+            out, formed = _form(mod, skip=skip, explore=self.explore, hw=hw)
+            if not formed:
+                return mod
+            refused = _unschedulable(out, formed, self.schedules, gpu, hw)
+            for name, why in refused.items():
+                logger.info("stitch: %s not formed, left to TVM's fusion: %s", name, why)
+            if not refused:
+                break
+            skip |= {formed[name] for name in refused}
+        else:
+            out, formed = _form(mod, skip=skip, explore=self.explore, hw=hw)
             if not formed:
                 return mod
         logger.info("stitch: %d fusion patterns formed", len(formed))
@@ -92,7 +99,8 @@ def _form(mod, skip, explore="search", hw=None):
                 if not skip:  # logged once, not again when the patterns are formed anew
                     for name, why in refused:
                         logger.info("stitch: %s not joined: %s", name, why)
-                keys = {g.gid: (gv.name_hint, index, tuple(g.members)) for g in groups}
+                groups = _unpacked(groups, gv.name_hint, index, skip)
+                keys = {g.gid: _key(gv.name_hint, index, g) for g in groups}
                 groups = [g for g in groups if keys[g.gid] not in skip]
                 names = {}
                 rewritten = _rewrite_block(builder, block, groups, func, names) if groups else None
@@ -119,6 +127,27 @@ def _form(mod, skip, explore="search", hw=None):
     for gv, func in updates.items():
         out[gv] = func
     return relax.transform.Normalize()(out), formed
+
+
+def _key(name, index, group) -> tuple:
+    """A pattern's key: the function, the dataflow block's index and the members' binding
+    indices — the same in every formation of the module."""
+    return name, index, tuple(group.members)
+
+
+def _unpacked(groups, name, index, skip) -> list:
+    """``groups`` with each packed kernel whose key is in ``skip`` (refused as one kernel)
+    replaced by the patterns it packed, with group ids of their own."""
+    out, fresh = [], max((g.gid for g in groups), default=-1) + 1
+    for g in groups:
+        if g.parts and _key(name, index, g) in skip:
+            logger.info("stitch: the patterns packed with %s formed one by one", g.members)
+            for part in g.parts:
+                out.append(dataclasses.replace(part, gid=fresh, parts=[]))
+                fresh += 1
+        else:
+            out.append(g)
+    return out
 
 
 def _unschedulable(mod, formed, cache, gpu, hw) -> dict:

@@ -396,6 +396,63 @@ def test_independent_patterns_are_packed_into_one_kernel():
     assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
 
 
+def _norms_to_heads(heads=(4, 4), seq=37, dim=64):
+    """A q-norm and a k-norm (RMSNorm over each head), each written through its transpose to
+    ``(batch, heads, seq, dim)``: two independent patterns with layout tails, of equal row
+    counts when ``heads`` are."""
+    shapes = [("q", (2, seq, heads[0], dim)), ("k", (2, seq, heads[1], dim)),
+              ("wq", (dim,)), ("wk", (dim,))]
+
+    def body(q, k, wq, wk):
+        def norm(x, w):
+            return relax.op.permute_dims(relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=1e-6),
+                                         [0, 2, 1, 3])
+        return [relax.Tuple([norm(q, wq), norm(k, wk)])]
+
+    mod = relax_function([(n, s, "float32") for n, s in shapes], body)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32") for _, s in shapes]
+
+    def norm(x, w):
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w).transpose(0, 2, 1, 3)
+
+    return mod, args, [norm(args[0], args[2]), norm(args[1], args[3])]
+
+
+def _stitched_kernels(mod) -> list[str]:
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    return [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+
+
+def test_patterns_written_through_layout_ops_are_not_packed():
+    """Two norms each written through its transpose to heads, rows alike: a kernel plan writes
+    through the layout ops after its last row op only, so they stay two stitched kernels.
+    Packed, they were refused as one kernel and both left to TVM's fusion (an RMSNorm kernel
+    and a transpose kernel each: four)."""
+    mod, args, refs = _norms_to_heads()
+    assert fusion_report(mod, "llvm", "default").kernels == 4
+    assert fusion_report(mod, "llvm", "stitch").kernels == 2
+    kernels = _stitched_kernels(mod)  # the two are alike: one definition, called twice
+    assert kernels and all("stitched_rms_norm_transpose" in k for k in kernels)
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_refused_packed_kernel_is_formed_again_as_its_patterns(monkeypatch):
+    """Where a packed kernel has no plan, the patterns it packed are formed one by one and
+    checked again, rather than all left to TVM's fusion (packing forced here on the norms
+    above, which no plan schedules as one kernel)."""
+    from tvm_stitch.stitch import former
+
+    monkeypatch.setattr(former, "_tails_packable", lambda h, g: True)
+    mod, _, _ = _norms_to_heads()
+    assert fusion_report(mod, "llvm", "stitch").kernels == 2
+    kernels = _stitched_kernels(mod)
+    assert kernels and all("stitched_rms_norm_transpose" in k for k in kernels)
+
+
 # -- shared memory along the dominance tree -----------------------------------------------------
 def test_allocator_reuses_dead_dominating_buffers_on_a_chain():
     reqs = [SmemRequest("a", 0, 100, 1), SmemRequest("b", 2, 80, 3), SmemRequest("c", 3, 120, 4)]

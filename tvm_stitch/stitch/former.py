@@ -58,6 +58,8 @@ class Group:
     column: tuple | None = None
     #: a column pattern's members on the reduced side (its reductions and what follows them)
     reduced: set = dataclasses.field(default_factory=set)
+    #: a packed kernel's patterns, each as it was before packing (:func:`_pack`)
+    parts: list = dataclasses.field(default_factory=list)
 
     def add(self, index: int, kinds, reduced: bool) -> None:
         """Make binding ``index`` (blocks of ``kinds``) a member; ``reduced``: on a column
@@ -283,6 +285,24 @@ def _convex(group, inputs, producer, group_of, upstream, group_up) -> bool:
     return True
 
 
+def _tails_packable(h: Group, g: Group) -> bool:
+    """Whether ``h`` and ``g`` can share a kernel as far as their layout tails go: a kernel plan
+    writes through the layout ops after its last row op only (:func:`~tvm_stitch.stitch.plan.
+    pattern_ops`), so at most one of them is written through layout ops and those come after
+    every member of the other, in program order. Packed otherwise, a q-norm and a k-norm each
+    written through its transpose to heads were refused as one kernel and both left to TVM (four
+    kernels where two stitched ones do)."""
+    tails = [x for x in (h, g) if x.layout]
+    if not tails:
+        return True
+    other = g if tails[0] is h else h
+    if len(tails) > 1 or min(tails[0].layout) < max(other.members):
+        logger.info("stitch: patterns of %s and %s not packed: a layout tail would not end the "
+                    "kernel", h.members, g.members)
+        return False
+    return True
+
+
 def _closure(gids, group_up) -> set:
     """``gids`` and every group they depend on through ``group_up``, transitively."""
     seen, stack = set(gids), list(gids)
@@ -375,7 +395,8 @@ def _layout_op(nodes, inputs) -> bool:
 
 def _pack(groups, group_up) -> list[Group]:
     """Kernel packing: independent patterns over the same number of rows share one kernel (no
-    path between them, through any group)."""
+    path between them, through any group), where the kernel plan can write their outputs
+    (:func:`_tails_packable`)."""
     packed: list[Group] = []
     ids: dict[int, set] = {}
     for g in groups:
@@ -387,9 +408,15 @@ def _pack(groups, group_up) -> list[Group]:
                 math.prod(g.rows) == math.prod(h.rows)
                 and not deps & ids[h.gid]
                 and g.gid not in h_deps
+                and _tails_packable(h, g)
             ):
+                h.parts = h.parts or [dataclasses.replace(h, members=list(h.members),
+                                                          kinds=list(h.kinds),
+                                                          layout=list(h.layout))]
+                h.parts.append(g)
                 h.members = sorted(h.members + g.members)
                 h.kinds.extend(g.kinds)
+                h.layout = sorted(h.layout + g.layout)
                 ids[h.gid].add(g.gid)
                 break
         else:
