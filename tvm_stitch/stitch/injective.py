@@ -123,6 +123,7 @@ def _vector(block, loops) -> tuple[int, bool, list] | None:
     walking = [out.source]  # the buffers accessed a piece at a time
     offsets = []  # the column offsets of loads walking the columns
     own, other = [], []  # buffers of loads of the thread's own piece, and of any other load
+    shifted = False  # a load at another offset than its row's own (a shift within a row)
     loads = _loads(block)
     if loads is None:
         return None
@@ -141,6 +142,7 @@ def _vector(block, loops) -> tuple[int, bool, list] | None:
         walking.append(load.source)
         offsets.append(offset)
         aligned = analyzer.can_prove(tvm.tirx.floormod(offset, extents[-1]) == 0)
+        shifted = shifted or not aligned
         gathered = any(loads_in_index(i) for i in rest)
         (own if aligned and not gathered else other).append(load.source)
     dtypes = [str(b.dtype) for b in walking]
@@ -155,9 +157,6 @@ def _vector(block, loops) -> tuple[int, bool, list] | None:
         return None
     if not all(_compact(b) for b in walking):
         return None
-    # the output's own column offset is its row's: any other is a shift within a row
-    shifted = any(not analyzer.can_prove(tvm.tirx.floormod(o, extents[-1]) == 0)
-                  for o in offsets)
     # the inputs (not the output: a reduction of one element reads it back) read nowhere else
     pieces = [b for b in dict.fromkeys(own)
               if not any(b.same_as(o) for o in (*other, out.source))]
