@@ -187,20 +187,33 @@ def _rewrite_block(builder, block, groups, func, names):
     """The block with each group's bindings replaced by one call to a Primitive function;
     ``names`` gets each group's function name (by group id)."""
     bindings = list(block.bindings)
-    member = {i: g for g in groups for i in g.members}
     index = {b.var: i for i, b in enumerate(bindings)}
     used_later = _uses(block, func)
+    # a binding several groups recompute (``Group.copies``) is computed in each of them, and
+    # stays a binding of its own only where something else reads it too
+    holders: dict = {}
+    for g in groups:
+        for i in g.copies:
+            holders.setdefault(i, set()).add(g.gid)
+    member = {i: g for g in groups for i in g.members if i not in holders}
+    held = {i for i, gids in holders.items()
+            if not used_later(bindings[i].var, {j for g in groups if g.gid in gids
+                                                for j in g.members})}
     # super nodes: a group or a single binding; ordered topologically, program order first
     nodes = {}
     for i in range(len(bindings)):
-        key = ("g", member[i].gid) if i in member else ("b", i)
-        nodes.setdefault(key, []).append(i)
+        if i not in held:
+            key = ("g", member[i].gid) if i in member else ("b", i)
+            nodes.setdefault(key, []).append(i)
+    for g in groups:
+        if g.copies:
+            nodes[("g", g.gid)] = sorted(g.members)
     deps = {k: set() for k in nodes}
     for key, idxs in nodes.items():
         for i in idxs:
             for v in _free_vars(bindings[i].value):
                 j = index.get(v)
-                if j is None:
+                if j is None or (j in holders and key[0] == "g" and key[1] in holders[j]):
                     continue
                 dk = ("g", member[j].gid) if j in member else ("b", j)
                 if dk != key:
@@ -213,13 +226,15 @@ def _rewrite_block(builder, block, groups, func, names):
         if key[0] == "b":
             out.append(bindings[idxs[0]])
             continue
-        gv, calls = _group_call(builder, bindings, idxs, used_later)
+        gv, calls = _group_call(builder, bindings, idxs, used_later, holders)
         names[key[1]] = gv.name_hint
         out.extend(calls)
     return relax.DataflowBlock(out)
 
 
-def _group_call(builder, bindings, idxs, used_later):
+def _group_call(builder, bindings, idxs, used_later, copies=()):
+    """A Primitive function of the bindings ``idxs`` and the bindings that call it; it returns
+    what is read after it, but the ``copies`` it recomputes for itself."""
     inside = {bindings[i].var for i in idxs}
     params, seen = [], set()
     for i in idxs:
@@ -228,7 +243,8 @@ def _group_call(builder, bindings, idxs, used_later):
             if v not in inside and v not in seen:
                 seen.add(v)
                 params.append(v)
-    outputs = [bindings[i].var for i in idxs if used_later(bindings[i].var, set(idxs))]
+    outputs = [bindings[i].var for i in idxs
+               if i not in copies and used_later(bindings[i].var, set(idxs))]
     new_params = [
         relax.Var(p.name if isinstance(p, relax.Var) else f"const{k}", p.ty)
         for k, p in enumerate(params)

@@ -115,6 +115,22 @@ def broadcast_shared(rows=(8, 128), width=768) -> FusionGraph:
     return b.graph()
 
 
+def broadcast_across_gemm(rows=(8, 128), width=768) -> FusionGraph:
+    """A mask broadcast from ``(rows[0], width)`` read by a LayerNorm pattern and, past a GEMM
+    of that pattern's output, by a second one: the patterns cannot merge, so the broadcast is
+    written by one and read back by the other, or recomputed by both."""
+    b = Builder()
+    shape = (*rows, width)
+    m = b.op("mask", B, shape, reads=(("m", (rows[0], 1, width)),))
+    a = b.op("a", E, shape, (m,), (("x", shape),))
+    out1 = b.layer_norm(a, rows, width, "ln1.")
+    h = b.op("matmul", GEMM, shape, (out1,), (("w", (width, width)),))
+    c = b.op("c", E, shape, (m, h))
+    out2 = b.layer_norm(c, rows, width, "ln2.")
+    b.vertices[b.index[out2]] = _output(b.vertices[b.index[out2]])
+    return b.graph()
+
+
 def independent(rows=((8, 128), (8, 64)), width=768) -> FusionGraph:
     """Two LayerNorms with nothing between them, of different row counts."""
     b = Builder()
@@ -159,6 +175,7 @@ CASES = {
     "shared-across-row-spaces": shared_across_row_spaces,
     "transposed-layer-norm": transposed_layer_norm,
     "broadcast-shared": broadcast_shared,
+    "broadcast-across-gemm": broadcast_across_gemm,
     "independent": independent,
     "residual-chain": residual_chain,
     "few-rows": few_rows,

@@ -123,8 +123,9 @@ def _bits(members) -> int:
     return sum(1 << i for i in members)
 
 
-def illegal(graph: FusionGraph, members) -> str | None:
-    """Why ``members`` cannot be one kernel, or None when they can."""
+def illegal(graph: FusionGraph, members, copies=frozenset()) -> str | None:
+    """Why ``members`` cannot be one kernel, or None when they can. ``copies``: members the
+    pattern recomputes for itself (:func:`recompute`), read by no op outside it."""
     members = frozenset(members)
     vs = graph.vertices
     if not all(graph.stitchable(i) for i in members):
@@ -159,7 +160,7 @@ def illegal(graph: FusionGraph, members) -> str | None:
             return f"{v.name}: output {v.shape} is not in the row space {rows}"
     bits = _bits(members)
     leaving = 0
-    for i in members:
+    for i in members - frozenset(copies):
         leaving |= graph.reach[i]
     leaving &= ~bits
     while leaving:
@@ -221,6 +222,7 @@ class Pattern:
     reductions: int
     widest: int  # the widest tensor a member writes or reads from outside
     rows: int  # rows of its row space (:func:`row_space`; 1 where it has none)
+    copies: frozenset = frozenset()  # members it recomputes for itself (:func:`recompute`)
 
     @property
     def has_reduce(self) -> bool:
@@ -232,16 +234,18 @@ class Pattern:
         return self.widest // self.rows
 
 
-def pattern(graph: FusionGraph, members) -> Pattern:
-    """The aggregates of ``members`` (any set; legality is :func:`illegal`'s), from scratch."""
-    members = frozenset(members)
+def pattern(graph: FusionGraph, members, copies=frozenset()) -> Pattern:
+    """The aggregates of ``members`` (any set; legality is :func:`illegal`'s), from scratch;
+    the ``copies`` among them are computed for the pattern's readers alone, never written."""
+    members, copies = frozenset(members), frozenset(copies)
     vs = graph.vertices
     saved, io = 0, 0
     outside = Counter()  # tensors from outside the pattern, by how many members read them
     for i in members:
         v = vs[i]
         readers = sum(1 for c in graph.consumers[i] if c in members)
-        s, m = _member_bytes(v.out_bytes, readers, v.output or readers < len(graph.consumers[i]))
+        leaves = i not in copies and (v.output or readers < len(graph.consumers[i]))
+        s, m = _member_bytes(v.out_bytes, readers, leaves)
         saved, io = saved + s, io + m
         for key in set(v.reads):
             outside[key] += 1
@@ -254,7 +258,7 @@ def pattern(graph: FusionGraph, members) -> Pattern:
     reductions = sum(vs[i].kind is OpKind.ROW_REDUCE for i in members)
     n_rows = max(1, math.prod(row_space(graph, members) or ()))
     widest = max((_width(vs[i]) for i in members), default=0)
-    return Pattern(members, saved, io, reductions, widest, n_rows)
+    return Pattern(members, saved, io, reductions, widest, n_rows, copies)
 
 
 def moved(graph: FusionGraph, p: Pattern, i: int, join: bool = True) -> Pattern:
@@ -266,6 +270,8 @@ def moved(graph: FusionGraph, p: Pattern, i: int, join: bool = True) -> Pattern:
     planned)."""
     if (i in p.members) == join:
         raise ValueError(f"op {i} is {'already' if join else 'not'} in the pattern")
+    if p.copies:
+        raise ValueError("a pattern with recomputed ops is rescored from scratch")
     before = p.members.__contains__
     after = ((lambda x: x == i or x in p.members) if join
              else (lambda x: x != i and x in p.members))
@@ -327,13 +333,18 @@ def score(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
     """``f(P)`` in µs: DRAM time saved plus launches saved minus the kernel plan's penalty."""
     t_mem = p.saved_bytes / hw.mem_bandwidth
     t_calls = (len(p.members) - 1) * hw.launch_overhead
-    # every reduction after the first re-reads the row from L2 (one pass per reduction)
+    return (t_mem + t_calls) * 1e6 - penalty(p, hw)
+
+
+def penalty(p: Pattern, hw: HardwareModel) -> float:
+    """The kernel plan's penalty in µs: every reduction after the first re-reads the row from
+    L2 (one pass per reduction), and with fewer rows than SMs the kernel's traffic runs on
+    that share of the device."""
     reread = max(0, p.reductions - 1) * p.row_bytes * p.rows / (hw.mem_bandwidth *
                                                                    hw.l2_bandwidth_ratio)
-    # fewer rows than SMs: the kernel's traffic runs on that share of the device
     share = min(1.0, p.rows / hw.num_sms)
     lost = p.io_bytes / hw.mem_bandwidth * (1 / share - 1) if len(p.members) > 1 else 0.0
-    return (t_mem + t_calls - reread - lost) * 1e6
+    return (reread + lost) * 1e6
 
 
 def plan_value(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
@@ -391,10 +402,12 @@ def _top(graph, patterns, hw, k) -> list[Pattern]:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Disjoint patterns (each a kernel) and their total :func:`plan_value`."""
+    """Patterns (each a kernel) and the plan's value: their total :func:`plan_value`, disjoint
+    but for the ops each recomputes (``recomputed``, :func:`recompute`: with the gain of that)."""
 
     patterns: tuple
     value: float
+    recomputed: tuple = ()
 
     def kernels(self, graph: FusionGraph) -> int:
         """Kernels of the plan's stitched patterns, plus one per other stitchable op (an upper
@@ -513,6 +526,50 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
     kept = [aggregate(m) for m in pats.values() if len(m) > 1]
     kept = sorted((p for p in kept if plan_value(graph, p, hw) > 0), key=lambda p: min(p.members))
     return Plan(tuple(kept), sum(plan_value(graph, p, hw) for p in kept))
+
+
+#: ops a pattern may recompute instead of reading them (cheap, on outside tensors alone)
+RECOMPUTABLE = frozenset({OpKind.LIGHT_ELEMWISE, OpKind.BROADCAST})
+
+
+def recompute(graph: FusionGraph, plan: Plan, hw: HardwareModel) -> Plan:
+    """``plan`` with each cheap op on outside tensors alone (a mask's broadcast, an input's
+    cast: :data:`RECOMPUTABLE`, no input in the graph) recomputed by every pattern that reads
+    it, where all of its readers are in patterns and that adds to the plan's value
+    (FusionStitching's recomputation). Its output is then written by no one: each pattern
+    reads the op's inputs instead (once, with its own reads of them) and the op's own kernel,
+    or its write by the pattern that held it, goes. The gain is counted in bytes moved and
+    launches, with each changed pattern's penalty rescored (:func:`penalty`); a pattern that
+    cannot take the op (:func:`illegal`) keeps the plan as it is. A copy adds no edge between
+    kernels (it reads nothing from the graph), so the plan stays free of cycles."""
+    pats = list(plan.patterns)
+    value = plan.value
+    done = []
+    for i, v in enumerate(graph.vertices):
+        if v.kind not in RECOMPUTABLE or v.inputs or v.output or not graph.consumers[i]:
+            continue
+        readers = [next((n for n, p in enumerate(pats) if c in p.members), None)
+                   for c in graph.consumers[i]]
+        if None in readers or (len(set(readers)) == 1 and i in pats[readers[0]].members):
+            continue  # read outside every pattern (written anyway), or by its own pattern only
+        trial = {}
+        for n in sorted(set(readers)):
+            members, copies = pats[n].members | {i}, pats[n].copies | {i}
+            if illegal(graph, members, copies):
+                break
+            trial[n] = pattern(graph, members, copies)
+        else:
+            gain = sum((pats[n].io_bytes - p.io_bytes) / hw.mem_bandwidth * 1e6
+                       - (penalty(p, hw) - penalty(pats[n], hw)) for n, p in trial.items())
+            if not any(i in p.members for p in pats):  # its own kernel goes
+                io = v.out_bytes + sum(size for _, size in set(v.reads))
+                gain += (io / hw.mem_bandwidth + hw.launch_overhead) * 1e6
+            if gain > 0:
+                for n, p in trial.items():
+                    pats[n] = p
+                value += gain
+                done.append(i)
+    return Plan(tuple(pats), value, (*plan.recomputed, *done)) if done else plan
 
 
 def greedy(graph: FusionGraph, hw: HardwareModel) -> Plan:

@@ -60,6 +60,9 @@ class Group:
     reduced: set = dataclasses.field(default_factory=set)
     #: a packed kernel's patterns, each as it was before packing (:func:`_pack`)
     parts: list = dataclasses.field(default_factory=list)
+    #: members it recomputes for itself, also members of the other patterns that read them
+    #: (:func:`tvm_stitch.explore.fusion.recompute`): never an output of its kernel
+    copies: list = dataclasses.field(default_factory=list)
 
     def add(self, index: int, kinds, reduced: bool) -> None:
         """Make binding ``index`` (blocks of ``kinds``) a member; ``reduced``: on a column
@@ -412,11 +415,13 @@ def _pack(groups, group_up) -> list[Group]:
             ):
                 h.parts = h.parts or [dataclasses.replace(h, members=list(h.members),
                                                           kinds=list(h.kinds),
-                                                          layout=list(h.layout))]
+                                                          layout=list(h.layout),
+                                                          copies=list(h.copies))]
                 h.parts.append(g)
-                h.members = sorted(h.members + g.members)
                 h.kinds.extend(g.kinds)
+                h.members = sorted(set(h.members + g.members))  # a copy both hold: once
                 h.layout = sorted(h.layout + g.layout)
+                h.copies = sorted(set(h.copies + g.copies))
                 ids[h.gid].add(g.gid)
                 break
         else:
@@ -470,17 +475,19 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
     ``greedy``'s column patterns (their members out of the explorer's graph) and the single
     bindings that are patterns by themselves (a legalized ``layer_norm``). Where a row
     pattern and a column pattern would wait for each other, ``greedy`` itself."""
-    from tvm_stitch.explore.fusion import cyclic, row_space
+    from tvm_stitch.explore.fusion import cyclic, recompute, row_space
     from tvm_stitch.explore.fusion import explore as search
     from tvm_stitch.hardware import HardwareModel
 
     hw = hw or HardwareModel.from_target({"kind": "cuda", "arch": "sm_90a"})
     columns = [g for g in greedy if g.column is not None]
     graph, kinds = block_graph(mod, block, point, {i for g in columns for i in g.members})
-    plan = search(graph, hw)
+    plan = recompute(graph, search(graph, hw), hw)
+    for i in plan.recomputed:
+        logger.info("stitch: %s recomputed by each pattern that reads it", graph.vertices[i].name)
     groups = []
     for p in plan.patterns:
-        g = Group(len(groups), row_space(graph, p.members))
+        g = Group(len(groups), row_space(graph, p.members - p.copies), copies=sorted(p.copies))
         for i in sorted(p.members):
             v = graph.vertices[i]
             if v.kind is OpKind.INJECTIVE and any(j in p.members for j in v.inputs):
@@ -506,10 +513,12 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
         for i in g.members:
             bits |= graph.above[i]
         above[g.gid] = bits
+    # a copy is no dependence: each pattern that reads it computes it
     group_up = {g.gid: {h.gid for h in groups if h is not g and
-                        any(above[g.gid] >> i & 1 for i in h.members)} for g in groups}
+                        any(above[g.gid] >> i & 1 for i in h.members if i not in h.copies)}
+                for g in groups}
     kept = _pack(groups, group_up)
-    if columns and cyclic(graph, [g.members for g in (*kept, *columns)]):
+    if columns and cyclic(graph, [set(g.members) - set(g.copies) for g in (*kept, *columns)]):
         logger.info("stitch: the explorer's patterns and the column patterns would wait for "
                     "each other: the greedy rule's patterns kept")
         return greedy
