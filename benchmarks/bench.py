@@ -58,11 +58,18 @@ MEMORY_SHAPES_GPU = [
     ("column-mean", {"rows": 65536, "cols": 64}),
     ("rotary", {"batch": 4, "seq": 512, "heads": 32, "dim": 128}),
     ("rotary", {"batch": 1, "seq": 2048, "heads": 8, "dim": 128}),
+    ("qk-norms", {"batch": 4, "seq": 512, "heads": 32, "kv_heads": 8, "dim": 128}),
+    ("qk-norms", {"batch": 1, "seq": 2048, "heads": 32, "kv_heads": 8, "dim": 128}),
+    ("qk-norms", {"batch": 1, "seq": 128, "heads": 16, "kv_heads": 8, "dim": 128}),
+    ("mask-layernorms", {"batch": 8, "seq": 512, "hidden": 768}),
+    ("mask-layernorms", {"batch": 1, "seq": 128, "hidden": 768}),
 ]
 _MEM_CPU = [
     ("mean-pool", {"batch": 3, "seq": 77, "hidden": 90}),
     ("column-mean", {"rows": 1823, "cols": 781}),
     ("rotary", {"batch": 2, "seq": 37, "heads": 3, "dim": 64}),
+    ("qk-norms", {"batch": 2, "seq": 37, "heads": 4, "kv_heads": 1, "dim": 64}),
+    ("mask-layernorms", {"batch": 3, "seq": 17, "hidden": 96}),
 ] + [
     (name, {"rows": 1823, "cols": 781})
     for name in (

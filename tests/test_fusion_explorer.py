@@ -126,7 +126,7 @@ def _family(name):
 
 @pytest.mark.parametrize(("name", "fewer"), [
     ("gemma2", 4),  # each layer's post-norms: the residual add joins the right pattern
-    ("qwen3", 4),  # the per-head q/k norms beside the layer norms
+    ("qwen3", 6),  # the per-head q/k norms beside the layer norms, and packed together
     ("whisper-encoder", 1),  # convolution-headed: the transposed embeddings read through
     ("llama", 0),
     ("vit", 0),

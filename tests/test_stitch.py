@@ -13,7 +13,7 @@ from tvm_stitch.passes import AccumulateFloat32, StitchFusion, StitchSchedule
 import tvm_stitch
 from tvm_stitch.hardware import HardwareModel
 from tvm_stitch.report import cuda_source, fused_module, fusion_report, nvcc_error
-from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans, plan_pattern
+from tvm_stitch.stitch.plan import IllegalPatternError, candidate_plans, pattern_ops, plan_pattern
 from tvm_stitch.stitch.schedule import apply_plan
 from tvm_stitch.stitch.smem import SmemRequest, allocate, dominators
 from tvm_stitch.workloads import get_workload
@@ -365,17 +365,17 @@ def test_former_keeps_patterns_convex(caplog):
     np.testing.assert_allclose(got, np.exp(x - s) - s[::-1], rtol=1e-5, atol=1e-5)
 
 
-def _two_patterns():
-    """A LayerNorm and a softmax on independent inputs with the same number of rows."""
+def _two_patterns(rows_y=1823, dtype="float32"):
+    """A LayerNorm over 1823 rows and a softmax over ``rows_y`` on independent inputs."""
 
     def body(x, y, w, b):
         ln = relax.op.nn.layer_norm(x, w, b, axes=[-1])
         return [relax.Tuple([ln, relax.op.nn.softmax(y, axis=-1)])]
 
-    shapes = [("x", (1823, 781)), ("y", (1823, 100)), ("w", (781,)), ("b", (781,))]
-    mod = relax_function([(n, s, "float32") for n, s in shapes], body)
+    shapes = [("x", (1823, 781)), ("y", (rows_y, 100)), ("w", (781,)), ("b", (781,))]
+    mod = relax_function([(n, s, dtype) for n, s in shapes], body)
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype("float32") for _, s in shapes]
+    args = [rng.standard_normal(s).astype(dtype) for _, s in shapes]
     x, y, w, b = args
     mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     e = np.exp(y - y.max(-1, keepdims=True))
@@ -394,6 +394,34 @@ def test_independent_patterns_are_packed_into_one_kernel():
     src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
     kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
     assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
+
+
+def test_patterns_of_different_row_counts_are_packed_by_the_explorer():
+    """A LayerNorm over 1823 rows and a softmax over 301, independent: the explorer's packing
+    model (:func:`~tvm_stitch.explore.fusion.packing_gain`) packs them into one kernel whose
+    thread blocks take the most rows, the softmax's rows guarded; the greedy rule packs equal
+    row counts only. The llvm numbers are numpy's, the CUDA source has one kernel."""
+    mod, args, refs = _two_patterns(rows_y=301)
+    assert fusion_report(mod, "llvm", "stitch", explore="greedy").kernels == 2
+    assert fusion_report(mod, "llvm", "stitch", explore="search").kernels == 1
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+    kernels = _stitched_kernels(mod)
+    assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
+
+
+def test_a_packed_plan_takes_the_most_rows_and_the_widest_row():
+    """The row space of a kernel packing patterns of different row counts: the most rows and
+    the widest row of any, the ops of both."""
+    mod, _, _ = _two_patterns(rows_y=301)
+    fused = fused_module(mod, "llvm")
+    func = next(f for gv, f in fused.functions.items() if gv.name_hint.startswith("stitched"))
+    ops, rows, cols = pattern_ops(func)
+    assert (rows, cols) == (1823, 781)
+    kinds = [o.kind.value for o in ops]
+    assert kinds.count("row-reduce") == 4  # the LayerNorm's mean and variance, softmax's two
 
 
 def _norms_to_heads(heads=(4, 4), seq=37, dim=64):
@@ -424,33 +452,48 @@ def _stitched_kernels(mod) -> list[str]:
     return [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
 
 
-def test_patterns_written_through_layout_ops_are_not_packed():
-    """Two norms each written through its transpose to heads, rows alike: a kernel plan writes
-    through the layout ops after its last row op only, so they stay two stitched kernels.
-    Packed, they were refused as one kernel and both left to TVM's fusion (an RMSNorm kernel
-    and a transpose kernel each: four)."""
-    mod, args, refs = _norms_to_heads()
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_patterns_written_through_layout_ops_are_packed_apart(heads):
+    """A q-norm and a k-norm, each written through its transpose to heads, with as many K/V
+    heads as query heads and with fewer (GQA: rows of different counts). The explorer packs
+    them into one kernel in which each pattern writes through its own transpose (the plan's
+    epilogue is each packed pattern's); the greedy rule keeps them two stitched kernels (TVM's
+    default: an RMSNorm kernel and a transpose kernel each, four). The llvm numbers are
+    numpy's."""
+    mod, args, refs = _norms_to_heads(heads)
     assert fusion_report(mod, "llvm", "default").kernels == 4
-    assert fusion_report(mod, "llvm", "stitch").kernels == 2
-    kernels = _stitched_kernels(mod)  # the two are alike: one definition, called twice
-    assert kernels and all("stitched_rms_norm_transpose" in k for k in kernels)
+    assert fusion_report(mod, "llvm", "stitch", explore="greedy").kernels == 2
+    assert fusion_report(mod, "llvm", "stitch", explore="search").kernels == 1
+    kernels = _stitched_kernels(mod)
+    assert len(kernels) == 1 and "stitched_rms_norm_transpose" in kernels[0]
+    assert kernels[0].count("__restrict__") == 6  # both norms' inputs, weights and outputs
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
     outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
     for got, ref in zip(outs, refs):
         np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_a_refused_packed_kernel_is_formed_again_as_its_patterns(monkeypatch):
-    """Where a packed kernel has no plan, the patterns it packed are formed one by one and
-    checked again, rather than all left to TVM's fusion (packing forced here on the norms
-    above, which no plan schedules as one kernel)."""
-    from tvm_stitch.stitch import former
+def test_a_refused_packed_kernel_is_formed_again_as_its_patterns(monkeypatch, caplog):
+    """Where a packed kernel has no plan (refused here for every kernel that packs), the
+    patterns it packed are formed one by one and checked again, rather than all left to TVM's
+    fusion."""
+    from tvm_stitch.stitch import plan
 
-    monkeypatch.setattr(former, "_tails_packable", lambda h, g: True)
+    packed = plan._packed
+
+    def refuse(nodes):
+        if len(plan._components(nodes)) > 1:
+            raise IllegalPatternError("packed kernels refused by the test")
+        return packed(nodes)
+
+    monkeypatch.setattr(plan, "_packed", refuse)
     mod, _, _ = _norms_to_heads()
-    assert fusion_report(mod, "llvm", "stitch").kernels == 2
-    kernels = _stitched_kernels(mod)
-    assert kernels and all("stitched_rms_norm_transpose" in k for k in kernels)
+    with caplog.at_level("INFO", logger="tvm_stitch.stitch"):
+        assert fusion_report(mod, "llvm", "stitch").kernels == 2
+    assert "formed one by one" in caplog.text
+    kernels = _stitched_kernels(mod)  # the two are alike: one definition, called twice
+    assert kernels and all("stitched_rms_norm_transpose" in k and k.count("__restrict__") == 3
+                           for k in kernels)  # one norm's input, weight and output each
 
 
 # -- shared memory along the dominance tree -----------------------------------------------------
@@ -483,14 +526,17 @@ def test_allocator_respects_dominance_on_a_diamond():
 
 # -- on the GPU host -----------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_packed_patterns_on_the_gpu():
-    mod, args, refs = _two_patterns()
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 2e-2)])
+@pytest.mark.parametrize("rows_y", [1823, 301, 37, 4099])
+def test_packed_patterns_on_the_gpu(rows_y, dtype, tol):
+    mod, args, refs = _two_patterns(rows_y, dtype)
+    assert len(_stitched_kernels(mod)) == 1
     ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(ex, dev)
     outs = vm["main"](*[tvm.runtime.tensor(a, device=dev) for a in args])
     for got, ref in zip(outs, refs):
-        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got.numpy().astype("float32"), ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

@@ -51,10 +51,11 @@ def main(argv=None) -> int:
         if redone.recomputed:
             recomputed.append(redone.value / fusion.recompute(graph, best, hw).value)
     exact = sum(r > 1 - 1e-9 for r in ratios)
-    print(f"\n{len(ratios)} random blocks of {args.ops} ops (scores in µs saved): the explorer "
-          f"scores the optimum on {exact} ({exact / len(ratios):.1%}), within 5% on "
-          f"{sum(r >= 0.95 for r in ratios)}, worst {min(ratios):.3f}; the greedy rule on "
-          f"{sum(r > 1 - 1e-9 for r in greedy_ratios)}, worst {min(greedy_ratios):.3f}")
+    if ratios:
+        print(f"\n{len(ratios)} random blocks of {args.ops} ops (scores in µs saved): the "
+              f"explorer scores the optimum on {exact} ({exact / len(ratios):.1%}), within 5% "
+              f"on {sum(r >= 0.95 for r in ratios)}, worst {min(ratios):.3f}; the greedy rule "
+              f"on {sum(r > 1 - 1e-9 for r in greedy_ratios)}, worst {min(greedy_ratios):.3f}")
     if recomputed:
         print(f"recomputation adds to the explorer's plan on {len(recomputed)}; against the "
               f"optimum's plan recomputed: worst {min(recomputed):.3f}, best {max(recomputed):.3f}")

@@ -528,6 +528,28 @@ def refine(graph: FusionGraph, groups, hw: HardwareModel) -> Plan:
     return Plan(tuple(kept), sum(plan_value(graph, p, hw) for p in kept))
 
 
+def packing_gain(parts, hw: HardwareModel) -> float:
+    """What packing independent patterns into one kernel saves, in µs (FusionStitching's
+    kernel packing, here beyond equal row counts): the launches of all but one, and the time
+    of running them one after another against together. Alone, each pattern's traffic runs on
+    the share of the device its rows fill; packed, the kernel's thread blocks take the most
+    rows of any part (the parts with fewer leave the rest idle), so it takes the longest part's
+    time, or the traffic of all at the share the most rows fill, whichever is more. It grows
+    with every part that fills the device less than the others (a wide part and a narrow one
+    run side by side); the kernel plan's penalties (registers and shared memory of the parts
+    together) are the latency-evaluator's, when the packed kernel is planned."""
+    def alone(p):
+        return p.io_bytes / hw.mem_bandwidth / min(1.0, p.rows / hw.num_sms)
+
+    parts = list(parts)
+    if len(parts) < 2:
+        return 0.0
+    rows = max(p.rows for p in parts)
+    together = sum(p.io_bytes for p in parts) / hw.mem_bandwidth / min(1.0, rows / hw.num_sms)
+    packed = max(together, *(alone(p) for p in parts))
+    return (sum(alone(p) for p in parts) - packed + (len(parts) - 1) * hw.launch_overhead) * 1e6
+
+
 #: ops a pattern may recompute instead of reading them (cheap, on outside tensors alone)
 RECOMPUTABLE = frozenset({OpKind.LIGHT_ELEMWISE, OpKind.BROADCAST})
 

@@ -289,12 +289,9 @@ def _convex(group, inputs, producer, group_of, upstream, group_up) -> bool:
 
 
 def _tails_packable(h: Group, g: Group) -> bool:
-    """Whether ``h`` and ``g`` can share a kernel as far as their layout tails go: a kernel plan
-    writes through the layout ops after its last row op only (:func:`~tvm_stitch.stitch.plan.
-    pattern_ops`), so at most one of them is written through layout ops and those come after
-    every member of the other, in program order. Packed otherwise, a q-norm and a k-norm each
-    written through its transpose to heads were refused as one kernel and both left to TVM (four
-    kernels where two stitched ones do)."""
+    """The greedy rule's packing of layout tails: at most one of ``h`` and ``g`` is written
+    through layout ops and those come after every member of the other, in program order (the
+    rule as it was before packed patterns were planned apart; the explorer packs any)."""
     tails = [x for x in (h, g) if x.layout]
     if not tails:
         return True
@@ -396,10 +393,14 @@ def _layout_op(nodes, inputs) -> bool:
     return bool(nodes) and len(inputs) == 1 and all(n.kind is OpKind.INJECTIVE for n in nodes)
 
 
-def _pack(groups, group_up) -> list[Group]:
-    """Kernel packing: independent patterns over the same number of rows share one kernel (no
-    path between them, through any group), where the kernel plan can write their outputs
-    (:func:`_tails_packable`)."""
+def _pack(groups, group_up, gain=None) -> list[Group]:
+    """Kernel packing: independent patterns share one kernel (no path between them, through
+    any group). The greedy rule's: over the same number of rows, where one layout tail at most
+    ends the kernel (:func:`_tails_packable`). Given ``gain`` (what packing a list of patterns
+    saves: the explorer's), wherever packing one more adds to that: rows of any count, each
+    pattern written through its own layout tail (:func:`~tvm_stitch.stitch.plan.
+    candidate_plans` plans the packed patterns apart, :func:`~tvm_stitch.stitch.schedule.
+    apply_plan` pads their row loops to the most)."""
     packed: list[Group] = []
     ids: dict[int, set] = {}
     for g in groups:
@@ -407,12 +408,12 @@ def _pack(groups, group_up) -> list[Group]:
         for h in packed:
             h_deps = _closure(set().union(*(group_up.get(x, set()) for x in ids[h.gid])),
                               group_up)
-            if (
-                math.prod(g.rows) == math.prod(h.rows)
-                and not deps & ids[h.gid]
-                and g.gid not in h_deps
-                and _tails_packable(h, g)
-            ):
+            parts = h.parts or [h]
+            if gain is None:
+                wanted = math.prod(g.rows) == math.prod(h.rows) and _tails_packable(h, g)
+            else:
+                wanted = gain([*parts, g]) > gain(parts)
+            if wanted and not deps & ids[h.gid] and g.gid not in h_deps:
                 h.parts = h.parts or [dataclasses.replace(h, members=list(h.members),
                                                           kinds=list(h.kinds),
                                                           layout=list(h.layout),
@@ -475,7 +476,7 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
     ``greedy``'s column patterns (their members out of the explorer's graph) and the single
     bindings that are patterns by themselves (a legalized ``layer_norm``). Where a row
     pattern and a column pattern would wait for each other, ``greedy`` itself."""
-    from tvm_stitch.explore.fusion import cyclic, recompute, row_space
+    from tvm_stitch.explore.fusion import cyclic, packing_gain, pattern, recompute, row_space
     from tvm_stitch.explore.fusion import explore as search
     from tvm_stitch.hardware import HardwareModel
 
@@ -517,7 +518,10 @@ def explored_groups(mod, block, point, greedy: list[Group], hw=None) -> list[Gro
     group_up = {g.gid: {h.gid for h in groups if h is not g and
                         any(above[g.gid] >> i & 1 for i in h.members if i not in h.copies)}
                 for g in groups}
-    kept = _pack(groups, group_up)
+    def gain(parts):  # packing's, by the explorer's model
+        return packing_gain([pattern(graph, set(g.members), set(g.copies)) for g in parts], hw)
+
+    kept = _pack(groups, group_up, gain)
     if columns and cyclic(graph, [set(g.members) - set(g.copies) for g in (*kept, *columns)]):
         logger.info("stitch: the explorer's patterns and the column patterns would wait for "
                     "each other: the greedy rule's patterns kept")

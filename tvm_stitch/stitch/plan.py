@@ -132,7 +132,44 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
         blocks do not share the leading (row) dimensions, or when the trailing layout ops
         drop the unit column of rows of one element.
     """
-    return _pattern(prim_func_nodes(func, "p"))
+    return _packed(prim_func_nodes(func, "p"))[:3]
+
+
+def _packed(nodes) -> tuple[list[Op], int, int, set]:
+    """:func:`_pattern` of each independent pattern packed in the nodes (no tensor joins
+    them): their ops in program order, the most rows and the widest row of any (a thread block
+    takes a row of each pattern that has that many), and the row counts of all."""
+    parts = _components(nodes)
+    if len(parts) == 1:
+        ops, rows, cols = _pattern(nodes)
+        return ops, rows, cols, {rows}
+    found = [_pattern(part) for part in parts]
+    order = {id(n): k for k, n in enumerate(nodes)}
+    ops = [op for _, op in sorted(((order[id(n)], op) for part, (o, _, _) in zip(parts, found)
+                                   for n, op in zip(part, o)), key=lambda x: x[0])]
+    counts = {r for _, r, _ in found}
+    return ops, max(counts), max(c for _, _, c in found), counts
+
+
+def _components(nodes) -> list[list]:
+    """The nodes in groups that no tensor joins, each in program order."""
+    owner = list(range(len(nodes)))
+
+    def find(k):
+        while owner[k] != k:
+            owner[k] = owner[owner[k]]
+            k = owner[k]
+        return k
+
+    producer = {n.output: k for k, n in enumerate(nodes)}
+    for k, n in enumerate(nodes):
+        for m in n.inputs:
+            if m.tensor in producer:
+                owner[find(k)] = find(producer[m.tensor])
+    parts: dict[int, list] = {}
+    for k, n in enumerate(nodes):
+        parts.setdefault(find(k), []).append(n)
+    return list(parts.values())
 
 
 def _pattern(nodes) -> tuple[list[Op], int, int]:
@@ -361,8 +398,9 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         See :func:`pattern_ops`.
     """
     nodes = prim_func_nodes(func, "p")
-    ops, rows, cols = _pattern(nodes)
-    epilogue = _epilogue(nodes)
+    ops, rows, cols, counts = _packed(nodes)
+    # each packed pattern writes through its own trailing layout ops
+    epilogue = tuple(name for part in _components(nodes) for name in _epilogue(part))
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
@@ -370,9 +408,9 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         if epilogue:
             raise IllegalPatternError(f"{epilogue[-1]} is a layout op after elementwise ops")
         return _elementwise_plans(ops, rows, cols, io_bytes, widest, hw)
-    row_inputs, widths = _row_params(func, rows)
+    row_inputs, widths = _row_params(func, counts)
     widths.add(cols)
-    reread = rows * sum(b * w for b, w in row_inputs)
+    reread = sum(r * b * w for b, w, r in row_inputs)
     expensive = [
         o.name for o in ops if o.kind is OpKind.EXPENSIVE_ELEMWISE and o.elements >= rows * cols
     ][:2]
@@ -400,7 +438,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
             variants = [(True, ())] + ([(True, reused)] if reused and not keep else [])
             variants.append((False, ()))
         for cache, in_regs in variants:
-            regs = sum(math.ceil(w // threads * b / 4) for b, w in row_inputs) if cache else 0
+            regs = sum(math.ceil(w // threads * b / 4) for b, w, _ in row_inputs) if cache else 0
             lat, occ, req, alloc = evaluate(
                 ops,
                 rows,
@@ -418,7 +456,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
             )
             subroots = subroots0 + tuple(keep) + in_regs
             inlined = tuple(o.name for o in ops[:-1] if o.name not in subroots)
-            cached = sum(w // threads for _, w in row_inputs) if cache else 0
+            cached = sum(w // threads for _, w, _ in row_inputs) if cache else 0
             plans.append(
                 KernelPlan(
                     comp,
@@ -511,17 +549,18 @@ def vector_width(widths, threads: int, widest_bytes: int) -> int:
     return 0
 
 
-def _row_params(func: tvm.tirx.PrimFunc, rows: int) -> tuple[list, set]:
-    """The parameters over the pattern's rows: ``(inputs, widths)`` where ``inputs`` lists
-    ``(element bytes, row width)`` of those only read (candidates for the register cache) and
-    ``widths`` the row widths of all of them (packed patterns may differ)."""
+def _row_params(func: tvm.tirx.PrimFunc, counts) -> tuple[list, set]:
+    """The parameters over the pattern's rows (any of the row ``counts`` of the patterns it
+    packs): ``(inputs, widths)`` where ``inputs`` lists ``(element bytes, row width, rows)``
+    of those only read (candidates for the register cache) and ``widths`` the row widths of
+    all of them (packed patterns may differ)."""
     written = {r.source.name for block, _ in iter_sblocks(func.body) for r in block.writes}
     inputs, widths = [], set()
     for p in func.params:
         shape = [int(d) for d in p.shape]
-        if len(shape) < 2 or math.prod(shape[:-1]) != rows:
+        if len(shape) < 2 or math.prod(shape[:-1]) not in counts:
             continue
         widths.add(shape[-1])
         if p.name not in written:
-            inputs.append((_bytes(str(p.dtype)), shape[-1]))
+            inputs.append((_bytes(str(p.dtype)), shape[-1], math.prod(shape[:-1])))
     return inputs, widths

@@ -240,7 +240,7 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
         rows.append(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
     extents = {_dim_key(sch.get(r).extent) for r in rows}
     if len(extents) > 1:
-        raise IllegalPatternError(f"packed patterns with different row counts {sorted(extents)}")
+        rows = _padded(sch, rows, unit)
     row = sch.merge(*rows) if len(rows) > 1 else rows[0]
     if plan.composition == "warp":
         bx, ty = sch.split(row, [None, plan.rows_per_block])
@@ -315,6 +315,17 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
             if gpu:
                 _thread_private(sch, cache, threads * vector, vector)
     return finish(sch, gpu)
+
+
+def _padded(sch, rows, unit) -> list:
+    """Row loops of packed patterns with different row counts, each split to the most rows
+    (a loop of one outside, a guard on the rows it does not have), so that they merge: the
+    thread blocks past a pattern's rows skip its blocks."""
+    if unit or any(not isinstance(sch.get(r).extent, tvm.tirx.IntImm) for r in rows):
+        raise IllegalPatternError("packed patterns with different row counts need static rows "
+                                  "of more than one element")
+    most = max(int(sch.get(r).extent) for r in rows)
+    return [sch.split(r, [None, most])[1] for r in rows]  # each as deep, to merge
 
 
 def _recompute_read_outputs(sch, func: tvm.tirx.PrimFunc) -> None:

@@ -342,6 +342,79 @@ def _rotary(dtype, rng, batch, seq, heads, dim):
     )
 
 
+def _qk_norms(dtype, rng, batch, seq, heads, kv_heads, dim):
+    """Qwen3's per-head query and key RMSNorms, each of a projection's output viewed as heads
+    and moved to ``(batch, heads, seq, dim)``: two independent patterns, each written through
+    its transpose, of different row counts where the keys have fewer heads (GQA)."""
+    q = _rand(rng, (batch * seq, heads * dim), dtype)
+    k = _rand(rng, (batch * seq, kv_heads * dim), dtype)
+    wq, wk = (_rand(rng, (dim,), dtype, 0.1, 1.0) for _ in range(2))
+
+    def body(q_, k_, wq_, wk_):
+        def norm(x, n, w):
+            x = relax.op.reshape(x, (batch, seq, n, dim))
+            return relax.op.permute_dims(relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=LN_EPS),
+                                         [0, 2, 1, 3])
+
+        return [relax.Tuple([norm(q_, heads, wq_), norm(k_, kv_heads, wk_)])]
+
+    params = [("q", q.shape, dtype), ("k", k.shape, dtype), ("wq", wq.shape, dtype),
+              ("wk", wk.shape, dtype)]
+    mod = relax_function(params, body)
+
+    def eager(device, tdtype):
+        import torch
+
+        def norm(x, n, w):
+            x = x.view(batch, seq, n, dim)
+            return (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + LN_EPS) * w).transpose(1, 2)
+
+        return lambda q_, k_, wq_, wk_: (norm(q_, heads, wq_), norm(k_, kv_heads, wk_))
+
+    io = 2 * _nbytes((q.shape, dtype), (k.shape, dtype))
+    return Instance(
+        f"qk-norms {batch}x{seq}x{heads}/{kv_heads}x{dim} {dtype}", mod, "main", [q, k, wq, wk],
+        {"eager": eager}, 0, io, dtype,
+    )
+
+
+def _mask_layernorms(dtype, rng, batch, seq, hidden):
+    """A mask broadcast from ``(batch, 1, hidden)`` added before two LayerNorms that a GEMM
+    keeps apart: the explorer recomputes the broadcast in both patterns (nobody writes it);
+    the greedy rule writes it in the first and reads it back in the second."""
+    x = _rand(rng, (batch, seq, hidden), dtype)
+    m = _rand(rng, (batch, 1, hidden), dtype, 0.1)
+    w = _rand(rng, (hidden, hidden), dtype, hidden ** -0.5)
+    g, b = _rand(rng, (hidden,), dtype, 0.1, 1.0), _rand(rng, (hidden,), dtype, 0.1)
+
+    def body(x_, m_, w_, g_, b_):
+        mask = relax.op.broadcast_to(m_, (batch, seq, hidden))
+        first = relax.op.nn.layer_norm(relax.op.add(x_, mask), g_, b_, axes=[-1], epsilon=LN_EPS)
+        h = _matmul(first, w_, dtype)
+        return [relax.op.nn.layer_norm(relax.op.add(h, mask), g_, b_, axes=[-1], epsilon=LN_EPS)]
+
+    params = [("x", x.shape, dtype), ("m", m.shape, dtype), ("w", w.shape, dtype),
+              ("g", g.shape, dtype), ("b", b.shape, dtype)]
+    mod = relax_function(params, body)
+
+    def eager(device, tdtype):
+        import torch.nn.functional as F
+
+        def fn(x_, m_, w_, g_, b_):
+            mask = m_.expand(batch, seq, hidden)
+            first = F.layer_norm(x_ + mask, (hidden,), g_, b_, LN_EPS)
+            return F.layer_norm(first @ w_ + mask, (hidden,), g_, b_, LN_EPS)
+
+        return fn
+
+    io = _nbytes((x.shape, dtype), (m.shape, dtype), (w.shape, dtype), (x.shape, dtype))
+    flops = 2 * batch * seq * hidden * hidden
+    return Instance(
+        f"mask-layernorms {batch}x{seq}x{hidden} {dtype}", mod, "main", [x, m, w, g, b],
+        {"eager": eager}, flops, io, dtype,
+    )
+
+
 # -- MCFuser Table II: batched GEMM chains E = (A·B)·D ---------------------------------------------
 #: name -> (batch, M, N, K, H): A is (batch, M, K), B (batch, K, N), D (batch, N, H).
 GEMM_CHAINS = {
@@ -518,6 +591,20 @@ def subgraph_workloads() -> list[Workload]:
             "rotary embedding of LLaMA's queries (heads moved, halves rotated)",
             {"batch": 4, "seq": 512, "heads": 32, "dim": 128},
             _rotary,
+        ),
+        Workload(
+            "qk-norms",
+            "memory",
+            "Qwen3's per-head query and key RMSNorms, each moved to heads (GQA: rows differ)",
+            {"batch": 4, "seq": 512, "heads": 32, "kv_heads": 8, "dim": 128},
+            _qk_norms,
+        ),
+        Workload(
+            "mask-layernorms",
+            "memory",
+            "a broadcast mask added before two LayerNorms a GEMM keeps apart",
+            {"batch": 8, "seq": 512, "hidden": 768},
+            _mask_layernorms,
         ),
     ]
     return memory + [_gemm_chain(n) for n in GEMM_CHAINS] + [_attention(n) for n in ATTENTION]
