@@ -6,7 +6,12 @@ Hugging Face families' CUDA builds, searched for
   it in every reader drops its write; and where its inputs are smaller than its output (a
   broadcast), each reader reads less;
 * **packing of different row counts**: two stitched patterns of the plan with no path between
-  them and different row counts, which today's packing (equal rows) leaves as two kernels.
+  them and different row counts, which the greedy rule's packing (equal rows) leaves as two
+  kernels (the explorer's packs them where :func:`~tvm_stitch.explore.fusion.packing_gain`
+  says so, since 2026-11-30).
+
+Recomputation itself is :func:`tvm_stitch.explore.fusion.recompute` (since 2026-11-30): this
+study lists the candidates before it, whether or not it recomputes them.
 
     python benchmarks/studies/item3_instances.py [--only qwen3 gemma2 ...]
 
