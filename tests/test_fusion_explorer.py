@@ -454,3 +454,20 @@ def test_the_pipeline_recomputes_a_mask_in_both_patterns():
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm", explore="search"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_packing_gains_a_launch_and_the_parallelism_of_a_narrow_pattern():
+    """Two independent LayerNorms (``cases.independent``): packed, one launch less, and a part
+    with fewer rows than SMs runs beside the other instead of alone on its share of the device;
+    one pattern alone gains nothing."""
+    graph = cases.independent(rows=((8, 128), (2,)))
+    wide, narrow = (fusion.pattern(graph, {i for i, v in enumerate(graph.vertices)
+                                           if v.name.startswith(p)}) for p in ("ln0.", "ln1."))
+    assert (wide.rows, narrow.rows) == (1024, 2)
+    bw = HW.mem_bandwidth
+    alone = wide.io_bytes / bw + narrow.io_bytes / bw * HW.num_sms / 2
+    together = max((wide.io_bytes + narrow.io_bytes) / bw, narrow.io_bytes / bw * HW.num_sms / 2)
+    expected = (alone - together + HW.launch_overhead) * 1e6
+    assert fusion.packing_gain([wide, narrow], HW) == pytest.approx(expected)
+    assert fusion.packing_gain([wide, narrow], HW) > HW.launch_overhead * 1e6
+    assert fusion.packing_gain([wide], HW) == 0.0

@@ -144,9 +144,9 @@ def _packed(nodes) -> tuple[list[Op], int, int, set]:
         ops, rows, cols = _pattern(nodes)
         return ops, rows, cols, {rows}
     found = [_pattern(part) for part in parts]
-    order = {id(n): k for k, n in enumerate(nodes)}
-    ops = [op for _, op in sorted(((order[id(n)], op) for part, (o, _, _) in zip(parts, found)
-                                   for n, op in zip(part, o)), key=lambda x: x[0])]
+    # each part's ops follow its nodes (its trailing layout ops have none)
+    op_of = {id(n): op for part, (ops, _, _) in zip(parts, found) for n, op in zip(part, ops)}
+    ops = [op_of[id(n)] for n in nodes if id(n) in op_of]
     counts = {r for _, r, _ in found}
     return ops, max(counts), max(c for _, _, c in found), counts
 
