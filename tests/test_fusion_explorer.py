@@ -471,3 +471,22 @@ def test_packing_gains_a_launch_and_the_parallelism_of_a_narrow_pattern():
     assert fusion.packing_gain([wide, narrow], HW) == pytest.approx(expected)
     assert fusion.packing_gain([wide, narrow], HW) > HW.launch_overhead * 1e6
     assert fusion.packing_gain([wide], HW) == 0.0
+
+
+def test_patterns_recomputing_one_op_are_not_packed_together():
+    """Two independent patterns that both recompute an op are not packed by the explorer's
+    rule: computed once in the packed kernel, the op would join them into one pattern of two
+    row spaces, which no plan schedules. Without the shared copy they are."""
+    from tvm_stitch.stitch.former import Group, _pack
+
+    def groups(copies):
+        return [Group(0, (33,), members=[0, 1, 2], copies=[0] if copies else []),
+                Group(1, (132,), members=[0, 3, 4] if copies else [3, 4],
+                      copies=[0] if copies else [])]
+
+    def gain(parts):
+        return float(len(parts) - 1)
+
+    assert len(_pack(groups(copies=True), {}, gain)) == 2
+    (packed,) = _pack(groups(copies=False), {}, gain)
+    assert packed.members == [0, 1, 2, 3, 4] and len(packed.parts) == 2

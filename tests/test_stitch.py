@@ -365,14 +365,14 @@ def test_former_keeps_patterns_convex(caplog):
     np.testing.assert_allclose(got, np.exp(x - s) - s[::-1], rtol=1e-5, atol=1e-5)
 
 
-def _two_patterns(rows_y=1823, dtype="float32"):
-    """A LayerNorm over 1823 rows and a softmax over ``rows_y`` on independent inputs."""
+def _two_patterns(rows_y=1823, dtype="float32", x=(1823, 781), cols_y=100):
+    """A LayerNorm over ``x`` and a softmax over ``(rows_y, cols_y)`` on independent inputs."""
 
     def body(x, y, w, b):
         ln = relax.op.nn.layer_norm(x, w, b, axes=[-1])
         return [relax.Tuple([ln, relax.op.nn.softmax(y, axis=-1)])]
 
-    shapes = [("x", (1823, 781)), ("y", (rows_y, 100)), ("w", (781,)), ("b", (781,))]
+    shapes = [("x", x), ("y", (rows_y, cols_y)), ("w", x[-1:]), ("b", x[-1:])]
     mod = relax_function([(n, s, dtype) for n, s in shapes], body)
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype(dtype) for _, s in shapes]
@@ -410,6 +410,25 @@ def test_patterns_of_different_row_counts_are_packed_by_the_explorer():
         np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
     kernels = _stitched_kernels(mod)
     assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
+
+
+def test_a_packed_pattern_is_one_value_per_row_only_by_its_own_rows():
+    """A LayerNorm over 1024 rows of 64 packed with a softmax over 16 rows of 64: the softmax
+    writes 1024 elements, as many as the LayerNorm has rows, yet it is no pattern of one value
+    per row. Taken as one, its loops were fused into a row loop and one thread wrote each
+    element from the columns it had cached (wrong on the GPU). Its stores go across the row's
+    threads, its rows guarded."""
+    mod, args, refs = _two_patterns(16, x=(1024, 64), cols_y=64)
+    src = cuda_source(tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA)))
+    kernels = [ln for ln in src.splitlines() if "__global__" in ln and ln.rstrip().endswith("{")]
+    assert len(kernels) == 1 and "layer_norm_softmax" in kernels[0]
+    stores = [ln for ln in src.splitlines() if "T_softmax_norm_intermediate_ptr +" in ln
+              or "T_softmax_norm_intermediate_ptr[" in ln]
+    assert stores and all("threadIdx.x" in ln for ln in stores)
+    ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_stitch.pipeline("llvm"))
+    outs = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    for got, ref in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_a_packed_plan_takes_the_most_rows_and_the_widest_row():
@@ -527,9 +546,11 @@ def test_allocator_respects_dominance_on_a_diamond():
 # -- on the GPU host -----------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 2e-2)])
-@pytest.mark.parametrize("rows_y", [1823, 301, 37, 4099])
-def test_packed_patterns_on_the_gpu(rows_y, dtype, tol):
-    mod, args, refs = _two_patterns(rows_y, dtype)
+@pytest.mark.parametrize(("rows_y", "x", "cols_y"), [
+    (1823, (1823, 781), 100), (301, (1823, 781), 100), (37, (1823, 781), 100),
+    (4099, (1823, 781), 100), (16, (1024, 64), 64)])
+def test_packed_patterns_on_the_gpu(rows_y, x, cols_y, dtype, tol):
+    mod, args, refs = _two_patterns(rows_y, dtype, x, cols_y)
     assert len(_stitched_kernels(mod)) == 1
     ex = tvm.compile(mod, CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
     dev = tvm.cuda(0)

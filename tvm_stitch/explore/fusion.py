@@ -536,8 +536,10 @@ def packing_gain(parts, hw: HardwareModel) -> float:
     rows of any part (the parts with fewer leave the rest idle), so it takes the longest part's
     time, or the traffic of all at the share the most rows fill, whichever is more. It grows
     with every part that fills the device less than the others (a wide part and a narrow one
-    run side by side); the kernel plan's penalties (registers and shared memory of the parts
-    together) are the latency-evaluator's, when the packed kernel is planned."""
+    run side by side), and it is never less than the launches saved: by this model every
+    independent pair gains. The kernel plan's penalties (registers and shared memory of the
+    parts together) are the latency-evaluator's, when the packed kernel is planned, and a
+    packed kernel no plan schedules is formed again as its parts."""
     def alone(p):
         return p.io_bytes / hw.mem_bandwidth / min(1.0, p.rows / hw.num_sms)
 

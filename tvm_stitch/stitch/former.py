@@ -411,13 +411,14 @@ def _pack(groups, group_up, gain=None) -> list[Group]:
             parts = h.parts or [h]
             if gain is None:
                 wanted = math.prod(g.rows) == math.prod(h.rows) and _tails_packable(h, g)
-            else:
-                wanted = gain([*parts, g]) > gain(parts)
+            else:  # not where both recompute an op: computed once, it would join them
+                wanted = not set(h.copies) & set(g.copies) and gain([*parts, g]) > gain(parts)
             if wanted and not deps & ids[h.gid] and g.gid not in h_deps:
-                if gain is not None and math.prod(g.rows) != math.prod(h.rows):
-                    logger.info("stitch: patterns of %d and %d rows packed into one kernel "
-                                "(%.2f us saved by the packing model)", math.prod(h.rows),
-                                math.prod(g.rows), gain([*parts, g]) - gain(parts))
+                counts = [math.prod(x.rows) for x in (*parts, g)]
+                if len(set(counts)) > 1:
+                    logger.info("stitch: patterns of %s rows packed into one kernel (%.2f us "
+                                "saved by the packing model)", counts,
+                                gain([*parts, g]) - gain(parts))
                 h.parts = h.parts or [dataclasses.replace(h, members=list(h.members),
                                                           kinds=list(h.kinds),
                                                           layout=list(h.layout),

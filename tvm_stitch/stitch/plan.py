@@ -85,6 +85,9 @@ class KernelPlan:
         Layout ops (reshape, transpose) the output is written through.
     registers : tuple of str
         Expensive elementwise sub-roots kept in each thread's registers (its own columns).
+    part_rows : tuple of (str, int)
+        For a kernel packing patterns (:func:`_packed`), each block's pattern's row count
+        (``rows`` is the most of them); empty for one pattern.
     """
 
     composition: str
@@ -102,6 +105,7 @@ class KernelPlan:
     cached: int = 0
     epilogue: tuple = ()
     registers: tuple = ()
+    part_rows: tuple = ()
 
     def describe(self) -> str:
         if self.composition == "thread":
@@ -135,20 +139,21 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
     return _packed(prim_func_nodes(func, "p"))[:3]
 
 
-def _packed(nodes) -> tuple[list[Op], int, int, set]:
+def _packed(nodes) -> tuple[list[Op], int, int, tuple]:
     """:func:`_pattern` of each independent pattern packed in the nodes (no tensor joins
     them): their ops in program order, the most rows and the widest row of any (a thread block
-    takes a row of each pattern that has that many), and the row counts of all."""
+    takes a row of each pattern that has that many), and each block's pattern's row count
+    (``(name, rows)`` pairs; empty for one pattern)."""
     parts = _components(nodes)
     if len(parts) == 1:
-        ops, rows, cols = _pattern(nodes)
-        return ops, rows, cols, {rows}
+        return (*_pattern(nodes), ())
     found = [_pattern(part) for part in parts]
     # each part's ops follow its nodes (its trailing layout ops have none)
     op_of = {id(n): op for part, (ops, _, _) in zip(parts, found) for n, op in zip(part, ops)}
     ops = [op_of[id(n)] for n in nodes if id(n) in op_of]
-    counts = {r for _, r, _ in found}
-    return ops, max(counts), max(c for _, _, c in found), counts
+    part_rows = tuple((n.name.split("/")[-1], r) for part, (_, r, _) in zip(parts, found)
+                      for n in part)
+    return ops, max(r for _, r, _ in found), max(c for _, _, c in found), part_rows
 
 
 def _components(nodes) -> list[list]:
@@ -398,7 +403,8 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         See :func:`pattern_ops`.
     """
     nodes = prim_func_nodes(func, "p")
-    ops, rows, cols, counts = _packed(nodes)
+    ops, rows, cols, part_rows = _packed(nodes)
+    counts = {r for _, r in part_rows} or {rows}
     # each packed pattern writes through its own trailing layout ops
     epilogue = tuple(name for part in _components(nodes) for name in _epilogue(part))
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
@@ -474,6 +480,7 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
                     cached,
                     epilogue,
                     in_regs,
+                    part_rows,
                 )
             )
     # stable: on a tie the earlier candidate (more warps per block, cached rows) wins

@@ -223,7 +223,9 @@ def apply_plan(func: tvm.tirx.PrimFunc, plan: KernelPlan, gpu: bool = True,
     # stored one vector at a time (TVM's CUDA code for 8-lane float vectors is not valid C)
     # one value per row (a row sum kept as (..., rows, 1), or reduced without keepdims): all
     # its loops are the row, written by the row's threads alike
-    unit = {n for n in outputs if _per_row(sch, sch.get_sblock(n), plan.rows, point)}
+    # (in a kernel packing patterns, each block against its own pattern's rows)
+    own = dict(plan.part_rows)
+    unit = {n for n in outputs if _per_row(sch, sch.get_sblock(n), own.get(n, plan.rows), point)}
     stores = {}
     if plan.vector > 1 and not plan.epilogue:  # through a transpose: stores stay scalar
         for n in outputs:
