@@ -199,15 +199,11 @@ def _rewrite_block(builder, block, groups, func, names):
     held = {i for i, gids in holders.items()
             if not used_later(bindings[i].var, {j for g in groups if g.gid in gids
                                                 for j in g.members})}
-    # super nodes: a group or a single binding; ordered topologically, program order first
-    nodes = {}
-    for i in range(len(bindings)):
-        if i not in held:
-            key = ("g", member[i].gid) if i in member else ("b", i)
-            nodes.setdefault(key, []).append(i)
-    for g in groups:
-        if g.copies:
-            nodes[("g", g.gid)] = sorted(g.members)
+    # super nodes: a group (its copies too) or a single binding; ordered topologically,
+    # program order first
+    nodes = {("g", g.gid): sorted(g.members) for g in groups}
+    nodes.update((("b", i), [i]) for i in range(len(bindings))
+                 if i not in member and i not in held)
     deps = {k: set() for k in nodes}
     for key, idxs in nodes.items():
         for i in idxs:

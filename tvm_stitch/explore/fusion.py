@@ -336,13 +336,19 @@ def score(graph: FusionGraph, p: Pattern, hw: HardwareModel) -> float:
     return (t_mem + t_calls) * 1e6 - penalty(p, hw)
 
 
+def _share(rows: int, hw: HardwareModel) -> float:
+    """The share of the device a kernel of ``rows`` thread-block rows fills (1 from one row an
+    SM on)."""
+    return min(1.0, rows / hw.num_sms)
+
+
 def penalty(p: Pattern, hw: HardwareModel) -> float:
     """The kernel plan's penalty in µs: every reduction after the first re-reads the row from
     L2 (one pass per reduction), and with fewer rows than SMs the kernel's traffic runs on
     that share of the device."""
     reread = max(0, p.reductions - 1) * p.row_bytes * p.rows / (hw.mem_bandwidth *
                                                                    hw.l2_bandwidth_ratio)
-    share = min(1.0, p.rows / hw.num_sms)
+    share = _share(p.rows, hw)
     lost = p.io_bytes / hw.mem_bandwidth * (1 / share - 1) if len(p.members) > 1 else 0.0
     return (reread + lost) * 1e6
 
@@ -541,13 +547,13 @@ def packing_gain(parts, hw: HardwareModel) -> float:
     parts together) are the latency-evaluator's, when the packed kernel is planned, and a
     packed kernel no plan schedules is formed again as its parts."""
     def alone(p):
-        return p.io_bytes / hw.mem_bandwidth / min(1.0, p.rows / hw.num_sms)
+        return p.io_bytes / hw.mem_bandwidth / _share(p.rows, hw)
 
     parts = list(parts)
     if len(parts) < 2:
         return 0.0
     rows = max(p.rows for p in parts)
-    together = sum(p.io_bytes for p in parts) / hw.mem_bandwidth / min(1.0, rows / hw.num_sms)
+    together = sum(p.io_bytes for p in parts) / hw.mem_bandwidth / _share(rows, hw)
     packed = max(together, *(alone(p) for p in parts))
     return (sum(alone(p) for p in parts) - packed + (len(parts) - 1) * hw.launch_overhead) * 1e6
 

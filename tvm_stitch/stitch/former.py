@@ -412,22 +412,22 @@ def _pack(groups, group_up, gain=None) -> list[Group]:
             if gain is None:
                 wanted = math.prod(g.rows) == math.prod(h.rows) and _tails_packable(h, g)
             else:  # not where both recompute an op: computed once, it would join them
-                wanted = not set(h.copies) & set(g.copies) and gain([*parts, g]) > gain(parts)
+                saved = 0.0 if set(h.copies) & set(g.copies) else gain([*parts, g]) - gain(parts)
+                wanted = saved > 0
             if wanted and not deps & ids[h.gid] and g.gid not in h_deps:
                 counts = [math.prod(x.rows) for x in (*parts, g)]
                 if len(set(counts)) > 1:
                     logger.info("stitch: patterns of %s rows packed into one kernel (%.2f us "
-                                "saved by the packing model)", counts,
-                                gain([*parts, g]) - gain(parts))
+                                "saved by the packing model)", counts, saved)
                 h.parts = h.parts or [dataclasses.replace(h, members=list(h.members),
                                                           kinds=list(h.kinds),
                                                           layout=list(h.layout),
                                                           copies=list(h.copies))]
                 h.parts.append(g)
                 h.kinds.extend(g.kinds)
-                h.members = sorted(set(h.members + g.members))  # a copy both hold: once
+                h.members = sorted(h.members + g.members)
                 h.layout = sorted(h.layout + g.layout)
-                h.copies = sorted(set(h.copies + g.copies))
+                h.copies = sorted(h.copies + g.copies)
                 ids[h.gid].add(g.gid)
                 break
         else:

@@ -139,21 +139,24 @@ def pattern_ops(func: tvm.tirx.PrimFunc) -> tuple[list[Op], int, int]:
     return _packed(prim_func_nodes(func, "p"))[:3]
 
 
-def _packed(nodes) -> tuple[list[Op], int, int, tuple]:
+def _packed(nodes) -> tuple[list[Op], int, int, tuple, tuple]:
     """:func:`_pattern` of each independent pattern packed in the nodes (no tensor joins
     them): their ops in program order, the most rows and the widest row of any (a thread block
-    takes a row of each pattern that has that many), and each block's pattern's row count
-    (``(name, rows)`` pairs; empty for one pattern)."""
+    takes a row of each pattern that has that many), each block's pattern's row count
+    (``(name, rows)`` pairs; empty for one pattern), and the trailing layout ops each pattern
+    writes through (:func:`_epilogue`)."""
     parts = _components(nodes)
+    epilogue = tuple(name for part in parts for name in _epilogue(part))
     if len(parts) == 1:
-        return (*_pattern(nodes), ())
+        return (*_pattern(nodes), (), epilogue)
     found = [_pattern(part) for part in parts]
     # each part's ops follow its nodes (its trailing layout ops have none)
     op_of = {id(n): op for part, (ops, _, _) in zip(parts, found) for n, op in zip(part, ops)}
     ops = [op_of[id(n)] for n in nodes if id(n) in op_of]
     part_rows = tuple((n.name.split("/")[-1], r) for part, (_, r, _) in zip(parts, found)
                       for n in part)
-    return ops, max(r for _, r, _ in found), max(c for _, _, c in found), part_rows
+    rows, cols = max(r for _, r, _ in found), max(c for _, _, c in found)
+    return ops, rows, cols, part_rows, epilogue
 
 
 def _components(nodes) -> list[list]:
@@ -403,10 +406,9 @@ def candidate_plans(func: tvm.tirx.PrimFunc, hw: HardwareModel) -> list[KernelPl
         See :func:`pattern_ops`.
     """
     nodes = prim_func_nodes(func, "p")
-    ops, rows, cols, part_rows = _packed(nodes)
-    counts = {r for _, r in part_rows} or {rows}
     # each packed pattern writes through its own trailing layout ops
-    epilogue = tuple(name for part in _components(nodes) for name in _epilogue(part))
+    ops, rows, cols, part_rows, epilogue = _packed(nodes)
+    counts = {r for _, r in part_rows} or {rows}
     io_bytes = sum(math.prod(int(d) for d in p.shape) * _bytes(str(p.dtype)) for p in func.params)
     widest = max([_bytes(str(p.dtype)) for p in func.params] + [1])
     if not any(o.kind is OpKind.ROW_REDUCE for o in ops):
