@@ -3,7 +3,8 @@ form (:mod:`tvm_stitch.families.gemm.gluon`, every tiling the search seeds) and 
 persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python benchmarks/studies/ws_gemm.py [--batch 8] [--seq 512] [--no-hoist] [--separate]
-        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR]];...] [--no-triton]
+        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR[,ROWS]]];...]
+        [--no-triton] [--model llama-8b]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -58,7 +59,7 @@ def parse_tiles(text: str) -> tuple:
 
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         ptxas: bool = False, fold_norms: bool = False, only: str | None = None,
-        tiles: tuple | None = None, triton: bool = True) -> list[dict]:
+        tiles: tuple | None = None, triton: bool = True, model: str = "bert-base") -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -72,14 +73,15 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     # one encoder layer: every layer's kernels are the same ones
     # with fold_norms two layers: the second layer's Q/K/V and out-projection read the
     # first's statistics
-    for match, source, shapes, _ in generated_gemms("bert-base", batch=batch, seq=seq,
+    for match, source, shapes, _ in generated_gemms(model, batch=batch, seq=seq,
                                                     layers=2 if fold_norms else 1,
                                                     joined=joined, fold_norms=fold_norms):
         if only and only not in match.describe():
             continue
         ext = match.frame.extents
         m, k = ext["m"], ext["k"]
-        n = sum(s.n for s in match.segments)
+        # every product's columns (a gate and an up interleaved: twice the output's)
+        n = sum(s.n * len(s.products) for s in match.segments)
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k ** 0.5
         bias = torch.randn(n, device="cuda", dtype=torch.float16)
@@ -104,7 +106,10 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
             staging = staging_legality(match) is None  # as the search seeds them
             for t in applicable_tiles(staging, tiles or WS_GEMM_TILES):
                 try:
-                    forms.append((ws_config(*t), "gluon"))
+                    config = ws_config(*t)
+                    if match.paired:  # BLOCK_N is the output's; the product's is twice it
+                        config["BLOCK_N"] //= 2
+                    forms.append((config, "gluon"))
                 except ValueError as e:
                     print(f"  gluon {t}: {e}")
         variants = [("", source)]
@@ -142,6 +147,8 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert-base",
+                        help="the zoo model whose GEMMs are timed (e.g. llama-8b)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--no-hoist", action="store_true")
@@ -154,7 +161,7 @@ def main(argv=None) -> int:
                         "row moments written)")
     parser.add_argument("--only", metavar="TEXT",
                         help="only the GEMMs whose description holds TEXT (e.g. '3 bands')")
-    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW[,PTR]];...",
+    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW[,PTR[,ROWS]]];...",
                         help="the Gluon tilings to measure (default: the search's seeds)")
     parser.add_argument("--no-triton", action="store_true",
                         help="only the Gluon forms (one kernel name: e.g. for ncu)")
@@ -162,7 +169,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     tiles = args.tiles and parse_tiles(args.tiles)
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
-               args.fold_norms, args.only, tiles, not args.no_triton)
+               args.fold_norms, args.only, tiles, not args.no_triton, args.model)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

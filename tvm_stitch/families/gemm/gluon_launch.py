@@ -23,14 +23,19 @@ WS_GEMM_LOAD_REGS = 24
 #: H100, 2026-11-26), and 192 × 128 with one of 4 warps storing through pointers
 #: (``PTR_STORE``: no output staging tile, so 4 slots fit in 208 KB; BERT's joined Q/K/V
 #: 25.5 µs against 26.2 by TMA, chosen by the search at 32 × 128 (25.2); no better on the
-#: other three; H100, session 27, ``h100-pointer-store-2026-11-26.md``). Not seeded, never
-#: the fastest of BERT's GEMMs at 4096 tokens:
-#: cooperative 128 × 256, ping-pong schedules (two consumers taking whole tiles in turns;
+#: other three; H100, session 27, ``h100-pointer-store-2026-11-26.md``), and 128 × 256 (two
+#: consumers of 64 × 256, 3 slots, 208 KB; the fastest of LLaMA-3-8B's GEMMs at 2048 tokens:
+#: Q/K/V 137.2 µs against 141.1, the out-projection 96.4 against 99.4, gate × up interleaved
+#: (a 256-column product) 642.1 against 671.4, FFN-out 311.7 against 329.5; BERT's at 4096
+#: tokens 32–43 µs, behind the others: 768 columns make 3 tiles a row; H200,
+#: ``h200-wide-tiles-2026-11-30.md``). Not seeded: consumers of 128 rows (two ``wgmma`` a k
+#: step, cuBLAS's ``256x128``; slower on every GEMM of both models, same run),
+#: ping-pong schedules (two consumers taking whole tiles in turns;
 #: BERT's FFN-in tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end),
 #: and each tile's epilogue behind the next tile's first products in the consumers themselves
 #: (a second accumulator: slower on every GEMM but Q/K/V; H200, 2026-11-26)
 WS_GEMM_TILES = ((3, 128, 64, 4), (2, 128, 64, 5), (2, 128, 64, 5, 4), (2, 128, 64, 5, 8),
-                 (3, 128, 64, 3, 4), (3, 128, 64, 4, 4, 1))
+                 (3, 128, 64, 3, 4), (3, 128, 64, 4, 4, 1), (2, 256, 64, 3))
 #: (consumers, an epilogue partition's warps ``EW``) -> (the launch's register limit, each
 #: further consumer's registers, the epilogue's): the consumers, the epilogue's warps and the
 #: loading warp's warpgroup make 512 threads (2 consumers, 4 warps), 640 (2 and 8, or 3 and
