@@ -18,6 +18,7 @@
 # unless TVM_STITCH_TUNING_DB is set. VARIANT=fold_norms=true: bert, zoo and memory steps also time that stitch variant
 # (several: VARIANT='fold_norms=true;dependent_launch=false'); ONLY='rotary rmsnorm': the memory,
 # gemm-chains and attention steps run those workloads only;
+# RETUNE=REGEX: records of the database matching REGEX dropped first (searched again);
 # GRAPH=1: the bert and zoo steps also time the TVM builds as CUDA-graph replays (graph us), as PyTorch is;
 # OPTION=fold_norms=true: profile steps compile with that option (BASELINE=1: and list torch.compile's
 # kernels too). DTYPE=bfloat16: zoo, profile, timeline and numerics steps in that dtype; STEADY=N: timeline steps also
@@ -37,6 +38,22 @@ if [[ -z "${TVM_STITCH_TUNING_DB:-}" && "${WARM:-1}" == 1 && ! -e "$out/tuning.j
     xz -dc benchmarks/tuning/h100.json.xz > "$out/tuning.json"
 fi
 export TVM_STITCH_TUNING_DB=${TVM_STITCH_TUNING_DB:-$out/tuning.json}
+# RETUNE=REGEX: the database's records whose key matches REGEX are dropped first, so the steps
+# search those kernels again (a record is never searched again otherwise: a tiling seeded since
+# it was stored is not tried). Keys are "kernel|extents by axis name|dtype|arch":
+# RETUNE='^stitch_gemm_[^|]*\|4096x2048x' drops the GEMMs of 2048 rows and k = 4096.
+if [[ -n "${RETUNE:-}" && -e "$TVM_STITCH_TUNING_DB" ]]; then
+    python3 - "$TVM_STITCH_TUNING_DB" "$RETUNE" <<'PY'
+import json, re, sys
+path, pattern = sys.argv[1], re.compile(sys.argv[2])
+data = json.load(open(path))
+drop = [k for k in data["records"] if pattern.search(k)]
+for k in drop:
+    del data["records"][k]
+json.dump(data, open(path, "w"))
+print(f"RETUNE: {len(drop)} records dropped from {path}")
+PY
+fi
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 status=0
 # VARIANT: variants separated by ';' (each KEY=VALUE,...)
