@@ -3,7 +3,7 @@ form (:mod:`tvm_stitch.families.gemm.gluon`, every tiling the search seeds) and 
 persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python benchmarks/studies/ws_gemm.py [--batch 8] [--seq 512] [--no-hoist] [--separate]
-        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR[,ROWS]]];...]
+        [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR]];...]
         [--no-triton] [--model llama-8b]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                         "row moments written)")
     parser.add_argument("--only", metavar="TEXT",
                         help="only the GEMMs whose description holds TEXT (e.g. '3 bands')")
-    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW[,PTR[,ROWS]]];...",
+    parser.add_argument("--tiles", metavar="C,N,K,SLOTS[,EW[,PTR]];...",
                         help="the Gluon tilings to measure (default: the search's seeds)")
     parser.add_argument("--no-triton", action="store_true",
                         help="only the Gluon forms (one kernel name: e.g. for ncu)")
