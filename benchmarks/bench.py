@@ -26,14 +26,15 @@ from .harness import (
     compile_tvm,
     fill_rates,
     format_table,
+    in_turns,
     measure_limits,
     run_isolated,
     run_tvm,
-    time_torch,
     time_tvm,
-    time_tvm_graph,
     torch_outputs,
+    torch_timer,
     tvm_device,
+    tvm_graph_timer,
 )
 
 logger = logging.getLogger("tvm_stitch.bench")
@@ -222,9 +223,18 @@ def run_study(
     return records
 
 
+#: rounds in which a workload's implementations are timed in turns, after all are built
+#: (:func:`~tvm_stitch.benchmarks.harness.in_turns`): each round a fifth of the budget
+TURNS = 5
+
+
 def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: bool = True,
                    variants=None, graph: bool = False):
-    """Measure every implementation of one workload instance; see :func:`run_study`."""
+    """Measure every implementation of one workload instance; see :func:`run_study`.
+
+    Every implementation is built and checked first, then all are timed in turns
+    (:data:`TURNS` rounds), so they are compared at the same clocks. TVM's default pipeline
+    on CUDA runs in a child process (its kernels may fault) and is timed there, alone."""
     kind = target.kind.name
     device = "cuda" if kind == "cuda" else "cpu"
     refs = inst.reference()
@@ -235,11 +245,12 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
         "device": limits.name,
         "dtype": inst.dtype,
     }
-    records = []
+    records, timers = [], []  # timers: (record, attribute, timer(budget_ms) -> µs)
     runs = [("default", {}), ("stitch", {})] + [("stitch", dict(v)) for v in variants or ()]
     for pipeline, options in runs:
         label = ",".join(f"{k}={v}" for k, v in options.items())
         rec = Record(impl=f"tvm-{pipeline}" + (f"[{label}]" if label else ""), **base)
+        records.append(rec)
         try:
             report = fusion_report(inst.mod, target, pipeline, **options)
             rec.kernels, rec.est_bytes = report.kernels, report.bytes
@@ -247,12 +258,12 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
                 # TVM's own kernels may fault on imported models: run them in a child process
                 rec.time_us, outs, rec.compile_s = run_isolated(inst, target, pipeline)
                 rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
-                records.append(fill_rates(rec, inst, limits))
                 continue
             vm, rec.compile_s, rec.note = compile_tvm(inst, target, pipeline, options=options)
             dev = tvm_device(target)
             args, outs = run_tvm(vm, inst, dev)
             rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
+            graph_timer = None
             if kind == "cuda" and not all(np.isfinite(o).all() for o in outs):
                 # Relax's CUDA-graph rewrite gave non-finite results (seen on GPT-2, with or
                 # without tvm-stitch's kernels): measure the build without it, and say so
@@ -261,24 +272,42 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
                 args, outs = run_tvm(vm, inst, dev)
                 rec.max_err, rec.correct = compare(outs, refs, inst.tolerance)
                 rec.note = "Relax CUDA graph gave NaN: built without it"
-                rec.graph_us = _graph_time(inst, rec, target, pipeline, options)
-            rec.time_us = time_tvm(vm, inst.func, args, dev)
+                graph_timer = _graph_timer(inst, rec, target, pipeline, options)
             # a module of one or two kernels is timed as CUDA-graph replays too (as PyTorch
             # is): the VM's per-call cost would otherwise be most of its figure
-            if kind == "cuda" and (graph or study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
-                rec.graph_us = _graph_time(inst, rec, target, pipeline, options)
-        except Exception as err:
-            logger.warning("%s %s failed: %s", inst.name, rec.impl, error_line(err))
-            logger.debug("%s %s failed", inst.name, rec.impl, exc_info=True)
-            rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]
-        records.append(fill_rates(rec, inst, limits))
+            elif kind == "cuda" and (graph or study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
+                graph_timer = _graph_timer(inst, rec, target, pipeline, options)
+            timers.append((rec, "time_us",
+                           lambda budget, vm=vm, args=args, dev=dev:
+                           time_tvm(vm, inst.func, args, dev, budget)))
+            if graph_timer is not None:
+                timers.append((rec, "graph_us", graph_timer))
+        except Exception as err:  # noqa: BLE001 - recorded in its row (_failed)
+            _failed(inst, rec, err)
     if torch_baselines:
-        records.extend(_torch_records(study, inst, device, limits, refs, base))
-    return records
+        records.extend(_torch_records(study, inst, device, base, refs, timers))
+    times = in_turns([t for _, _, t in timers], TURNS)
+    for (rec, attr, _), value in zip(timers, times):
+        if isinstance(value, Exception):
+            _failed(inst, rec, value)
+            continue
+        setattr(rec, attr, value)
+        if attr == "time_us" and rec.impl.startswith("torch") and device == "cuda" \
+                and "call by call" not in (rec.note or ""):
+            rec.graph_us = value  # PyTorch is timed as CUDA-graph replays already
+    return [fill_rates(rec, inst, limits) for rec in records]
 
 
-def _graph_time(inst, rec, target, pipeline, options=None) -> float | None:
-    """The TVM call timed as CUDA-graph replays; None (with a note) when it cannot be captured.
+def _failed(inst, rec, err) -> None:
+    logger.warning("%s %s failed: %s", inst.name, rec.impl, error_line(err))
+    logger.debug("%s %s failed", inst.name, rec.impl, exc_info=err)
+    rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]
+    rec.time_us = rec.graph_us = None
+
+
+def _graph_timer(inst, rec, target, pipeline, options=None):
+    """A timer of the TVM call as CUDA-graph replays; None (with a note) when it cannot be
+    captured.
 
     A VM that runs its kernels through Relax's own CUDA graph cannot be captured inside another
     graph (and a failed capture leaves PyTorch's CUDA state unusable), so this figure comes
@@ -286,14 +315,15 @@ def _graph_time(inst, rec, target, pipeline, options=None) -> float | None:
     try:
         plain, _, _ = compile_tvm(inst, target, pipeline, use_cuda_graph=False, options=options)
         args, _ = run_tvm(plain, inst, tvm_device(target))
-        return time_tvm_graph(plain, inst.func, args)
+        return tvm_graph_timer(plain, inst.func, args)
     except Exception as err:  # noqa: BLE001 - the VM figure stands alone then
         logger.warning("%s %s: no CUDA-graph timing: %s", inst.name, rec.impl, err)
         rec.note = "; ".join(filter(None, [rec.note, f"no graph timing ({type(err).__name__})"]))
         return None
 
 
-def _torch_records(study, inst, device, limits, refs, base):
+def _torch_records(study, inst, device, base, refs, timers):
+    """The PyTorch baselines' records, checked; their timers appended to ``timers``."""
     try:
         import torch
     except ImportError:
@@ -311,6 +341,7 @@ def _torch_records(study, inst, device, limits, refs, base):
     records = []
     for label, make, compiled in impls:
         rec = Record(impl=label, **base)
+        records.append(rec)
         try:
             fn = make(device, tdtype)
             if compiled:
@@ -321,17 +352,15 @@ def _torch_records(study, inst, device, limits, refs, base):
             args = inst.torch_args(device, tdtype)
             rec.max_err, rec.correct = compare(torch_outputs(fn, args), refs, inst.tolerance)
             try:
-                rec.time_us = time_torch(fn, args, device)
-                if device == "cuda":
-                    rec.graph_us = rec.time_us  # PyTorch is timed as CUDA-graph replays already
+                timer = torch_timer(fn, args, device)
             except RuntimeError as err:  # e.g. HF's eager GPT-2 copies host tensors
                 if device != "cuda" or "graph" not in str(err).lower():
                     raise
                 torch.cuda.synchronize()
-                rec.time_us = time_torch(fn, args, device, graph=False)
+                timer = torch_timer(fn, args, device, graph=False)
                 rec.note = "cannot be captured in a CUDA graph: timed call by call"
+            timers.append((rec, "time_us", timer))
         except Exception as err:
             logger.exception("%s %s failed", inst.name, label)
             rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]
-        records.append(fill_rates(rec, inst, limits))
     return records

@@ -11,6 +11,8 @@
   (``graph_us``); rates (GB/s, TFLOP/s) come from that figure when there is one.
 * Every compiled module's output is compared with the float32 CPU reference before it is timed; a
   wrong result is recorded (``correct: false``) and its time is not reported as a win.
+* The studies time a workload's implementations in turns once all are built (:func:`in_turns`),
+  so all are timed at the same clocks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tvm_stitch
 # compare and time_tvm are the harness's too (tvm-stitch check uses them with TVM's runtime only)
 from tvm_stitch.library import compare, prepare_args, time_tvm  # noqa: F401
 from tvm_stitch.pipeline import as_target, num_input
-from tvm_stitch.tune.measure import time_torch
+from tvm_stitch.tune.measure import time_torch, torch_timer  # noqa: F401
 
 logger = logging.getLogger("tvm_stitch.bench")
 
@@ -178,9 +180,11 @@ def device_args(vm, inst, dev) -> list:
     return prepare_args(vm, inst.func, args, num_input(inst.mod, inst.func))
 
 
-def time_tvm_graph(vm, func: str, args, budget_ms: float = 200.0) -> float:
-    """Median microseconds per replay of ``vm[func](*args)`` captured in a CUDA graph (the way
-    :func:`time_torch` times PyTorch), so the VM's per-call cost is left out.
+def tvm_graph_timer(vm, func: str, args):
+    """``timer(budget_ms) -> median µs`` per replay of ``vm[func](*args)`` captured in a CUDA
+    graph (the way :func:`time_torch` times PyTorch), so the VM's per-call cost is left out.
+    The capture is done once, here; each call of the timer times replays (the captured
+    output kept alive with the timer).
 
     Raises whatever the capture raises (e.g. a function that synchronises); callers record it.
     """
@@ -199,9 +203,32 @@ def time_tvm_graph(vm, func: str, args, budget_ms: float = 200.0) -> float:
     graph = torch.cuda.CUDAGraph()
     with tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
         out = fn(*args)  # kept alive: the replays write into its storage
-    us = time_replay(graph.replay, budget_ms)
-    del out
-    return us
+
+    def timer(budget_ms: float) -> float:
+        assert out is not None  # held by the closure as long as the timer lives
+        return time_replay(graph.replay, budget_ms)
+
+    return timer
+
+
+def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | None]:
+    """Each of ``timers`` (``timer(budget_ms) -> µs``) called ``rounds`` times in turns, a
+    ``rounds``-th of ``budget_ms`` each, and the median of its calls, so every implementation
+    of a workload is timed at the same clocks (under a sustained load the GPU's clock drifts
+    down by up to 15% within seconds: ``h200-clock-drift-wide-tiles-2026-11-30.md``). A timer
+    that raises is dropped from later rounds; its entry is the exception."""
+    import statistics
+
+    samples: list = [[] for _ in timers]
+    for _ in range(rounds):
+        for i, timer in enumerate(timers):
+            if isinstance(samples[i], Exception):
+                continue
+            try:
+                samples[i].append(timer(budget_ms / rounds))
+            except Exception as err:  # noqa: BLE001 - recorded by the caller
+                samples[i] = err
+    return [s if isinstance(s, Exception) else statistics.median(s) for s in samples]
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------

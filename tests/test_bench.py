@@ -36,6 +36,53 @@ def test_memory_study_small(tmp_path):
     assert "tvm-stitch" in lines[-1] and "GB/s" in lines[-1]
 
 
+def test_implementations_are_timed_in_turns_after_all_are_built(monkeypatch):
+    """Every implementation of a workload is built and checked before any is timed, then all
+    are timed together in rounds (the GPU's clock drifts under load, so one timed after
+    another would be compared at different clocks); each figure is its timer's median, and a
+    timer that fails leaves its row failed, not the others."""
+    from tvm_stitch.benchmarks import bench, harness
+
+    calls = []
+
+    def spy(timers, rounds, budget_ms=200.0):
+        calls.append(len(timers))
+        assert rounds == bench.TURNS
+        out = harness.in_turns(timers, rounds, budget_ms)
+        return [err if i else RuntimeError("lost the device") for i, err in enumerate(out)]
+
+    monkeypatch.setattr(bench, "in_turns", spy)
+    records = run_study("memory", "llvm", workloads=["softmax"], params={"rows": 64, "cols": 33},
+                        echo=lambda _: None, variants=[{"explore": "greedy"}])
+    # one call with every implementation's timer: two stitch builds, TVM's default, PyTorch
+    assert calls == [4]
+    assert [r.impl for r in records] == ["tvm-default", "tvm-stitch",
+                                         "tvm-stitch[explore=greedy]", "torch-op"]
+    assert records[0].time_us is None and "lost the device" in records[0].note
+    assert all(r.time_us > 0 and r.correct for r in records[1:])
+
+
+def test_timers_are_called_in_turns_and_give_their_medians():
+    """``in_turns``: round by round, each timer once with its share of the budget, medians
+    per timer; a timer that raises is left out of later rounds and returns its error."""
+    from tvm_stitch.benchmarks.harness import in_turns
+
+    order, values = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+    def timer(name):
+        def run(budget_ms):
+            order.append((name, budget_ms))
+            if name == "c":
+                raise RuntimeError("capture failed")
+            return next(values[name])
+        return run
+
+    a, b, c = in_turns([timer("a"), timer("b"), timer("c")], rounds=3, budget_ms=30.0)
+    assert (a, b) == (2.0, 5.0) and isinstance(c, RuntimeError)
+    assert order == [("a", 10.0), ("b", 10.0), ("c", 10.0), ("a", 10.0), ("b", 10.0),
+                     ("a", 10.0), ("b", 10.0)]
+
+
 def test_compare_flags_wrong_results():
     import numpy as np
 

@@ -89,36 +89,48 @@ def time_candidate(fn) -> float:
 def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = True) -> float:
     """Median microseconds per call; CUDA-graph replays on the GPU (``graph``; else one call at a
     time between CUDA events, for code that cannot be captured), wall time on the CPU."""
+    return torch_timer(fn, args, device, graph)(budget_ms)
+
+
+def torch_timer(fn, args, device: str, graph: bool = True):
+    """``timer(budget_ms) -> median microseconds per call`` of ``fn(*args)``, timed as
+    :func:`time_torch` times it; the warm-up calls and the CUDA graph's capture are done once,
+    here, so the timer may be called again (timings taken in turns with others)."""
     import torch
 
     with torch.no_grad():
         if device == "cuda" and not graph:
             for _ in range(3):
                 fn(*args)
-            return time_replay(lambda: fn(*args), budget_ms)
+            return lambda budget_ms: time_replay(lambda: fn(*args), budget_ms)
         if device == "cpu":
             fn(*args)
-            start = time.perf_counter()
-            fn(*args)
-            probe = time.perf_counter() - start
-            number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
-            samples = []
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(number):
+
+            def cpu_timer(budget_ms):
+                with torch.no_grad():
+                    start = time.perf_counter()
                     fn(*args)
-                samples.append((time.perf_counter() - start) / number)
-            return statistics.median(samples) * 1e6
+                    probe = time.perf_counter() - start
+                    number = max(1, int(budget_ms / 10 / 1e3 / max(probe, 1e-7)))
+                    samples = []
+                    for _ in range(5):
+                        start = time.perf_counter()
+                        for _ in range(number):
+                            fn(*args)
+                        samples.append((time.perf_counter() - start) / number)
+                return statistics.median(samples) * 1e6
+
+            return cpu_timer
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
                 fn(*args)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
             fn(*args)
-        return time_replay(graph.replay, budget_ms)
+        return lambda budget_ms: time_replay(captured.replay, budget_ms)
 
 
 def time_replay(replay, budget_ms: float) -> float:
