@@ -288,7 +288,7 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
         records.extend(_torch_records(study, inst, device, base, refs, timers))
     times = in_turns([t for _, _, t in timers], TURNS)
     for (rec, attr, _), value in zip(timers, times):
-        if isinstance(value, Exception):
+        if isinstance(value, Exception):  # the row's other figure, if any, stands
             _failed(inst, rec, value)
             continue
         setattr(rec, attr, value)
@@ -302,7 +302,6 @@ def _failed(inst, rec, err) -> None:
     logger.warning("%s %s failed: %s", inst.name, rec.impl, error_line(err))
     logger.debug("%s %s failed", inst.name, rec.impl, exc_info=err)
     rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]
-    rec.time_us = rec.graph_us = None
 
 
 def _graph_timer(inst, rec, target, pipeline, options=None):
