@@ -14,6 +14,9 @@ residual) at ``batch × seq`` tokens, launched as the search launches them
 a GELU or a residual add (two kernels, as PyTorch runs BERT's epilogues), on the same shapes.
 ``--no-hoist`` also times the Gluon form with the epilogue's reads after the product loop;
 ``--ptxas`` prints ptxas's registers and any wgmma serialization of each Gluon launch.
+A GEMM's forms and baselines are all prepared first, then timed in turns (:data:`ROUNDS`
+rounds): the clock drifts down under a sustained load, and a form timed late would lose by its
+place alone (``docs/results/h200-clock-drift-wide-tiles-2026-11-30.md``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ def device_hw():
     return dataclasses.replace(hw, num_sms=sms)
 
 
+#: rounds in which the forms and baselines of one GEMM are timed in turns (30 ms each)
+ROUNDS = 5
+
+
 def parse_tiles(text: str) -> tuple:
     """``"C,N,K,SLOTS[,EW[,PTR]];..."`` as tuples of
     :func:`~tvm_stitch.families.gemm.gluon_launch.ws_config`'s arguments."""
@@ -62,11 +69,12 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         tiles: tuple | None = None, triton: bool = True, model: str = "bert-base") -> list[dict]:
     import torch
     import torch.nn.functional as F
+    from tvm_stitch.benchmarks.harness import in_turns
 
     from tvm_stitch.families.gemm.gluon import gemm_ws_source, staging_legality
     from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_TILES, applicable_tiles, ws_config
     from tvm_stitch.tune.kernels import generated_runner
-    from tvm_stitch.tune.measure import time_torch
+    from tvm_stitch.tune.measure import torch_timer
 
     hw = device_hw()
     rows = []
@@ -87,20 +95,15 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         bias = torch.randn(n, device="cuda", dtype=torch.float16)
         wt = w.t().contiguous()
         res = torch.randn(m, n, device="cuda", dtype=torch.float16)
-        base = {
-            "matmul": time_torch(lambda x, wt=wt: torch.matmul(x, wt), [a], "cuda"),
-            "linear": time_torch(lambda x, w=w, b=bias: F.linear(x, w, b), [a], "cuda"),
+        baselines = {
+            "matmul": lambda x, wt=wt: torch.matmul(x, wt),
+            "linear": lambda x, w=w, b=bias: F.linear(x, w, b),
             # what eager PyTorch (and torch.compile, around cuBLAS) runs for BERT's epilogues
-            "linear+gelu": time_torch(lambda x, w=w, b=bias: F.gelu(F.linear(x, w, b)), [a],
-                                      "cuda"),
-            "linear+res": time_torch(lambda x, w=w, b=bias, r=res: F.linear(x, w, b) + r, [a],
-                                     "cuda"),
+            "linear+gelu": lambda x, w=w, b=bias: F.gelu(F.linear(x, w, b)),
+            "linear+res": lambda x, w=w, b=bias, r=res: F.linear(x, w, b) + r,
         }
+        timers = {name: torch_timer(fn, [a], "cuda") for name, fn in baselines.items()}
         flops = 2 * m * n * k
-        print(f"{match.describe()}: cuBLAS matmul {base['matmul']:.1f} us "
-              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
-              f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
-              flush=True)
         forms = [(dict(c), "triton") for c in TRITON_FORMS] if triton else []
         if source.ws:
             staging = staging_legality(match) is None  # as the search seeds them
@@ -116,6 +119,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         if source.ws and hoist_variant:
             variants.append(("no-hoist", dataclasses.replace(
                 source, ws=gemm_ws_source(match, source.name, hoist=False))))
+        measured = []  # (form label, config), their timers in ``timers`` by index
         for tag, src in variants:
             runner = generated_runner(match, src, shapes, hw=hw)
             for config, kind in forms:
@@ -126,7 +130,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                 if config.get("TMA_STORE") and not src.tma_store:
                     continue
                 try:
-                    us = time_torch(runner(config), [], "cuda", budget_ms=30)
+                    timer = torch_timer(runner(config), [], "cuda")
                 except Exception as e:  # noqa: BLE001 - a form that fails is reported
                     print(f"  {kind} {config}: {type(e).__name__}: {error_line(e)[:120]}")
                     continue
@@ -136,12 +140,28 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                     launch = generated_launch(src, match, {**config, "NUM_SMS": hw.num_sms},
                                               shapes)
                     print(f"  ptxas {json.dumps(config)}: {ptxas_report(launch.ptx)}")
-                row = dict(kernel=match.describe(), form=kind + (f" {tag}" if tag else ""),
-                           config=config, us=us, **{f"{b}_us": v for b, v in base.items()})
-                rows.append(row)
-                print(f"  {row['form']:16s} {json.dumps(config)}: {us:6.1f} us "
-                      f"({flops / us / 1e6:4.0f} TFLOP/s) matmul {base['matmul'] / us:.2f}x "
-                      f"linear {base['linear'] / us:.2f}x", flush=True)
+                timers[len(measured)] = timer
+                measured.append((kind + (f" {tag}" if tag else ""), config))
+        # every form and baseline timed in turns: the clock drifts down under a sustained
+        # load (a form timed late would lose by its place alone)
+        times = dict(zip(timers, in_turns(list(timers.values()), ROUNDS,
+                                          budget_ms=30.0 * ROUNDS)))
+        base = {name: times[name] for name in baselines}
+        print(f"{match.describe()}: cuBLAS matmul {base['matmul']:.1f} us "
+              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
+              f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
+              flush=True)
+        for i, (form, config) in enumerate(measured):
+            us = times[i]
+            if isinstance(us, Exception):
+                print(f"  {form} {config}: {type(us).__name__}: {error_line(us)[:120]}")
+                continue
+            row = dict(kernel=match.describe(), form=form, config=config, us=us,
+                       **{f"{b}_us": v for b, v in base.items()})
+            rows.append(row)
+            print(f"  {form:16s} {json.dumps(config)}: {us:6.1f} us "
+                  f"({flops / us / 1e6:4.0f} TFLOP/s) matmul {base['matmul'] / us:.2f}x "
+                  f"linear {base['linear'] / us:.2f}x", flush=True)
     return rows
 
 
