@@ -245,7 +245,7 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
         "device": limits.name,
         "dtype": inst.dtype,
     }
-    records, timers = [], []  # timers: (record, attribute, timer(budget_ms) -> µs)
+    records, timers = [], []  # (record, the attributes its timing sets, timer(budget_ms) -> µs)
     runs = [("default", {}), ("stitch", {})] + [("stitch", dict(v)) for v in variants or ()]
     for pipeline, options in runs:
         label = ",".join(f"{k}={v}" for k, v in options.items())
@@ -277,24 +277,22 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
             # is): the VM's per-call cost would otherwise be most of its figure
             elif kind == "cuda" and (graph or study in GRAPH_TIMED or (rec.kernels or 99) <= 2):
                 graph_timer = _graph_timer(inst, rec, target, pipeline, options)
-            timers.append((rec, "time_us",
+            timers.append((rec, ("time_us",),
                            lambda budget, vm=vm, args=args, dev=dev:
                            time_tvm(vm, inst.func, args, dev, budget)))
             if graph_timer is not None:
-                timers.append((rec, "graph_us", graph_timer))
+                timers.append((rec, ("graph_us",), graph_timer))
         except Exception as err:  # noqa: BLE001 - recorded in its row (_failed)
             _failed(inst, rec, err)
     if torch_baselines:
         records.extend(_torch_records(study, inst, device, base, refs, timers))
     times = in_turns([t for _, _, t in timers], TURNS)
-    for (rec, attr, _), value in zip(timers, times):
+    for (rec, attrs, _), value in zip(timers, times):
         if isinstance(value, Exception):  # the row's other figure, if any, stands
             _failed(inst, rec, value)
             continue
-        setattr(rec, attr, value)
-        if attr == "time_us" and rec.impl.startswith("torch") and device == "cuda" \
-                and "call by call" not in (rec.note or ""):
-            rec.graph_us = value  # PyTorch is timed as CUDA-graph replays already
+        for attr in attrs:
+            setattr(rec, attr, value)
     return [fill_rates(rec, inst, limits) for rec in records]
 
 
@@ -350,15 +348,17 @@ def _torch_records(study, inst, device, base, refs, timers):
                 rec.compile_s = time.perf_counter() - start
             args = inst.torch_args(device, tdtype)
             rec.max_err, rec.correct = compare(torch_outputs(fn, args), refs, inst.tolerance)
+            # on the GPU PyTorch is timed as CUDA-graph replays: its figure is both
+            attrs = ("time_us", "graph_us") if device == "cuda" else ("time_us",)
             try:
                 timer = torch_timer(fn, args, device)
             except RuntimeError as err:  # e.g. HF's eager GPT-2 copies host tensors
                 if device != "cuda" or "graph" not in str(err).lower():
                     raise
                 torch.cuda.synchronize()
-                timer = torch_timer(fn, args, device, graph=False)
+                timer, attrs = torch_timer(fn, args, device, graph=False), ("time_us",)
                 rec.note = "cannot be captured in a CUDA graph: timed call by call"
-            timers.append((rec, "time_us", timer))
+            timers.append((rec, attrs, timer))
         except Exception as err:
             logger.exception("%s %s failed", inst.name, label)
             rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]

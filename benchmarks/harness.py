@@ -202,16 +202,16 @@ def tvm_graph_timer(vm, func: str, args):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
-        out = fn(*args)  # kept alive: the replays write into its storage
+        out = fn(*args)
 
     def timer(budget_ms: float) -> float:
-        assert out is not None  # held by the closure as long as the timer lives
         return time_replay(graph.replay, budget_ms)
 
+    timer.output = out  # kept alive with the timer: the replays write into its storage
     return timer
 
 
-def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | None]:
+def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | Exception]:
     """Each of ``timers`` (``timer(budget_ms) -> µs``) called ``rounds`` times in turns, a
     ``rounds``-th of ``budget_ms`` each, and the median of its calls, so every implementation
     of a workload is timed at the same clocks (under a sustained load the GPU's clock drifts

@@ -28,8 +28,8 @@ WS_GEMM_LOAD_REGS = 24
 #: Q/K/V 137.2 µs against 141.1, the out-projection 96.4 against 99.4, gate × up interleaved
 #: (a 256-column product) 642.1 against 671.4, FFN-out 311.7 against 329.5; BERT's at 4096
 #: tokens 32–43 µs, behind the others: 768 columns make 3 tiles a row; H200,
-#: ``h200-wide-tiles-2026-11-30.md``). Not seeded: consumers of 128 rows (two ``wgmma`` a k
-#: step, cuBLAS's ``256x128``; slower on every GEMM of both models, same run),
+#: ``h200-clock-drift-wide-tiles-2026-11-30.md``). Not seeded: consumers of 128 rows (two
+#: ``wgmma`` a k step, cuBLAS's ``256x128``; slower on every GEMM of both models, same run),
 #: ping-pong schedules (two consumers taking whole tiles in turns;
 #: BERT's FFN-in tied the Triton form alone, 38.4 vs 38.5 µs, and cost 20-50 µs end to end),
 #: and each tile's epilogue behind the next tile's first products in the consumers themselves
