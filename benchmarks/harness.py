@@ -183,8 +183,8 @@ def device_args(vm, inst, dev) -> list:
 def tvm_graph_timer(vm, func: str, args):
     """``timer(budget_ms) -> median µs`` per replay of ``vm[func](*args)`` captured in a CUDA
     graph (the way :func:`time_torch` times PyTorch), so the VM's per-call cost is left out.
-    The capture is done once, here; each call of the timer times replays (the captured
-    output kept alive with the timer).
+    The capture is done once, here; each call of the timer times replays (the VM, ``args`` and
+    the captured output held by the timer).
 
     Raises whatever the capture raises (e.g. a function that synchronises); callers record it.
     """
@@ -207,7 +207,9 @@ def tvm_graph_timer(vm, func: str, args):
     def timer(budget_ms: float) -> float:
         return time_replay(graph.replay, budget_ms)
 
-    timer.output = out  # kept alive with the timer: the replays write into its storage
+    # held with the timer: the replays read the arguments and the VM's storage and write the
+    # output's (freed, they would be given to other tensors)
+    timer.held = (vm, args, out)
     return timer
 
 

@@ -286,3 +286,55 @@ def test_hf_families_on_the_gpu(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows if r[0] in names] == names
     assert all(r[3] == "ok," for r in rows if r[0] in names)
+
+
+def _scribble(nbytes: int, rounds: int = 8) -> list:
+    """Tensors over the memory PyTorch's allocator has free, filled with NaN (held, so each
+    takes new memory): whatever a replay reads from freed memory is NaN afterwards."""
+    import torch
+
+    return [torch.full((nbytes // 2,), float("nan"), dtype=torch.float16, device="cuda")
+            for _ in range(rounds)]
+
+
+@pytest.mark.gpu
+def test_torch_timer_holds_what_its_replays_read():
+    """A timer made by ``torch_timer`` is called later, in turns with others (``in_turns``),
+    after its caller has dropped the model and its arguments: it holds them, or its CUDA graph
+    replays over memory PyTorch gave to other tensors (session 53: BERT's replays read
+    another baseline's memory as indices and asserted)."""
+    import gc
+
+    import torch
+
+    from tvm_stitch.tune.measure import torch_timer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(96, 80).cuda().half()
+    x = torch.randn(37, 96, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        want = model(x).float()
+    timer = torch_timer(model, [x], "cuda")
+    del model, x
+    gc.collect()
+    junk = _scribble(1 << 20)
+    assert timer(2.0) > 0
+    torch.cuda.synchronize()
+    got = timer.held[-1].float()
+    assert torch.isfinite(got).all() and torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+    del junk
+
+
+@pytest.mark.gpu
+def test_bench_on_the_gpu_times_every_implementation_in_turns():
+    """A study on CUDA: every implementation built and checked, then all timed in turns, each
+    row with its figure and none failed. BERT-tiny has three PyTorch baselines, each timed
+    as a CUDA graph replayed after the next was built (their token ids gathered: session 53's
+    replays over freed memory asserted there)."""
+    records = run_study("bert", "cuda", workloads=["bert-tiny"], params={"batch": 2, "seq": 96},
+                        echo=lambda _: None)
+    assert [r.impl for r in records] == ["tvm-default", "tvm-stitch", "torch-eager",
+                                         "torch-sdpa", "torch-compile"]
+    for rec in records:
+        assert rec.correct and rec.time_us and rec.time_us > 0, rec
+        assert not (rec.note or "").startswith("failed"), rec

@@ -95,7 +95,11 @@ def time_torch(fn, args, device: str, budget_ms: float = 200.0, graph: bool = Tr
 def torch_timer(fn, args, device: str, graph: bool = True):
     """``timer(budget_ms) -> median microseconds per call`` of ``fn(*args)``, timed as
     :func:`time_torch` times it; the warm-up calls and the CUDA graph's capture are done once,
-    here, so the timer may be called again (timings taken in turns with others)."""
+    here, so the timer may be called again (timings taken in turns with others).
+
+    The timer holds ``fn``, ``args`` and the captured output (``timer.held``): a replay reads
+    and writes their memory, which PyTorch's allocator would give to other tensors once the
+    caller drops them (a graph replayed over freed weights or indices reads garbage)."""
     import torch
 
     with torch.no_grad():
@@ -129,8 +133,13 @@ def torch_timer(fn, args, device: str, graph: bool = True):
         torch.cuda.current_stream().wait_stream(stream)
         captured = torch.cuda.CUDAGraph()
         with torch.cuda.graph(captured):
-            fn(*args)
-        return lambda budget_ms: time_replay(captured.replay, budget_ms)
+            out = fn(*args)
+
+        def timer(budget_ms: float) -> float:
+            return time_replay(captured.replay, budget_ms)
+
+        timer.held = (fn, args, out)
+        return timer
 
 
 def time_replay(replay, budget_ms: float) -> float:
