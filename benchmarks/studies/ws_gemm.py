@@ -4,7 +4,7 @@ persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python benchmarks/studies/ws_gemm.py [--batch 8] [--seq 512] [--no-hoist] [--separate]
         [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR]];...]
-        [--no-triton] [--model llama-8b]
+        [--no-triton] [--model llama-8b] [--triton-forms JSON]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -13,7 +13,9 @@ residual) at ``batch × seq`` tokens, launched as the search launches them
 ``torch.matmul`` (cuBLAS, no epilogue), ``F.linear`` with the bias, and ``F.linear`` followed by
 a GELU or a residual add (two kernels, as PyTorch runs BERT's epilogues), on the same shapes.
 ``--no-hoist`` also times the Gluon form with the epilogue's reads after the product loop;
-``--ptxas`` prints ptxas's registers and any wgmma serialization of each Gluon launch.
+``--ptxas`` prints ptxas's registers and any wgmma serialization of each Gluon launch;
+``--triton-forms`` replaces the Triton form's launches timed (a JSON list of configs, e.g.
+split-K ones for GEMMs of few rows).
 A GEMM's forms and baselines are all prepared first, then timed in turns (:data:`ROUNDS`
 rounds): the clock drifts down under a sustained load, and a form timed late would lose by its
 place alone (``docs/results/h200-clock-drift-wide-tiles-2026-11-30.md``).
@@ -66,7 +68,8 @@ def parse_tiles(text: str) -> tuple:
 
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         ptxas: bool = False, fold_norms: bool = False, only: str | None = None,
-        tiles: tuple | None = None, triton: bool = True, model: str = "bert-base") -> list[dict]:
+        tiles: tuple | None = None, triton: bool = True, model: str = "bert-base",
+        triton_forms: list | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from tvm_stitch.benchmarks.harness import in_turns
@@ -104,7 +107,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         }
         timers = {name: torch_timer(fn, [a], "cuda") for name, fn in baselines.items()}
         flops = 2 * m * n * k
-        forms = [(dict(c), "triton") for c in TRITON_FORMS] if triton else []
+        forms = [(dict(c), "triton") for c in triton_forms or TRITON_FORMS] if triton else []
         if source.ws:
             staging = staging_legality(match) is None  # as the search seeds them
             for t in applicable_tiles(staging, tiles or WS_GEMM_TILES):
@@ -128,6 +131,8 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                 if config.get("PERSISTENT") and not src.persistent:
                     continue
                 if config.get("TMA_STORE") and not src.tma_store:
+                    continue
+                if config.get("SPLIT_K", 1) > 1 and not src.split_k:
                     continue
                 try:
                     timer = torch_timer(runner(config), [], "cuda")
@@ -165,6 +170,14 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     return rows
 
 
+def _forms(text: str) -> list:
+    """``--triton-forms``: a JSON list, or the path of a file holding one."""
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    with open(text) as f:
+        return json.load(f)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-base",
@@ -185,11 +198,15 @@ def main(argv=None) -> int:
                         help="the Gluon tilings to measure (default: the search's seeds)")
     parser.add_argument("--no-triton", action="store_true",
                         help="only the Gluon forms (one kernel name: e.g. for ncu)")
+    parser.add_argument("--triton-forms", metavar="JSON",
+                        help="the Triton form's configs to time (a JSON list or a file of one; "
+                        "default: TRITON_FORMS)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     tiles = args.tiles and parse_tiles(args.tiles)
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
-               args.fold_norms, args.only, tiles, not args.no_triton, args.model)
+               args.fold_norms, args.only, tiles, not args.no_triton, args.model,
+               args.triton_forms and _forms(args.triton_forms))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
