@@ -338,3 +338,17 @@ def test_bench_on_the_gpu_times_every_implementation_in_turns():
     for rec in records:
         assert rec.correct and rec.time_us and rec.time_us > 0, rec
         assert not (rec.note or "").startswith("failed"), rec
+
+
+def test_a_failed_row_gives_the_reason_not_a_closing_brace():
+    """A row's failure note is the error's reason: its last line, or, where that is the
+    closing brace of code printed after the reason (a CUDA failure in the bench read ``}``),
+    its first worded line."""
+    from tvm_stitch.errors import error_line
+
+    traced = RuntimeError("Traceback (most recent call last):\n  File x\nValueError: bad tile\n")
+    assert error_line(traced) == "ValueError: bad tile"
+    printed = RuntimeError("CUDA error: an illegal memory access\nin kernel:\n"
+                           "void k() {\n  x;\n}\n")
+    assert error_line(printed) == "CUDA error: an illegal memory access"
+    assert error_line(AssertionError(), "no message") == "no message"
