@@ -455,3 +455,27 @@ def test_a_mask_every_layer_reads_is_read_not_recomputed(layers, reads):
         casts = [e for e in walk(m.score) if isinstance(e, Op) and e.op == "cast"
                  and e.args[0].dtype == "int32"]
         assert bool(casts) == (reads == "int32")
+
+
+def test_pytorchs_float16_baseline_keeps_computed_state_in_float32():
+    """The bench's PyTorch baseline in float16 is the model as ``from_pretrained(dtype=...)``
+    loads it: weights in float16, the rotary frequencies transformers computes at construction
+    left float32. Cast with ``net.to(float16)``, the frequencies round in float16 and the
+    angles at position 2047 drift (LLaMA-tiny's cosines there by 0.43; LLaMA-3's angles by up
+    to 0.34 rad): the bench then marked every PyTorch row of the two LLaMA-3-8B layers wrong
+    (0.66 off at 1x2048)."""
+    import torch
+
+    from tvm_stitch.workloads.zoo import MODELS, as_loaded, make_model
+
+    net = make_model(MODELS["llama"], "tiny")
+    freqs = net.rotary_emb.inv_freq.clone()
+    half = as_loaded(net, "cpu", torch.float16)
+    assert half.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(half.rotary_emb.inv_freq, freqs)
+    assert half.layers[0].mlp.gate_proj.weight.dtype == torch.float16
+    # the rotation of position 2047 as the model computes it, against float64 angles
+    pos = torch.tensor([[2047]])
+    cos, _ = half.rotary_emb(torch.zeros(1, 1, 1, dtype=torch.float16), pos)
+    want = torch.cos(2047 * freqs.double())
+    assert (cos[0, 0, : len(freqs)].double() - want).abs().max() < 2e-3

@@ -214,6 +214,24 @@ def perturb_vectors(net, generator=None) -> None:
                 p.add_(0.02 * torch.randn(p.shape, generator=generator))
 
 
+def as_loaded(net, device, dtype):
+    """``net`` on ``device`` in ``dtype`` as ``from_pretrained(..., dtype=dtype)`` loads it:
+    parameters and persistent buffers cast, non-persistent floating buffers (state computed at
+    construction, such as LLaMA's rotary ``inv_freq``, which transformers computes in float32)
+    kept float32. ``net.to(dtype)`` casts those too: LLaMA-3's rotary angles at position 2047
+    were then off by up to 0.34 rad in float16, and PyTorch's float16 rows off the float32
+    reference by 0.66."""
+    import torch
+
+    kept = [(module, name, buf) for module in net.modules()
+            for name in module._non_persistent_buffers_set
+            if (buf := module._buffers.get(name)) is not None and buf.is_floating_point()]
+    net = net.to(device=device, dtype=dtype)
+    for module, name, buf in kept:
+        module._buffers[name] = buf.to(device=device, dtype=torch.float32)
+    return net
+
+
 def last_hidden(inner, kwargs: dict, names: tuple = ()):
     """A torch module ``forward(*inputs) -> inner(*inputs, **kwargs).last_hidden_state``; with
     ``names``, the inputs are passed by those keywords (GPT-2's second positional parameter is
@@ -240,7 +258,7 @@ def _torch_fns(model: ZooModel, size: str, seed: int, n_inputs: int, layers: int
     def factory(impl):
         def make(device, dtype):
             net = last_hidden(make_model(model, size, impl, seed, layers), model.kwargs)
-            net = net.to(device=device, dtype=dtype)
+            net = as_loaded(net, device, dtype)
 
             def fn(*args):
                 inputs = [a.to(dtype) if a.is_floating_point() else a for a in args[:n_inputs]]
