@@ -699,3 +699,32 @@ def test_the_least_recently_used_executables_go_beyond_the_limit(tmp_path, monke
     monkeypatch.setenv("TVM_STITCH_EXECUTABLES_MAX", "none")
     assert executables.store("d" * 32, Built(), database)  # a bad limit: the default
     assert len(list(executables.folder().glob("*.json"))) == 3
+
+
+def test_a_model_as_from_pretrained_loads_it_in_float16():
+    """A decoder as ``from_pretrained(..., dtype=float16)`` gives it to its user: float16
+    weights beside the rotary frequencies transformers keeps float32 (a non-persistent
+    buffer, not cast). ``from_torch`` takes it as held, in float16, and matches the float32
+    model within float16's tolerance, as PyTorch's own float16 run does."""
+    import numpy as np
+    import transformers
+
+    from tvm_stitch.workloads.base import TOLERANCES
+    from tvm_stitch.workloads.zoo import as_loaded
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1,
+                                   vocab_size=50, rope_theta=500000.0)
+    torch.manual_seed(0)
+    net = transformers.LlamaModel(cfg).eval()
+    ids = torch.randint(0, 50, (1, 37))
+    with torch.no_grad():
+        want = net(ids, use_cache=False).last_hidden_state.numpy()
+    held = as_loaded(net, "cpu", torch.float16)
+    assert held.rotary_emb.inv_freq.dtype == torch.float32
+    assert held.layers[0].self_attn.q_proj.weight.dtype == torch.float16
+    compiled = tvm_stitch.from_torch(held, (ids,), target="llvm", dtype="float16")
+    got = compiled(ids)
+    got = getattr(got, "last_hidden_state", got)
+    rtol, atol = TOLERANCES["float16"]
+    np.testing.assert_allclose(got.float().numpy(), want, rtol=rtol, atol=atol)
