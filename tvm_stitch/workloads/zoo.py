@@ -218,17 +218,15 @@ def as_loaded(net, device, dtype):
     """``net`` on ``device`` in ``dtype`` as ``from_pretrained(..., dtype=dtype)`` loads it:
     parameters and persistent buffers cast, non-persistent floating buffers (state computed at
     construction, such as LLaMA's rotary ``inv_freq``, which transformers computes in float32)
-    kept float32. ``net.to(dtype)`` casts those too: LLaMA-3's rotary angles at position 2047
-    were then off by up to 0.34 rad in float16, and PyTorch's float16 rows off the float32
-    reference by 0.66."""
-    import torch
-
+    left in the dtype they were computed in. ``net.to(dtype)`` casts those too: LLaMA-3's
+    rotary angles at position 2047 were then off by up to 0.34 rad in float16, and PyTorch's
+    float16 rows off the float32 reference by 0.66."""
     kept = [(module, name, buf) for module in net.modules()
             for name in module._non_persistent_buffers_set
             if (buf := module._buffers.get(name)) is not None and buf.is_floating_point()]
     net = net.to(device=device, dtype=dtype)
     for module, name, buf in kept:
-        module._buffers[name] = buf.to(device=device, dtype=torch.float32)
+        module._buffers[name] = buf.to(device=device)
     return net
 
 
