@@ -106,7 +106,12 @@ def torch_timer(fn, args, device: str, graph: bool = True):
         if device == "cuda" and not graph:
             for _ in range(3):
                 fn(*args)
-            return lambda budget_ms: time_replay(lambda: fn(*args), budget_ms)
+
+            def call_timer(budget_ms):
+                with torch.no_grad():
+                    return time_replay(lambda: fn(*args), budget_ms)
+
+            return call_timer
         if device == "cpu":
             fn(*args)
 
