@@ -331,15 +331,19 @@ def _on_gpu(model, inputs, ref, padded, dtype: str = "float16", held: bool = Fal
 
 
 def _timed_in_turns(built, args, rounds: int = 5) -> list:
-    """Median µs per call of each of ``built``, timed in turns (``rounds`` times each, one
-    call at a time between CUDA events: each build replays its own CUDA graph)."""
-    import statistics
+    """Median µs per call of each of ``built``, timed in turns (``rounds`` times each, 200 ms
+    a time, one call at a time between CUDA events: each build replays its own CUDA graph;
+    :func:`~tvm_stitch.benchmarks.harness.in_turns`). A build whose timing fails raises."""
+    from tvm_stitch.benchmarks.harness import in_turns
 
-    from tvm_stitch.tune.measure import time_torch
+    from tvm_stitch.tune.measure import torch_timer
 
-    samples = [[time_torch(c, args, "cuda", graph=False) for c in built] for _ in range(rounds)]
-    return [statistics.median(s) for s in zip(*samples)]
-
+    timers = [torch_timer(c, args, "cuda", graph=False) for c in built]
+    times = in_turns(timers, rounds, budget_ms=200.0 * rounds)
+    for t in times:
+        if isinstance(t, Exception):
+            raise t
+    return times
 
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
           seq: int = 37, head_dim: int | None = None, dtype: str = "float16",
