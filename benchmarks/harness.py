@@ -48,6 +48,8 @@ class Record:
     dtype: str
     time_us: float | None = None
     graph_us: float | None = None
+    watts: float | None = None
+    sm_mhz: float | None = None
     gbps: float | None = None
     pct_copy: float | None = None
     tflops: float | None = None
@@ -213,23 +215,102 @@ def tvm_graph_timer(vm, func: str, args):
     return timer
 
 
-def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | Exception]:
+class PowerMeter:
+    """The GPU's energy counter and SM clock, read through NVML (``libnvidia-ml``, which the
+    driver installs), so a timing can say at what power and clock it ran: under a sustained
+    load the H200 holds its power cap by lowering its clock, and two implementations of one
+    workload may then run at different clocks (``h200-bench-in-turns-2026-11-30.md``).
+
+    :meth:`open` gives None where NVML or its energy counter is missing (the CPU machine)."""
+
+    #: ``nvmlClockType_t`` of the SM clock
+    _SM_CLOCK = 1
+
+    def __init__(self, lib, handle):
+        self._lib, self._handle = lib, handle
+
+    @classmethod
+    def open(cls, index: int | None = None) -> PowerMeter | None:
+        """The meter of CUDA device 0 (NVML's ``index``: by default the first of
+        ``CUDA_VISIBLE_DEVICES``, or 0); None when it cannot be read."""
+        import ctypes
+        import os
+
+        if index is None:
+            first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            index = int(first) if first.isdigit() else 0
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return None
+        handle = ctypes.c_void_p()
+        if lib.nvmlInit_v2() != 0 or lib.nvmlDeviceGetHandleByIndex_v2(
+                ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+            return None
+        meter = cls(lib, handle)
+        return meter if meter.energy_mj() is not None else None
+
+    def energy_mj(self) -> int | None:
+        """The device's energy counter, mJ since the driver loaded."""
+        import ctypes
+
+        value = ctypes.c_ulonglong()
+        ok = self._lib.nvmlDeviceGetTotalEnergyConsumption(self._handle, ctypes.byref(value))
+        return value.value if ok == 0 else None
+
+    def sm_mhz(self) -> int | None:
+        """The SM clock now, MHz."""
+        import ctypes
+
+        value = ctypes.c_uint()
+        ok = self._lib.nvmlDeviceGetClockInfo(self._handle, self._SM_CLOCK, ctypes.byref(value))
+        return value.value if ok == 0 else None
+
+
+@dataclasses.dataclass
+class Reading:
+    """Power and clock over a timer's turns: the energy counter's increase over the turns'
+    wall time, and the median of the SM clock read after each turn."""
+
+    watts: float | None
+    sm_mhz: float | None
+
+
+def in_turns(timers, rounds: int, budget_ms: float = 200.0,
+             meter: PowerMeter | None = None,
+             readings: list | None = None) -> list[float | Exception]:
     """Each of ``timers`` (``timer(budget_ms) -> µs``) called ``rounds`` times in turns, a
     ``rounds``-th of ``budget_ms`` each, and the median of its calls, so every implementation
     of a workload is timed at the same clocks (under a sustained load the GPU's clock drifts
     down by up to 15% within seconds: ``h200-clock-drift-wide-tiles-2026-11-30.md``). A timer
-    that raises is dropped from later rounds; its entry is the exception."""
+    that raises is dropped from later rounds; its entry is the exception.
+
+    With a ``meter``, ``readings`` (a list) receives one :class:`Reading` per timer."""
     import statistics
 
     samples: list = [[] for _ in timers]
+    energy = [[0.0, 0.0, []] for _ in timers]  # mJ, seconds, SM clocks after each turn
     for _ in range(rounds):
         for i, timer in enumerate(timers):
             if isinstance(samples[i], Exception):
                 continue
+            start = (meter.energy_mj(), time.perf_counter()) if meter else None
             try:
                 samples[i].append(timer(budget_ms / rounds))
             except Exception as err:  # noqa: BLE001 - recorded by the caller
                 samples[i] = err
+                continue
+            if meter:
+                end = meter.energy_mj()
+                if start[0] is not None and end is not None:
+                    energy[i][0] += end - start[0]
+                    energy[i][1] += time.perf_counter() - start[1]
+                energy[i][2].append(meter.sm_mhz())
+    if readings is not None and meter:
+        for mj, seconds, read in energy:
+            clocks = [c for c in read if c is not None]
+            readings.append(Reading(mj / 1e3 / seconds if seconds else None,
+                                    statistics.median(clocks) if clocks else None))
     return [s if isinstance(s, Exception) else statistics.median(s) for s in samples]
 
 
@@ -318,6 +399,9 @@ def format_table(records: list[Record]) -> str:
         ("impl", lambda r: r.impl, "<"),
         ("time us", lambda r: _num(r.time_us, ".1f"), ">"),
         ("graph us", lambda r: _num(r.graph_us, ".1f"), ">"),
+        ("W", lambda r: _num(r.watts, ".0f"), ">"),
+        ("MHz", lambda r: _num(r.sm_mhz, ".0f"), ">"),
+        ("mJ", lambda r: _num(energy_mj(r), ".2f"), ">"),
         ("GB/s", lambda r: _num(r.gbps, ".0f"), ">"),
         ("%copy", lambda r: _num(r.pct_copy, ".0f"), ">"),
         ("TFLOP/s", lambda r: _num(r.tflops, ".1f"), ">"),
@@ -336,6 +420,13 @@ def format_table(records: list[Record]) -> str:
     for row in rows:
         lines.append("  ".join(f"{v:{a}{w}}" for v, w, (_, _, a) in zip(row, widths, cols)))
     return "\n".join(lines)
+
+
+def energy_mj(rec: Record) -> float | None:
+    """Energy per call (mJ): the power read while the row was timed, times its figure (the
+    CUDA-graph replay's where there is one; the power is that timer's then)."""
+    us = rec.graph_us or rec.time_us
+    return rec.watts * us / 1e3 if rec.watts and us else None
 
 
 def _num(v, fmt: str) -> str:

@@ -345,6 +345,7 @@ def _timed_in_turns(built, args, rounds: int = 5) -> list:
             raise t
     return times
 
+
 def check(name: str, attn: str | None, mask: bool = False, gpu: bool = False,
           seq: int = 37, head_dim: int | None = None, dtype: str = "float16",
           held: bool = False, compare: dict | None = None) -> dict:

@@ -72,7 +72,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         triton_forms: list | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
-    from tvm_stitch.benchmarks.harness import in_turns
+    from tvm_stitch.benchmarks.harness import PowerMeter, in_turns
 
     from tvm_stitch.families.gemm.gluon import gemm_ws_source, staging_legality
     from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_TILES, applicable_tiles, ws_config
@@ -80,6 +80,7 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     from tvm_stitch.tune.measure import torch_timer
 
     hw = device_hw()
+    meter = PowerMeter.open()
     rows = []
     # one encoder layer: every layer's kernels are the same ones
     # with fold_norms two layers: the second layer's Q/K/V and out-projection read the
@@ -149,25 +150,38 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                 measured.append((kind + (f" {tag}" if tag else ""), config))
         # every form and baseline timed in turns: the clock drifts down under a sustained
         # load (a form timed late would lose by its place alone)
+        readings: list = []
         times = dict(zip(timers, in_turns(list(timers.values()), ROUNDS,
-                                          budget_ms=30.0 * ROUNDS)))
+                                          budget_ms=30.0 * ROUNDS, meter=meter,
+                                          readings=readings)))
+        power = dict(zip(timers, readings))
         base = {name: times[name] for name in baselines}
         print(f"{match.describe()}: cuBLAS matmul {base['matmul']:.1f} us "
-              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
-              f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
-              flush=True)
+              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s{_power(power.get('matmul'))}), "
+              f"F.linear {base['linear']:.1f}, + GELU {base['linear+gelu']:.1f}, "
+              f"+ residual {base['linear+res']:.1f} us", flush=True)
         for i, (form, config) in enumerate(measured):
             us = times[i]
             if isinstance(us, Exception):
                 print(f"  {form} {config}: {type(us).__name__}: {error_line(us)[:120]}")
                 continue
+            reading = power.get(i)
             row = dict(kernel=match.describe(), form=form, config=config, us=us,
+                       watts=reading and reading.watts, sm_mhz=reading and reading.sm_mhz,
                        **{f"{b}_us": v for b, v in base.items()})
             rows.append(row)
             print(f"  {form:16s} {json.dumps(config)}: {us:6.1f} us "
-                  f"({flops / us / 1e6:4.0f} TFLOP/s) matmul {base['matmul'] / us:.2f}x "
-                  f"linear {base['linear'] / us:.2f}x", flush=True)
+                  f"({flops / us / 1e6:4.0f} TFLOP/s{_power(power.get(i))}) "
+                  f"matmul {base['matmul'] / us:.2f}x linear {base['linear'] / us:.2f}x",
+                  flush=True)
     return rows
+
+
+def _power(reading) -> str:
+    """``, W, MHz`` of a form's turns (nothing without NVML)."""
+    if reading is None or reading.watts is None:
+        return ""
+    return f", {reading.watts:.0f} W, {reading.sm_mhz or 0:.0f} MHz"
 
 
 def _forms(text: str) -> list:
