@@ -8,7 +8,6 @@ machine and CI have two cores) and the baselines are TVM's default pipeline and 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +21,6 @@ from tvm_stitch.workloads import GEMM_CHAINS, get_workload
 
 from .harness import (
     DeviceLimits,
-    PowerMeter,
     Record,
     compare,
     compile_tvm,
@@ -288,17 +286,13 @@ def bench_instance(study, inst, target, limits: DeviceLimits, torch_baselines: b
             _failed(inst, rec, err)
     if torch_baselines:
         records.extend(_torch_records(study, inst, device, base, refs, timers))
-    readings: list = []
-    times = in_turns([t for _, _, t in timers], TURNS,
-                     meter=PowerMeter.open() if kind == "cuda" else None, readings=readings)
-    for (rec, attrs, _), value, reading in itertools.zip_longest(timers, times, readings):
+    times = in_turns([t for _, _, t in timers], TURNS)
+    for (rec, attrs, _), value in zip(timers, times):
         if isinstance(value, Exception):  # the row's other figure, if any, stands
             _failed(inst, rec, value)
             continue
         for attr in attrs:
             setattr(rec, attr, value)
-        if reading:  # a row timed twice keeps its CUDA-graph timer's (appended last)
-            rec.watts, rec.sm_mhz = reading.watts, reading.sm_mhz
     return [fill_rates(rec, inst, limits) for rec in records]
 
 

@@ -18,8 +18,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
+import statistics
+import threading
 import time
 
 import numpy as np
@@ -48,8 +51,6 @@ class Record:
     dtype: str
     time_us: float | None = None
     graph_us: float | None = None
-    watts: float | None = None
-    sm_mhz: float | None = None
     gbps: float | None = None
     pct_copy: float | None = None
     tflops: float | None = None
@@ -216,15 +217,19 @@ def tvm_graph_timer(vm, func: str, args):
 
 
 class PowerMeter:
-    """The GPU's energy counter and SM clock, read through NVML (``libnvidia-ml``, which the
-    driver installs), so a timing can say at what power and clock it ran: under a sustained
-    load the H200 holds its power cap by lowering its clock, and two implementations of one
-    workload may then run at different clocks (``h200-bench-in-turns-2026-11-30.md``).
+    """The GPU's energy counter, power and SM clock, read through NVML (``libnvidia-ml``,
+    which the driver installs), so a timing can say at what power and clock it ran: under a
+    sustained load the H200 holds its power cap by lowering its clock
+    (``h200-bench-in-turns-2026-11-30.md``). The energy counter moves in steps: over turns
+    of 6–40 ms it read 0 W for one implementation and 2014 W for another, so read it over
+    windows of a second or more.
 
     :meth:`open` gives None where NVML or its energy counter is missing (the CPU machine)."""
 
     #: ``nvmlClockType_t`` of the SM clock
     _SM_CLOCK = 1
+    #: ``nvmlClocksEventReasonSwPowerCap``
+    _SW_POWER_CAP = 0x4
 
     def __init__(self, lib, handle):
         self._lib, self._handle = lib, handle
@@ -260,57 +265,115 @@ class PowerMeter:
 
     def sm_mhz(self) -> int | None:
         """The SM clock now, MHz."""
+        return self._uint("nvmlDeviceGetClockInfo", self._SM_CLOCK)
+
+    def power_w(self) -> float | None:
+        """The power NVML reports now, W (on Hopper, averaged over the last second)."""
+        mw = self._uint("nvmlDeviceGetPowerUsage")
+        return None if mw is None else mw / 1e3
+
+    def power_capped(self) -> bool | None:
+        """Whether the clock is held down now to keep the power under its limit (the
+        software power cap among NVML's clock event reasons)."""
+        import ctypes
+
+        value = ctypes.c_ulonglong()
+        read = getattr(self._lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self._lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        ok = read(self._handle, ctypes.byref(value))
+        return bool(value.value & self._SW_POWER_CAP) if ok == 0 else None
+
+    def _uint(self, name: str, *args) -> int | None:
         import ctypes
 
         value = ctypes.c_uint()
-        ok = self._lib.nvmlDeviceGetClockInfo(self._handle, self._SM_CLOCK, ctypes.byref(value))
+        ok = getattr(self._lib, name)(self._handle, *args, ctypes.byref(value))
         return value.value if ok == 0 else None
 
 
-@dataclasses.dataclass
-class Reading:
-    """Power and clock over a timer's turns: the energy counter's increase over the turns'
-    wall time, and the median of the SM clock read after each turn."""
-
-    watts: float | None
-    sm_mhz: float | None
+#: seconds of a sustained run's end that its settled figures come from
+WINDOW_S = 1.0
+#: ms per timed chunk
+CHUNK_MS = 50.0
 
 
-def in_turns(timers, rounds: int, budget_ms: float = 200.0,
-             meter: PowerMeter | None = None,
-             readings: list | None = None) -> list[float | Exception]:
+class Sampler(threading.Thread):
+    """NVML read every ``period`` seconds, in the background: ``(time, SM MHz, power capped,
+    energy mJ)`` samples."""
+
+    def __init__(self, meter, period: float = 0.005):
+        super().__init__(daemon=True)
+        self.meter, self.period = meter, period
+        self.samples: list[tuple] = []
+        self._done = threading.Event()
+
+    def run(self):
+        while not self._done.is_set():
+            m = self.meter
+            self.samples.append((time.perf_counter(), m.sm_mhz(), m.power_capped(),
+                                 m.energy_mj()))
+            time.sleep(self.period)
+
+    def stop(self):
+        self._done.set()
+        self.join()
+
+    def window(self, start: float, end: float) -> dict:
+        """Median clock, power-capped share, and power from the energy counter, between
+        ``start`` and ``end``."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {}
+        clocks = [s[1] for s in inside if s[1] is not None]
+        capped = [s[2] for s in inside if s[2] is not None]
+        energy = [(s[0], s[3]) for s in inside if s[3] is not None]
+        out = {"mhz": statistics.median(clocks) if clocks else None,
+               "capped": sum(capped) / len(capped) if capped else None}
+        if len(energy) >= 2 and energy[-1][0] > energy[0][0]:
+            out["watts"] = (energy[-1][1] - energy[0][1]) / 1e3 / (energy[-1][0] - energy[0][0])
+        return out
+
+    def counter_step(self) -> float | None:
+        """The median time between changes of the energy counter (its update period)."""
+        changes = [a[0] for a, b in zip(self.samples, self.samples[1:])
+                   if a[3] is not None and b[3] is not None and b[3] != a[3]]
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
+        return statistics.median(gaps) if gaps else None
+
+
+def sustained(timer, seconds: float, sampler: Sampler) -> dict:
+    """``timer(budget_ms) -> µs`` called in chunks for ``seconds``; the figures of the last
+    :data:`WINDOW_S`."""
+    chunks = []  # (end time, µs)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        us = timer(CHUNK_MS)
+        chunks.append((time.perf_counter(), us))
+    end = chunks[-1][0]
+    settled = statistics.median(us for t, us in chunks if t >= end - WINDOW_S)
+    out = {"first_us": chunks[0][1], "us": settled, **sampler.window(end - WINDOW_S, end)}
+    if out.get("watts"):
+        out["mj"] = out["watts"] * settled / 1e3
+    return out
+
+
+def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | Exception]:
     """Each of ``timers`` (``timer(budget_ms) -> µs``) called ``rounds`` times in turns, a
     ``rounds``-th of ``budget_ms`` each, and the median of its calls, so every implementation
     of a workload is timed at the same clocks (under a sustained load the GPU's clock drifts
     down by up to 15% within seconds: ``h200-clock-drift-wide-tiles-2026-11-30.md``). A timer
-    that raises is dropped from later rounds; its entry is the exception.
-
-    With a ``meter``, ``readings`` (a list) receives one :class:`Reading` per timer."""
+    that raises is dropped from later rounds; its entry is the exception."""
     import statistics
 
     samples: list = [[] for _ in timers]
-    energy = [[0.0, 0.0, []] for _ in timers]  # mJ, seconds, SM clocks after each turn
     for _ in range(rounds):
         for i, timer in enumerate(timers):
             if isinstance(samples[i], Exception):
                 continue
-            start = (meter.energy_mj(), time.perf_counter()) if meter else None
             try:
                 samples[i].append(timer(budget_ms / rounds))
             except Exception as err:  # noqa: BLE001 - recorded by the caller
                 samples[i] = err
-                continue
-            if meter:
-                end = meter.energy_mj()
-                if start[0] is not None and end is not None:
-                    energy[i][0] += end - start[0]
-                    energy[i][1] += time.perf_counter() - start[1]
-                energy[i][2].append(meter.sm_mhz())
-    if readings is not None and meter:
-        for mj, seconds, read in energy:
-            clocks = [c for c in read if c is not None]
-            readings.append(Reading(mj / 1e3 / seconds if seconds else None,
-                                    statistics.median(clocks) if clocks else None))
     return [s if isinstance(s, Exception) else statistics.median(s) for s in samples]
 
 
@@ -399,9 +462,6 @@ def format_table(records: list[Record]) -> str:
         ("impl", lambda r: r.impl, "<"),
         ("time us", lambda r: _num(r.time_us, ".1f"), ">"),
         ("graph us", lambda r: _num(r.graph_us, ".1f"), ">"),
-        ("W", lambda r: _num(r.watts, ".0f"), ">"),
-        ("MHz", lambda r: _num(r.sm_mhz, ".0f"), ">"),
-        ("mJ", lambda r: _num(energy_mj(r), ".2f"), ">"),
         ("GB/s", lambda r: _num(r.gbps, ".0f"), ">"),
         ("%copy", lambda r: _num(r.pct_copy, ".0f"), ">"),
         ("TFLOP/s", lambda r: _num(r.tflops, ".1f"), ">"),
@@ -420,13 +480,6 @@ def format_table(records: list[Record]) -> str:
     for row in rows:
         lines.append("  ".join(f"{v:{a}{w}}" for v, w, (_, _, a) in zip(row, widths, cols)))
     return "\n".join(lines)
-
-
-def energy_mj(rec: Record) -> float | None:
-    """Energy per call (mJ): the power read while the row was timed, times its figure (the
-    CUDA-graph replay's where there is one; the power is that timer's then)."""
-    us = rec.graph_us or rec.time_us
-    return rec.watts * us / 1e3 if rec.watts and us else None
 
 
 def _num(v, fmt: str) -> str:

@@ -4,7 +4,7 @@ persistent tiles, against cuBLAS in the same process (issue 11, item 1).
 
     python benchmarks/studies/ws_gemm.py [--batch 8] [--seq 512] [--no-hoist] [--separate]
         [--ptxas] [--fold-norms] [--only TEXT] [--tiles C,N,K,SLOTS[,EW[,PTR]];...]
-        [--no-triton] [--model llama-8b] [--triton-forms JSON]
+        [--no-triton] [--model llama-8b] [--triton-forms JSON] [--sustained SECONDS]
 
 Kernels are BERT-base's distinct GEMMs (Q/K/V over their joined weights, as ``lift_params``
 builds them, with bias; FFN-in with bias + GELU; out-projection and FFN-out with bias +
@@ -69,10 +69,10 @@ def parse_tiles(text: str) -> tuple:
 def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
         ptxas: bool = False, fold_norms: bool = False, only: str | None = None,
         tiles: tuple | None = None, triton: bool = True, model: str = "bert-base",
-        triton_forms: list | None = None) -> list[dict]:
+        triton_forms: list | None = None, sustain: float = 0.0) -> list[dict]:
     import torch
     import torch.nn.functional as F
-    from tvm_stitch.benchmarks.harness import PowerMeter, in_turns
+    from tvm_stitch.benchmarks.harness import in_turns
 
     from tvm_stitch.families.gemm.gluon import gemm_ws_source, staging_legality
     from tvm_stitch.families.gemm.gluon_launch import WS_GEMM_TILES, applicable_tiles, ws_config
@@ -80,7 +80,6 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
     from tvm_stitch.tune.measure import torch_timer
 
     hw = device_hw()
-    meter = PowerMeter.open()
     rows = []
     # one encoder layer: every layer's kernels are the same ones
     # with fold_norms two layers: the second layer's Q/K/V and out-projection read the
@@ -150,38 +149,53 @@ def run(batch: int, seq: int, hoist_variant: bool, joined: bool = True,
                 measured.append((kind + (f" {tag}" if tag else ""), config))
         # every form and baseline timed in turns: the clock drifts down under a sustained
         # load (a form timed late would lose by its place alone)
-        readings: list = []
         times = dict(zip(timers, in_turns(list(timers.values()), ROUNDS,
-                                          budget_ms=30.0 * ROUNDS, meter=meter,
-                                          readings=readings)))
-        power = dict(zip(timers, readings))
+                                          budget_ms=30.0 * ROUNDS)))
         base = {name: times[name] for name in baselines}
         print(f"{match.describe()}: cuBLAS matmul {base['matmul']:.1f} us "
-              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s{_power(power.get('matmul'))}), "
-              f"F.linear {base['linear']:.1f}, + GELU {base['linear+gelu']:.1f}, "
-              f"+ residual {base['linear+res']:.1f} us", flush=True)
+              f"({flops / base['matmul'] / 1e6:.0f} TFLOP/s), F.linear {base['linear']:.1f}, "
+              f"+ GELU {base['linear+gelu']:.1f}, + residual {base['linear+res']:.1f} us",
+              flush=True)
+        if sustain:
+            _sustained(timers, measured, sustain, flops)
         for i, (form, config) in enumerate(measured):
             us = times[i]
             if isinstance(us, Exception):
                 print(f"  {form} {config}: {type(us).__name__}: {error_line(us)[:120]}")
                 continue
-            reading = power.get(i)
             row = dict(kernel=match.describe(), form=form, config=config, us=us,
-                       watts=reading and reading.watts, sm_mhz=reading and reading.sm_mhz,
                        **{f"{b}_us": v for b, v in base.items()})
             rows.append(row)
             print(f"  {form:16s} {json.dumps(config)}: {us:6.1f} us "
-                  f"({flops / us / 1e6:4.0f} TFLOP/s{_power(power.get(i))}) "
-                  f"matmul {base['matmul'] / us:.2f}x linear {base['linear'] / us:.2f}x",
-                  flush=True)
+                  f"({flops / us / 1e6:4.0f} TFLOP/s) matmul {base['matmul'] / us:.2f}x "
+                  f"linear {base['linear'] / us:.2f}x", flush=True)
     return rows
 
 
-def _power(reading) -> str:
-    """``, W, MHz`` of a form's turns (nothing without NVML)."""
-    if reading is None or reading.watts is None:
-        return ""
-    return f", {reading.watts:.0f} W, {reading.sm_mhz or 0:.0f} MHz"
+def _sustained(timers: dict, measured: list, seconds: float, flops: int) -> None:
+    """cuBLAS's matmul and each form run alone for ``seconds`` after a second idle: µs per call
+    once the clock has settled, with the SM clock, the power-capped share and the power NVML
+    read meanwhile (:func:`~tvm_stitch.benchmarks.harness.sustained`)."""
+    import time
+
+    from tvm_stitch.benchmarks.harness import PowerMeter, Sampler, sustained
+
+    meter = PowerMeter.open()
+    if meter is None:
+        print("  --sustained: NVML cannot be read here")
+        return
+    sampler = Sampler(meter)
+    sampler.start()
+    names = {"matmul": "cuBLAS matmul", **{i: f"{f} {json.dumps(c)}" for i, (f, c)
+                                            in enumerate(measured)}}
+    for key, name in names.items():
+        time.sleep(1.0)
+        r = sustained(timers[key], seconds, sampler)
+        print(f"  sustained {name}: first {r['first_us']:.1f} us, settled {r['us']:.1f} us "
+              f"({flops / r['us'] / 1e6:.0f} TFLOP/s), {r.get('mhz') or 0:.0f} MHz, "
+              f"capped {r.get('capped') or 0:.2f}, {r.get('watts') or 0:.0f} W, "
+              f"{r.get('mj') or 0:.3f} mJ/call", flush=True)
+    sampler.stop()
 
 
 def _forms(text: str) -> list:
@@ -215,12 +229,15 @@ def main(argv=None) -> int:
     parser.add_argument("--triton-forms", metavar="JSON",
                         help="the Triton form's configs to time (a JSON list or a file of one; "
                         "default: TRITON_FORMS)")
+    parser.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                        help="also run cuBLAS and each form alone for SECONDS: settled time, "
+                        "SM clock and power (NVML)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     tiles = args.tiles and parse_tiles(args.tiles)
     rows = run(args.batch, args.seq, args.no_hoist, not args.separate, args.ptxas,
                args.fold_norms, args.only, tiles, not args.no_triton, args.model,
-               args.triton_forms and _forms(args.triton_forms))
+               args.triton_forms and _forms(args.triton_forms), args.sustained)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
