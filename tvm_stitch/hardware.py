@@ -93,6 +93,13 @@ class HardwareModel:
         Cycles a tiled main loop spends per iteration beyond its loads and products (barrier
         waits, wgmma issue and commit).  Fitted to the H100 GEMM measurements of the tuning
         database (``python -m tvm_stitch.benchmarks.model_study``).
+    vm_launch : float
+        Seconds each launch the Relax VM issues itself costs a call: a replay of one of TVM's
+        CUDA graphs, or a kernel launched outside them.  Measured on the H100: BERT-base at
+        1×128 spent 78 µs between its kernels with its graph cut at every layer (13 graphs and
+        15 kernels launched by the VM), 33.5 µs with its two inputs copied first (one graph and
+        the two copies; ``h100-split-k-graphs-2026-11-24.md``): 44.5 µs for 25 launches, about
+        1.8 µs a launch, the small copies' own time included.
     """
 
     name: str
@@ -125,6 +132,7 @@ class HardwareModel:
     sm_l2_bytes_per_cycle: float = 32.0
     sm_l2_tma_bytes_per_cycle: float = 36.0
     loop_overhead_cycles: float = 100.0
+    vm_launch: float = 1.8e-6
 
     @property
     def max_warps_per_sm(self) -> int:

@@ -183,7 +183,7 @@ def phases(target, kind: str = "stitch", plan_only: bool = False, **options) -> 
         if target.kind.name == "cuda":  # kernels reading model inputs would cut CUDA graphs;
             # after lifting, which makes the copies' variables dataflow variables, and
             # RewriteDataflowReshape would turn those back into views of the inputs
-            fusion.append(passes.StageInputs())
+            fusion.append(passes.StageInputs(_hardware(target)))
         if opts.accumulate_fp32:
             at = next(i for i, p in enumerate(fusion) if p.info.name == "LegalizeOps")
             fusion.insert(at, passes.AccumulateFloat32())
