@@ -359,7 +359,6 @@ def _torch_records(study, inst, device, base, refs, timers):
                 timer, attrs = torch_timer(fn, args, device, graph=False), ("time_us",)
                 rec.note = "cannot be captured in a CUDA graph: timed call by call"
             timers.append((rec, attrs, timer))
-        except Exception as err:
-            logger.exception("%s %s failed", inst.name, label)
-            rec.note = f"failed: {type(err).__name__}: {error_line(err)}"[:200]
+        except Exception as err:  # noqa: BLE001 - recorded in its row (_failed)
+            _failed(inst, rec, err)
     return records

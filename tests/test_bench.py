@@ -62,6 +62,30 @@ def test_implementations_are_timed_in_turns_after_all_are_built(monkeypatch):
     assert all(r.time_us > 0 and r.correct for r in records[1:])
 
 
+def test_a_failing_pytorch_baseline_leaves_its_row_failed_and_the_others_timed(caplog):
+    """A PyTorch baseline that raises is recorded like any failed row (its note says why, a
+    warning is logged), and TVM's rows are still built, checked and timed."""
+    import dataclasses
+
+    from tvm_stitch.benchmarks.bench import bench_instance
+    from tvm_stitch.benchmarks.harness import DeviceLimits
+
+    from tvm_stitch.pipeline import as_target
+
+    inst = get_workload("softmax").instance("float32", rows=16, cols=33)
+
+    def broken(device, dtype):
+        raise ValueError("no such kernel")
+
+    inst = dataclasses.replace(inst, torch_fns={**inst.torch_fns, "sdpa": broken})
+    with caplog.at_level("WARNING", logger="tvm_stitch.bench"):
+        records = bench_instance("memory", inst, as_target("llvm"), DeviceLimits())
+    torch_row = records[-1]
+    assert torch_row.note == "failed: ValueError: no such kernel" and torch_row.time_us is None
+    assert any("no such kernel" in r.getMessage() for r in caplog.records)
+    assert all(r.correct and r.time_us > 0 for r in records[:-1])
+
+
 def test_timers_are_called_in_turns_and_give_their_medians():
     """``in_turns``: round by round, each timer once with its share of the budget, medians
     per timer; a timer that raises is left out of later rounds and returns its error."""
