@@ -9,6 +9,8 @@
 #       attention | mcfuser[:FAMILY] | run | zoo[:WORKLOAD[:KEY=VALUE,...]] |
 #       profile:WORKLOAD[:KEY=VALUE,...] | timeline:WORKLOAD[:KEY=VALUE,...] | ncu:WORKLOAD[:KEY=VALUE,...] |
 #       numerics:WORKLOAD[:KEY=VALUE,...] (each kernel's output on CUDA against llvm) | check:DIR (a folder from `tvm-stitch build`) |
+#       sustained:WORKLOAD[:KEY=VALUE,...] (stitch and torch.compile each run alone for seconds: settled
+#       time, SM clock, power; OPTION=lift_params=true: the stitch build's options) |
 #       families[:mask] (the Hugging Face families through from_torch on the GPU, JOBS at a time;
 #       FAMILY_FLAGS='--head-dim 128 --seq 130': other sizes; '--held': from the model held on the
 #       GPU in float16; '--zoo': the zoo's models; '--compare explore=search':
@@ -160,6 +162,13 @@ for step in "$@"; do
                 --section ComputeWorkloadAnalysis \
                 python3 -m tvm_stitch.benchmarks.profile_tvm "$name" "${params[@]}" --ncu \
                 2>&1 | tee -a "$out/ncu-$name.log" || status=1
+            ;;
+        sustained:*)  # each implementation alone for seconds: settled time, clock, power
+            # (benchmarks/studies/sustained.py; OPTION: the stitch build's options)
+            workload_spec "$step"
+            python3 benchmarks/studies/sustained.py -w "$name" "${params[@]}" \
+                ${OPTION:+--option "$OPTION"} ${DTYPE:+--dtype "$DTYPE"} 2>&1 \
+                | tee -a "$out/sustained.log" || status=1
             ;;
         numerics:*)
             workload_spec "$step"
