@@ -217,7 +217,7 @@ def tvm_graph_timer(vm, func: str, args):
 
 
 class PowerMeter:
-    """The GPU's energy counter, power and SM clock, read through NVML (``libnvidia-ml``,
+    """The GPU's energy counter, SM clock and power-cap state, read through NVML (``libnvidia-ml``,
     which the driver installs), so a timing can say at what power and clock it ran: under a
     sustained load the H200 holds its power cap by lowering its clock
     (``h200-bench-in-turns-2026-11-30.md``). The energy counter moves in steps: over turns
@@ -266,11 +266,6 @@ class PowerMeter:
     def sm_mhz(self) -> int | None:
         """The SM clock now, MHz."""
         return self._uint("nvmlDeviceGetClockInfo", self._SM_CLOCK)
-
-    def power_w(self) -> float | None:
-        """The power NVML reports now, W (on Hopper, averaged over the last second)."""
-        mw = self._uint("nvmlDeviceGetPowerUsage")
-        return None if mw is None else mw / 1e3
 
     def power_capped(self) -> bool | None:
         """Whether the clock is held down now to keep the power under its limit (the
@@ -335,7 +330,7 @@ class Sampler(threading.Thread):
 
     def counter_step(self) -> float | None:
         """The median time between changes of the energy counter (its update period)."""
-        changes = [a[0] for a, b in zip(self.samples, self.samples[1:])
+        changes = [a[0] for a, b in itertools.pairwise(self.samples)
                    if a[3] is not None and b[3] is not None and b[3] != a[3]]
         gaps = [b - a for a, b in itertools.pairwise(changes)]
         return statistics.median(gaps) if gaps else None
@@ -363,8 +358,6 @@ def in_turns(timers, rounds: int, budget_ms: float = 200.0) -> list[float | Exce
     of a workload is timed at the same clocks (under a sustained load the GPU's clock drifts
     down by up to 15% within seconds: ``h200-clock-drift-wide-tiles-2026-11-30.md``). A timer
     that raises is dropped from later rounds; its entry is the exception."""
-    import statistics
-
     samples: list = [[] for _ in timers]
     for _ in range(rounds):
         for i, timer in enumerate(timers):

@@ -25,6 +25,7 @@ import tvm
 from tvm import relax, te
 
 from tvm_stitch.cost.graphs import inputs_to_stage
+from tvm_stitch.graph import dtype_bytes
 from tvm_stitch.hardware import HardwareModel
 
 from .module import replace_functions
@@ -68,7 +69,7 @@ def _nbytes(shape, dtype: str, bounds: dict) -> int:
     count = 1
     for d in shape:
         count *= int(d) if isinstance(d, tvm.tirx.IntImm) else named[d.name]
-    return count * tvm.runtime.DataType(dtype).bits // 8
+    return count * dtype_bytes(dtype)
 
 
 #: ops that give a view of their argument, no kernel
