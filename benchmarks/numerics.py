@@ -101,7 +101,7 @@ def _positions(inst, target, options) -> None:
 
 
 def main(argv=None) -> int:
-    from tvm_stitch.cli import _options, _params
+    from tvm_stitch.cli import parse_options, parse_params
     from tvm_stitch.workloads import get_workload
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -114,8 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--positions", action="store_true",
                         help="error per position, next to PyTorch float16 (no reference build)")
     args = parser.parse_args(argv)
-    inst = get_workload(args.workload).instance(args.dtype, **_params(args.param))
-    options = _options(args.option, "--option")
+    inst = get_workload(args.workload).instance(args.dtype, **parse_params(args.param))
+    options = parse_options(args.option, "--option")
     if args.positions:
         _positions(inst, args.target, options)
         return 0

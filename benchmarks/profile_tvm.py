@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     target = (
         tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}) if cuda else tvm.target.Target("llvm")
     )
-    from tvm_stitch.cli import _options
+    from tvm_stitch.cli import parse_options
 
-    options = _options(",".join(args.option), "--option")
+    options = parse_options(",".join(args.option), "--option")
     pipe = (
         tvm_stitch.pipeline(target, **options)
         if args.pipeline == "stitch"

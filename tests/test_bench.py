@@ -9,7 +9,7 @@ import pytest
 from tvm_stitch.benchmarks import run_study
 from tvm_stitch.benchmarks.harness import Record, compare, format_table
 
-from tvm_stitch.cli import _options, main
+from tvm_stitch.cli import main, parse_options
 from tvm_stitch.workloads import get_workload
 
 
@@ -127,11 +127,11 @@ def test_cli_bench_variants(capsys):
     args = ["bench", "gemm-chains", "-w", "G1", "-p", "m=32", "-p", "n=48", "--no-torch"]
     assert main([*args, "--variant", "stitch=false,tune=model"]) == 0
     assert "tvm-stitch[stitch=False,tune=model]" in capsys.readouterr().out
-    assert _options("mcfuser=gemm+attention,fold_norms=true") == {
+    assert parse_options("mcfuser=gemm+attention,fold_norms=true") == {
         "mcfuser": ("gemm", "attention"),
         "fold_norms": True,
     }
-    assert _options("mcfuser=none") == {"mcfuser": ()}
+    assert parse_options("mcfuser=none") == {"mcfuser": ()}
     for bad, why in (
         ("nope=1", "unknown"),
         ("stitch=2x", "takes True or False"),

@@ -9,7 +9,9 @@ import logging
 import sys
 
 
-def _params(items: list[str]) -> dict:
+def parse_params(items: list[str]) -> dict:
+    """``["batch=8", "seq=512"]`` (``-p`` flags) -> a workload's integer parameters; anything
+    else exits with an error naming the item."""
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -24,7 +26,7 @@ def _instance(args):
 
     dtype = args.dtype or ("float16" if args.target == "cuda" else "float32")
     try:
-        return get_workload(args.workload).instance(dtype, **_params(args.param))
+        return get_workload(args.workload).instance(dtype, **parse_params(args.param))
     except (KeyError, TypeError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -83,7 +85,7 @@ def cmd_run(args) -> int:
     if on_cpu:
         from tvm_stitch.workloads import get_workload
 
-        gpu = get_workload(args.workload).instance("float16", **_params(args.param))
+        gpu = get_workload(args.workload).instance("float16", **parse_params(args.param))
         say(f"tvm-stitch run {args.workload}: this machine runs llvm, and tvm-stitch builds for "
             "NVIDIA GPUs. So it shows (1) what the stitch pipeline makes of the model for a GPU "
             "(sm_90a, planned here: no GPU needed), then (2) both pipelines' numbers against "
@@ -129,7 +131,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _options(text: str, flag: str = "--variant") -> dict:
+def parse_options(text: str, flag: str = "--variant") -> dict:
     """``fold_norms=false,tune=model`` (given to ``flag``) -> pipeline options (booleans and
     integers parsed, checked); a tuple option lists its items with ``+``
     (``mcfuser=gemm+attention``; ``mcfuser=none`` for the empty tuple)."""
@@ -164,11 +166,11 @@ def cmd_bench(args) -> int:
         args.study,
         args.target,
         workloads=args.workload,
-        params=_params(args.param),
+        params=parse_params(args.param),
         dtype=args.dtype,
         torch_baselines=not args.no_torch,
         json_out=args.json_out,
-        variants=[_options(v) for v in args.variant or ()],
+        variants=[parse_options(v) for v in args.variant or ()],
         graph=args.graph,
     )
     return 1 if any(r.correct is False for r in records if r.impl.startswith("tvm")) else 0
@@ -190,7 +192,7 @@ def cmd_build(args) -> int:
     with tvm.transform.PassContext(config=graphs):
         ex = tvm.compile(inst.mod, target, relax_pipeline=pipeline(target))
     seconds = time.perf_counter() - start
-    folder = library.save(ex, args.output, inst, target, args.workload, _params(args.param),
+    folder = library.save(ex, args.output, inst, target, args.workload, parse_params(args.param),
                           compile_s=seconds)
     print(f"{inst.name}: compiled for {args.target} in {seconds:.1f} s, saved to {folder}")
     print(f"run it where the device is: tvm-stitch check {folder}")

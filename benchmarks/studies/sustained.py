@@ -42,6 +42,7 @@ def main(argv=None) -> int:
         tvm_graph_timer,
     )
 
+    from tvm_stitch.cli import parse_options, parse_params
     from tvm_stitch.workloads import get_workload
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,8 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--graph", action="store_true",
                         help="time the stitch build as CUDA-graph replays")
     args = parser.parse_args(argv)
-    params = {k: int(v) if v.isdigit() else v
-              for k, _, v in (p.partition("=") for p in args.param)}
+    params = parse_params(args.param)
+    options = parse_options(args.option, "--option")
     meter = PowerMeter.open()
     if meter is None:
         raise SystemExit("error: NVML's energy counter cannot be read here (no GPU?)")
@@ -64,8 +65,6 @@ def main(argv=None) -> int:
     inst = get_workload(args.workload).instance(args.dtype, **params)
     refs = inst.reference()
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    options = {k: {"true": True, "false": False}.get(v.lower(), int(v) if v.isdigit() else v)
-               for k, _, v in (o.partition("=") for o in args.option.split(",") if o)}
     timers = {}
     vm, _, _ = compile_tvm(inst, target, "stitch", use_cuda_graph=not args.graph,
                            options=options)
