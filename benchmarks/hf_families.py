@@ -420,9 +420,9 @@ def main(argv=None) -> int:
         parser.error("--held runs on the GPU: give --gpu too")
     if args.compare and not args.gpu:
         parser.error("--compare times on the GPU: give --gpu too")
-    from tvm_stitch.cli import _options
+    from tvm_stitch.cli import parse_options
 
-    compare = _options(args.compare, "--compare") if args.compare else None
+    compare = parse_options(args.compare, "--compare") if args.compare else None
     names = args.only or (ZOO if args.zoo else list(FAMILIES))
     if args.names:
         print(*names, sep="\n")

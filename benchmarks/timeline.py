@@ -129,7 +129,7 @@ def report(label: str, runs: list[list[tuple]], top: int) -> None:
 def main(argv=None) -> int:
     from tvm_stitch.benchmarks.harness import compile_tvm, run_tvm, tvm_device
 
-    from tvm_stitch.cli import _options
+    from tvm_stitch.cli import parse_options
     from tvm_stitch.workloads import get_workload
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     dev = tvm_device(target)
     for variant in args.variant or [""]:
-        vm, _, note = compile_tvm(inst, target, "stitch", options=_options(variant, "--variant"))
+        options = parse_options(variant, "--variant")
+        vm, _, note = compile_tvm(inst, target, "stitch", options=options)
         vm_args, _ = run_tvm(vm, inst, dev)
         runs = replay_events(vm, inst.func, vm_args, args.replays)
         report(f"{inst.name} [{variant or 'defaults'}]{' ' + note if note else ''}", runs,
