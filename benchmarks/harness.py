@@ -259,31 +259,30 @@ class PowerMeter:
         """The device's energy counter, mJ since the driver loaded."""
         import ctypes
 
-        value = ctypes.c_ulonglong()
-        ok = self._lib.nvmlDeviceGetTotalEnergyConsumption(self._handle, ctypes.byref(value))
-        return value.value if ok == 0 else None
+        return self._read(self._lib.nvmlDeviceGetTotalEnergyConsumption, ctypes.c_ulonglong)
 
     def sm_mhz(self) -> int | None:
         """The SM clock now, MHz."""
-        return self._uint("nvmlDeviceGetClockInfo", self._SM_CLOCK)
+        import ctypes
+
+        return self._read(self._lib.nvmlDeviceGetClockInfo, ctypes.c_uint, self._SM_CLOCK)
 
     def power_capped(self) -> bool | None:
         """Whether the clock is held down now to keep the power under its limit (the
         software power cap among NVML's clock event reasons)."""
         import ctypes
 
-        value = ctypes.c_ulonglong()
         read = getattr(self._lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             self._lib.nvmlDeviceGetCurrentClocksThrottleReasons
-        ok = read(self._handle, ctypes.byref(value))
-        return bool(value.value & self._SW_POWER_CAP) if ok == 0 else None
+        reasons = self._read(read, ctypes.c_ulonglong)
+        return None if reasons is None else bool(reasons & self._SW_POWER_CAP)
 
-    def _uint(self, name: str, *args) -> int | None:
+    def _read(self, fn, ctype, *args) -> int | None:
+        """``fn(device, *args, &value)``'s value (of ``ctype``), or None where NVML fails."""
         import ctypes
 
-        value = ctypes.c_uint()
-        ok = getattr(self._lib, name)(self._handle, *args, ctypes.byref(value))
-        return value.value if ok == 0 else None
+        value = ctype()
+        return value.value if fn(self._handle, *args, ctypes.byref(value)) == 0 else None
 
 
 #: seconds of a sustained run's end that its settled figures come from

@@ -14,14 +14,16 @@ how the tiles of one GEMM wait for the previous GEMM:
   start and waits with ``griddepcontrol.wait``), with its weights prefetched into L2 before the
   wait, as the pipeline launches its GEMMs at this size (``launch_dependents="auto"``,
   ``prefetch_weights``);
-- ``chained``: one cooperative launch of one program per SM that walks the 48 GEMMs' tiles and
-  meets the other programs at a grid-wide barrier (an atomic counter) after each GEMM, the next
-  GEMM's weights prefetched before the barrier.
+- ``chained sync S``: one cooperative launch of one program per SM that walks the 48 GEMMs'
+  tiles and meets the other programs at a grid-wide barrier after each GEMM (the barrier forms
+  of :func:`_grid_sync`; ``-1``: none, for the work alone), the next GEMM's weights prefetched
+  before the barrier.
 
-``--empty`` rows time the same three forms with no tiles: what a launch, a dependent launch and
-a barrier cost alone. All forms are timed in turns (CUDA-graph replays), and their outputs are
-checked against each other and against PyTorch in float32. ``--ptx`` only compiles the chained
-kernel for sm_90a (no GPU needed).
+The ``(empty)`` rows time the same forms with no tiles: what a launch, a dependent launch and
+a barrier cost alone. All forms are timed in turns (CUDA-graph replays,
+:func:`~tvm_stitch.benchmarks.harness.in_turns`), and their outputs are checked against each
+other and against PyTorch in float32. ``--ptx`` only compiles the chained kernel for sm_90a (no
+GPU needed).
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ def _phase(
     EPI: tl.constexpr,
     EMPTY: tl.constexpr,
 ):
+    """Program ``pid`` of ``nprog`` computes its share of one GEMM's tiles."""
     if not EMPTY:
         tiles = tl.cdiv(M, BM) * (N // BN)
         for tile in range(pid, tiles, nprog):
@@ -310,10 +313,10 @@ def main(argv=None) -> int:
             )
         return 0
 
-    import statistics
-
     import torch
+    from tvm_stitch.benchmarks.harness import in_turns
 
+    from tvm_stitch.errors import error_line
     from tvm_stitch.tune.measure import torch_timer
 
     torch.manual_seed(0)
@@ -394,7 +397,7 @@ def main(argv=None) -> int:
         try:
             out = fn().float()
         except Exception as err:  # noqa: BLE001 - a form Triton cannot compile is reported
-            print(f"{name}: failed ({str(err).splitlines()[-1]})", flush=True)
+            print(f"{name}: failed ({error_line(err)})", flush=True)
             forms.pop(name)
             continue
         if "empty" in name:
@@ -415,24 +418,22 @@ def main(argv=None) -> int:
             timers[name] = torch_timer(fn, [], "cuda")
         except Exception as err:  # noqa: BLE001 - a form the graph cannot capture
             print(
-                f"{name}: not captured in a CUDA graph ({str(err).splitlines()[0]}); "
-                "timed between events",
+                f"{name}: not captured in a CUDA graph ({error_line(err)}); timed between events",
                 flush=True,
             )
             timers[name] = torch_timer(fn, [], "cuda", graph=False)
-    times = {name: [] for name in timers}
-    for _ in range(args.rounds):
-        for name, timer in timers.items():
-            times[name].append(timer(40))
+    medians = in_turns(list(timers.values()), args.rounds, budget_ms=40.0 * args.rounds)
     gemms = 4 * L
     print(
         f"\n{L} layers x 4 GEMMs at {M} tokens, {sms} SMs, tiles {BM.value} x {BN} x {BK.value}, "
         f"{WARPS} warps, {STAGES} stages; median of {args.rounds} rounds in turns"
     )
-    print(f"{'form':24s} {'us':>9s} {'us/GEMM':>9s}  rounds")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:24s} {med:9.1f} {med / gemms:9.2f}  {' '.join(f'{t:.1f}' for t in ts)}")
+    print(f"{'form':24s} {'us':>9s} {'us/GEMM':>9s}")
+    for name, med in zip(timers, medians):
+        if isinstance(med, Exception):
+            print(f"{name:24s} failed: {error_line(med)}")
+            continue
+        print(f"{name:24s} {med:9.1f} {med / gemms:9.2f}")
     return 0
 
 
